@@ -1,0 +1,260 @@
+"""Every event on the `evo.>` stream, one pydantic model per kind.
+
+The subject is derived from the type (`subject_for`), never typed at a call site. Readers are
+tolerant at run time (unknown fields ignored) and strict in tests (`STRICT=True` forbids extras).
+Large payloads never travel here: weights are referenced by path + sha256.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import datetime, timezone
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+SCHEMA_VERSION = 1
+_STRICT = os.environ.get("KAIZEN_STRICT_EVENTS") == "1"
+
+
+class Wire(BaseModel):
+    """Base of every wire model: tolerant unless KAIZEN_STRICT_EVENTS=1 (tests)."""
+
+    model_config = ConfigDict(extra="forbid" if _STRICT else "ignore", frozen=False)
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+# ----------------------------------------------------------------------------- shared parts
+
+
+class ToolCall(Wire):
+    id: str
+    name: str
+    arguments: str  # JSON object text, as in the OpenAI API
+
+
+class ChatMessage(Wire):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: list[ToolCall] = []
+    tool_call_id: str | None = None
+
+
+class ToolSpec(Wire):
+    """An OpenAI-format function tool: {"type": "function", "function": {...}}."""
+
+    type: Literal["function"] = "function"
+    function: dict
+
+
+class Sample(Wire):
+    """One rollout of a task. `messages` are the training view: experience text stripped."""
+
+    sample_id: str
+    messages: list[ChatMessage]
+    tools: list[ToolSpec] = []
+    step_indices: list[int] = Field(default_factory=list, description="indices of assistant messages = steps")
+    step_signals: list[float] = Field(default_factory=list, description="environment signal per step, in [-1, 1]")
+    outcome: float = 0.0
+    guided: bool = False
+    experience_ids: list[str] = []
+    error: str | None = None
+
+
+# ----------------------------------------------------------------------------- request / reply (not events)
+
+
+class RetrieveRequest(Wire):
+    """Navigator retrieval query (core NATS request/reply, not stored in the stream)."""
+
+    query: str
+    k: int = 3
+    origin: Literal["explorer", "serve", "cli"] = "explorer"
+
+
+class RetrievedExperience(Wire):
+    experience_id: str
+    text: str
+    score: float
+
+
+class RetrieveReply(Wire):
+    experiences: list[RetrievedExperience] = []
+
+
+# ----------------------------------------------------------------------------- envelope
+
+
+class Event(Wire):
+    event_id: str = Field(default_factory=new_id)
+    kind: str
+    schema_version: int = SCHEMA_VERSION
+    occurred_at: str = Field(default_factory=_now)
+    producer: str = "unknown"
+    weights_version: str = "w-000000"
+    trace_id: str | None = None
+
+
+class Interaction(Event):
+    kind: Literal["interaction"] = "interaction"
+    interaction_id: str
+    user_hash: str
+    messages: list[ChatMessage]
+    tools: list[ToolSpec] = []
+    response: ChatMessage
+    experience_ids: list[str] = []
+    latency_ms: float = 0.0
+    replica: str = ""
+
+
+class Feedback(Event):
+    kind: Literal["feedback"] = "feedback"
+    interaction_id: str
+    score: float = Field(ge=-1.0, le=1.0)
+    comment: str | None = None
+    interaction: Interaction | None = Field(None, description="snapshot of the rated interaction")
+
+
+class Task(Event):
+    kind: Literal["task"] = "task"
+    task_id: str
+    env: str
+    entry_id: str
+    split: Literal["train", "heldout"] = "train"
+    origin: Literal["env", "synthetic", "live"] = "env"
+    query: str = ""
+
+
+class Rollout(Event):
+    """A whole GRPO group: groups stay intact through the pipeline."""
+
+    kind: Literal["rollout"] = "rollout"
+    task: Task
+    group_id: str
+    samples: list[Sample]
+    duration_s: float = 0.0
+
+
+class Judgement(Event):
+    kind: Literal["judgement"] = "judgement"
+    group_id: str
+    source: Literal["rollout", "live"]
+    task_id: str
+    samples: list[Sample]
+    outcomes: list[float]
+    step_labels: list[list[Literal["GOOD", "BAD"]]]
+    judge: str = "env"
+    source_event_ids: list[str] = []
+
+
+class Experience(Event):
+    kind: Literal["experience"] = "experience"
+    experience_id: str
+    text: str
+    when: str
+    success: bool
+    origin: Literal["live", "synthetic", "env"]
+    source_event_ids: list[str] = []
+    state: Literal["active", "quarantined"] = "active"
+
+
+class LearnerStep(Event):
+    kind: Literal["learner_step"] = "learner_step"
+    step: int
+    groups: int
+    samples: int
+    loss: float
+    mean_reward: float
+    grad_norm: float
+    duration_s: float
+    source_event_ids: list[str] = []
+    metrics: dict[str, float] = {}
+
+
+class WeightsRef(Wire):
+    version: str
+    path: str
+    sha256: str
+    parent: str
+    step: int
+
+
+class WeightsPublished(Event):
+    kind: Literal["weights_published"] = "weights_published"
+    weights: WeightsRef
+
+
+class WeightsPromoted(Event):
+    kind: Literal["weights_promoted"] = "weights_promoted"
+    weights: WeightsRef
+    candidate_score: float
+    live_score: float
+    previous: str
+
+
+class WeightsRejected(Event):
+    kind: Literal["weights_rejected"] = "weights_rejected"
+    weights: WeightsRef
+    candidate_score: float
+    live_score: float
+    reason: str
+
+
+class WeightsRolledBack(Event):
+    kind: Literal["weights_rolled_back"] = "weights_rolled_back"
+    from_version: str
+    to: WeightsRef
+    reason: str
+
+
+class WeightsSwapped(Event):
+    """A serving replica reports the version it now serves."""
+
+    kind: Literal["weights_swapped"] = "weights_swapped"
+    replica: str
+    version: str
+    swap_ms: float
+
+
+class DeadLetter(Event):
+    kind: Literal["dead_letter"] = "dead_letter"
+    subject: str
+    consumer: str
+    reason: str
+    original_event_id: str | None = None
+    payload: str = Field("", description="the poison payload, truncated to 64 KiB")
+
+
+AnyEvent = Annotated[
+    Union[
+        Interaction, Feedback, Task, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
+        WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsSwapped, DeadLetter,
+    ],
+    Field(discriminator="kind"),
+]
+_ADAPTER: TypeAdapter = TypeAdapter(AnyEvent)
+KINDS: tuple[str, ...] = tuple(
+    m.model_fields["kind"].default
+    for m in (Interaction, Feedback, Task, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
+              WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsSwapped, DeadLetter)
+)
+
+
+def subject_for(event: Event | str, prefix: str = "evo") -> str:
+    """The one place a subject is made: `evo.<kind>`."""
+    kind = event if isinstance(event, str) else event.kind
+    if kind not in KINDS:
+        raise ValueError(f"unknown event kind {kind!r}")
+    return f"{prefix}.{kind}"
+
+
+def parse_event(data: bytes | str) -> Event:
+    """Decode one event; raises pydantic.ValidationError on poison."""
+    return _ADAPTER.validate_json(data)

@@ -1,0 +1,83 @@
+"""Explorer: turns each task into a group of multi-turn rollouts with the live weights.
+
+For every `evo.task` it runs `rollout.group_size` episodes against the real environment in
+lockstep (batched generation). The first `guided_share` of the group gets experiences retrieved
+from the navigator (NATS request/reply); the training view strips them. Emits one `evo.rollout`
+per group (groups stay intact). Follows `evo.weights_promoted` / `_rolled_back` to sample with
+the served version.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+
+from actors.bus import EventActor, Poison, heartbeat
+from actors.events import RetrieveReply, RetrieveRequest, Rollout, Task, WeightsPromoted, WeightsRolledBack
+from envs.bfcl import BfclEnvironment
+from policies.engine import make_engine
+from policies.model_store import WeightsStore, ensure_base_model
+from policies.rollout import run_group
+
+
+class Explorer(EventActor):
+    name = "explorer"
+    kinds = ("task", "weights_promoted", "weights_rolled_back")
+    batch = 1
+
+    async def start(self) -> None:
+        await super().start()
+        s = self.settings
+        self.env = BfclEnvironment.from_settings(s.env)
+        self.weights = WeightsStore(s.state)
+        base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
+        self.engine = await asyncio.to_thread(make_engine, s, base)
+        await self._sync_live()
+        self.groups = 0
+
+    async def _sync_live(self) -> None:
+        live = self.weights.live()
+        if live["path"] and live["version"] != self.engine.version:
+            await asyncio.to_thread(self.engine.load_weights, live["path"], live["version"])
+        self.weights_version = self.engine.version
+
+    async def retrieve(self, query: str) -> RetrieveReply:
+        try:
+            return await self.bus.request("retrieve", RetrieveRequest(query=query, k=3), RetrieveReply, timeout=2.0)
+        except Exception as exc:  # memory is an aid, never a dependency
+            self.log.warning("retrieve.failed", error=repr(exc)[:200])
+            return RetrieveReply()
+
+    async def handle_task(self, task: Task, msg):
+        if task.split != "train":
+            raise Poison(f"task {task.task_id} is from the {task.split} split; only train tasks are explored")
+        try:
+            self.env.episode(task.entry_id)
+        except KeyError as exc:
+            raise Poison(str(exc)) from None
+        r = self.settings.rollout
+        mem = await self.retrieve(task.query)
+        exps = [e.text for e in mem.experiences]
+        guided = math.ceil(r.group_size * r.guided_share) if exps else 0
+        version = self.engine.version
+        async with heartbeat([msg]):
+            res = await asyncio.to_thread(
+                run_group, self.engine, self.env, task.entry_id, r.group_size, max_new_tokens=r.max_new_tokens,
+                temperature=r.temperature, top_p=r.top_p, experiences=exps, guided=guided,
+                experience_ids=[e.experience_id for e in mem.experiences], call_prefix=r.call_prefix)
+        event = Rollout(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:rollout:{task.event_id}")),
+                        task=task, group_id=task.event_id, samples=res.samples, duration_s=res.duration_s,
+                        trace_id=task.trace_id)
+        await self.bus.publish(event, weights_version=version)
+        self.groups += 1
+        self.log.info("rollout.done", task_id=task.task_id, outcomes=[round(s.outcome, 2) for s in res.samples],
+                      guided=guided, seconds=round(res.duration_s, 1), tokens=res.tokens)
+
+    async def handle_weights_promoted(self, ev: WeightsPromoted, msg):
+        await self._sync_live()
+
+    async def handle_weights_rolled_back(self, ev: WeightsRolledBack, msg):
+        await self._sync_live()
+
+    def health(self) -> dict:
+        return {**super().health(), "groups": getattr(self, "groups", 0)}

@@ -1,0 +1,139 @@
+"""Navigator: the experience pool in Milvus Lite, written only here.
+
+From each judgement it distils short natural-language experiences (what worked, what failed,
+when it applies), embeds them (all-MiniLM-L6-v2) and upserts them into Milvus Lite with the
+experience id as primary key, so a redelivered judgement is harmless; then emits
+`evo.experience`. It answers retrieval queries over core NATS request/reply (top-k cosine above
+a threshold, active experiences only) for the explorer and the Serve app.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+
+from actors.bus import EventActor
+from actors.events import Experience, Judgement, RetrievedExperience, RetrieveReply, RetrieveRequest, Sample
+
+COLLECTION = "experiences"
+MIN_SCORE = 0.45
+
+
+def _calls(sample: Sample) -> list[str]:
+    return [tc.name for m in sample.messages if m.role == "assistant" for tc in m.tool_calls]
+
+
+def _query(sample: Sample) -> str:
+    users = [m.content for m in sample.messages if m.role == "user"]
+    return users[0] if users else ""
+
+
+def distil(j: Judgement) -> list[Experience]:
+    """One success and/or one failure experience per judged group (best and worst sample)."""
+    if not j.samples:
+        return []
+    order = sorted(range(len(j.samples)), key=lambda i: j.outcomes[i])
+    worst, best = order[0], order[-1]
+    origin = "live" if j.source == "live" else "env"
+    out = []
+    picks = [(best, True)] if j.outcomes[best] >= 0.5 else []
+    if j.outcomes[worst] < 0.5 and (not picks or worst != best):
+        picks.append((worst, False))
+    for i, success in picks:
+        s = j.samples[i]
+        when = _query(s)[:200]
+        calls = _calls(s)
+        if success:
+            how = f"calling {', '.join(calls[:6])} in that order worked" if calls else "a direct text answer worked"
+            text = f"For a request like \"{when[:120]}\": {how}."
+        else:
+            what = f"calling {', '.join(calls[:6])}" if calls else "answering without calling any function"
+            err = f" (error: {s.error[:100]})" if s.error else ""
+            text = f"For a request like \"{when[:120]}\": {what} did not complete it{err}; try a different approach."
+        eid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:experience:{j.event_id}:{int(success)}"))
+        out.append(Experience(event_id=eid, experience_id=eid, text=text, when=when, success=success,
+                              origin=origin, source_event_ids=[j.event_id], trace_id=j.trace_id))
+    return out
+
+
+class MemoryPool:
+    """Milvus Lite collection; one process opens the data dir, writes are serialised."""
+
+    def __init__(self, path: str, dim: int):
+        from pymilvus import DataType, MilvusClient
+
+        self.client = MilvusClient(path)
+        self.lock = threading.Lock()
+        if not self.client.has_collection(COLLECTION):
+            schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
+            schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=64)
+            schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
+            schema.add_field("text", DataType.VARCHAR, max_length=2048)
+            schema.add_field("success", DataType.BOOL)
+            schema.add_field("state", DataType.VARCHAR, max_length=16)
+            schema.add_field("meta", DataType.VARCHAR, max_length=4096)
+            index = self.client.prepare_index_params()
+            index.add_index("vector", index_type="FLAT", metric_type="COSINE")
+            self.client.create_collection(COLLECTION, schema=schema, index_params=index)
+        self.client.load_collection(COLLECTION)
+
+    def upsert(self, rows: list[dict]) -> None:
+        with self.lock:
+            self.client.upsert(COLLECTION, rows)
+            self.client.flush(COLLECTION)
+
+    def search(self, vector: list[float], k: int, min_score: float = MIN_SCORE) -> list[RetrievedExperience]:
+        with self.lock:
+            hits = self.client.search(COLLECTION, [vector], limit=k, filter='state == "active"',
+                                      output_fields=["text"], search_params={"metric_type": "COSINE"})
+        return [RetrievedExperience(experience_id=h["id"], text=h["entity"]["text"], score=float(h["distance"]))
+                for h in hits[0] if float(h["distance"]) >= min_score]
+
+    def count(self) -> int:
+        with self.lock:
+            res = self.client.query(COLLECTION, filter="", output_fields=["count(*)"])
+        return int(res[0]["count(*)"])
+
+
+class Navigator(EventActor):
+    name = "navigator"
+    kinds = ("judgement",)
+
+    async def start(self) -> None:
+        await super().start()
+        from policies.embedder import Embedder
+
+        (self.settings.state / "milvus").mkdir(parents=True, exist_ok=True)
+        self.embedder = await asyncio.to_thread(Embedder, self.settings.embedding.source)
+        self.pool = await asyncio.to_thread(MemoryPool, str(self.settings.state / "milvus" / "experiences.db"),
+                                            self.settings.embedding.dim)
+        self.retrievals = 0
+        self._rpc = await self.bus.serve_rpc("retrieve", RetrieveRequest, self.retrieve)
+
+    async def retrieve(self, req: RetrieveRequest) -> RetrieveReply:
+        def work():
+            vec = self.embedder.embed([req.query[:2000]])[0]
+            return self.pool.search(vec, max(1, min(req.k, 20)))
+        found = await asyncio.to_thread(work)
+        self.retrievals += 1
+        return RetrieveReply(experiences=found)
+
+    async def handle_judgement(self, j: Judgement, msg):
+        exps = distil(j)
+        if not exps:
+            return
+        vecs = await asyncio.to_thread(self.embedder.embed, [e.text for e in exps])
+        rows = [{"id": e.experience_id, "vector": v, "text": e.text, "success": e.success, "state": e.state,
+                 "meta": json.dumps({"origin": e.origin, "sources": e.source_event_ids,
+                                     "weights_version": j.weights_version})[:4000]}
+                for e, v in zip(exps, vecs)]
+        await asyncio.to_thread(self.pool.upsert, rows)  # durable before the events go out and the ack
+        for e in exps:
+            await self.bus.publish(e, weights_version=j.weights_version)
+        self.log.info("experience.stored", n=len(exps), group_id=j.group_id)
+
+    def health(self) -> dict:
+        h = super().health()
+        h["retrievals"] = getattr(self, "retrievals", 0)
+        return h

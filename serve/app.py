@@ -1,0 +1,336 @@
+"""The Ray Serve app: an OpenAI-compatible endpoint that records every interaction.
+
+Routes (DESIGN.md "HTTP"): POST /v1/chat/completions (tools, stream), GET /v1/models,
+POST /v1/feedback, GET /healthz, GET /readyz. Every /v1 route needs `Authorization: Bearer <key>`.
+Bodies are size-checked and validated before the model runs; bad input is a 4xx with a message.
+
+Each replica retrieves experiences from the navigator for the live request (the fast loop),
+publishes `evo.interaction` (and `evo.feedback`), and follows weight promotions: it swaps the
+promoted safetensors file into its engine between requests (the engine lock) and reports
+`evo.weights_swapped`. On start it loads the live version before it takes traffic.
+"""
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+import socket
+import sqlite3
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from ray import serve
+
+from actors.bus import Bus
+from actors.events import (ChatMessage, Feedback, Interaction, RetrieveReply, RetrieveRequest, ToolCall, ToolSpec,
+                           WeightsSwapped, subject_for)
+from config import telemetry
+from config.settings import Settings
+from policies.chat import parse_assistant, render
+from policies.engine import make_engine
+from policies.model_store import WeightsStore, ensure_base_model, sha256_file
+from serve.schemas import ChatRequest, FeedbackRequest
+
+app = FastAPI(title="Kaizen", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+def _error(status: int, message: str, type_: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": type_, "code": status}}, status_code=status)
+
+
+def to_chat_messages(req: ChatRequest) -> list[ChatMessage]:
+    out = []
+    for m in req.messages:
+        role = "system" if m.role == "developer" else m.role
+        calls = [ToolCall(id=c.id or f"call_{i}", name=c.function.name,
+                          arguments=c.function.arguments if isinstance(c.function.arguments, str)
+                          else json.dumps(c.function.arguments))
+                 for i, c in enumerate(m.tool_calls or [])]
+        out.append(ChatMessage(role=role, content=m.text(), tool_calls=calls, tool_call_id=m.tool_call_id))
+    return out
+
+
+def _pretty(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
+
+
+def _completion(iid: str, model: str, version: str, answer: ChatMessage, gen, n_prompt: int) -> dict:
+    msg: dict = {"role": "assistant", "content": answer.content or (None if answer.tool_calls else "")}
+    if answer.tool_calls:
+        msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in answer.tool_calls]
+    finish = "tool_calls" if answer.tool_calls else ("length" if gen.finish_reason == "length" else "stop")
+    return {"id": iid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "system_fingerprint": version,
+            "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}],
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": gen.completion_tokens,
+                      "total_tokens": n_prompt + gen.completion_tokens}}
+
+
+class InteractionLog:
+    """Interaction ids this deployment served (for feedback lookups); sqlite in the state dir."""
+
+    def __init__(self, path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(path), check_same_thread=False, timeout=10)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS interactions (id TEXT PRIMARY KEY, event TEXT, at REAL)")
+        self.db.commit()
+
+    def put(self, ev: Interaction) -> None:
+        self.db.execute("INSERT OR REPLACE INTO interactions VALUES (?, ?, ?)",
+                        (ev.interaction_id, ev.model_dump_json(), time.time()))
+        self.db.commit()
+
+    def get(self, interaction_id: str) -> Interaction | None:
+        row = self.db.execute("SELECT event FROM interactions WHERE id=?", (interaction_id,)).fetchone()
+        return Interaction.model_validate_json(row[0]) if row else None
+
+
+@serve.deployment(max_ongoing_requests=8, health_check_period_s=10, graceful_shutdown_timeout_s=20)
+@serve.ingress(app)
+class KaizenServer:
+    def __init__(self, settings_json: str, api_key: str):
+        self.s = Settings.model_validate_json(settings_json)
+        (self.s.state / "logs").mkdir(parents=True, exist_ok=True)
+        telemetry.setup("serve", self.s.telemetry.log_level, self.s.telemetry.otlp_endpoint,
+                        stream=open(self.s.state / "logs" / "serve.log", "a", buffering=1))
+        self.key = api_key
+        try:
+            self.replica = serve.get_replica_context().replica_tag
+        except Exception:
+            self.replica = f"{socket.gethostname()}-{os.getpid()}"
+        self.log = telemetry.log(actor="serve", replica=self.replica)
+        self.tracer = telemetry.tracer("kaizen.serve")
+        self.store = WeightsStore(self.s.state)
+        base = ensure_base_model(self.s.state, self.s.model.source, self.s.model.path, progress=False)
+        self.engine = make_engine(self.s, base)
+        live = self.store.live()
+        if live["path"]:  # synced to the live version before taking traffic
+            self.engine.load_weights(live["path"], live["version"])
+        self.interactions = InteractionLog(self.s.state / "serve" / "interactions.db")
+        self.bus: Bus | None = None
+        self._watcher: asyncio.Task | None = None
+        self.swaps: list[float] = []
+        self.served = 0
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _ensure_bus(self) -> Bus:
+        if self.bus is None:
+            n = self.s.nats
+            self.bus = await Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix,
+                                 producer=f"serve:{self.replica}").connect(ensure_stream=False)
+            self._watcher = asyncio.create_task(self._watch_weights())
+        return self.bus
+
+    async def check_health(self) -> None:
+        await self._ensure_bus()
+        if self._watcher is not None and self._watcher.done() and self._watcher.exception():
+            raise RuntimeError(f"weight watcher died: {self._watcher.exception()!r}")
+
+    async def _watch_weights(self) -> None:
+        """Swap to the live version when promoted (event) or when the LIVE pointer moved (poll fallback)."""
+        wake = asyncio.Event()
+
+        async def on_msg(_msg):
+            wake.set()
+        for kind in ("weights_promoted", "weights_rolled_back"):
+            await self.bus.nc.subscribe(subject_for(kind, self.s.nats.subject_prefix), cb=on_msg)
+        while True:
+            try:
+                await asyncio.wait_for(wake.wait(), timeout=5.0)
+            except asyncio.TimeoutError:
+                pass
+            wake.clear()
+            try:
+                await self._sync_live()
+            except Exception:
+                self.log.exception("swap.failed")
+
+    async def _sync_live(self) -> None:
+        live = self.store.live()
+        if not live["path"] or live["version"] == self.engine.version:
+            return
+        ok = await asyncio.to_thread(lambda: sha256_file(live["path"]) == live["sha256"])
+        if not ok:
+            self.log.error("swap.sha_mismatch", version=live["version"])
+            return
+        t0 = time.perf_counter()
+        load_ms = await asyncio.to_thread(self.engine.load_weights, live["path"], live["version"])
+        total_ms = (time.perf_counter() - t0) * 1000
+        self.swaps.append(total_ms)
+        self.log.info("swap.done", version=live["version"], load_ms=round(load_ms, 1), total_ms=round(total_ms, 1))
+        await self.bus.publish(WeightsSwapped(replica=self.replica, version=live["version"], swap_ms=total_ms),
+                               weights_version=live["version"])
+
+    def _authorized(self, request: Request) -> bool:
+        h = request.headers.get("authorization", "")
+        return h.startswith("Bearer ") and hmac.compare_digest(h[7:].strip().encode(), self.key.encode())
+
+    async def _body(self, request: Request):
+        if not self._authorized(request):
+            return None, _error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error")
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.s.serve.max_body_bytes:
+            return None, _error(413, f"request body larger than {self.s.serve.max_body_bytes} bytes")
+        raw = await request.body()
+        if len(raw) > self.s.serve.max_body_bytes:
+            return None, _error(413, f"request body larger than {self.s.serve.max_body_bytes} bytes")
+        try:
+            return json.loads(raw), None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return None, _error(400, f"body is not valid JSON: {exc}")
+
+    async def _retrieve(self, query: str) -> RetrieveReply:
+        try:
+            bus = await self._ensure_bus()
+            return await bus.request("retrieve", RetrieveRequest(query=query[:2000], k=self.s.serve.experiences_k,
+                                                                 origin="serve"),
+                                     RetrieveReply, timeout=self.s.serve.retrieve_timeout_s)
+        except Exception:
+            return RetrieveReply()
+
+    # ------------------------------------------------------------------ routes
+
+    @app.get("/healthz")
+    async def healthz(self):
+        return {"status": "ok", "replica": self.replica}
+
+    @app.get("/readyz")
+    async def readyz(self):
+        try:
+            await self._ensure_bus()
+        except Exception as exc:
+            return _error(503, f"event bus not reachable: {exc}", "unavailable")
+        return {"status": "ready", "weights_version": self.engine.version, "replica": self.replica}
+
+    @app.get("/v1/models")
+    async def models(self, request: Request):
+        if not self._authorized(request):
+            return _error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error")
+        return {"object": "list", "data": [{"id": self.s.model.name, "object": "model", "owned_by": "kaizen",
+                                            "created": 0, "weights_version": self.engine.version}]}
+
+    @app.post("/v1/feedback")
+    async def feedback(self, request: Request):
+        body, err = await self._body(request)
+        if err:
+            return err
+        try:
+            fb = FeedbackRequest.model_validate(body)
+        except ValidationError as exc:
+            return _error(422, _pretty(exc))
+        it = await asyncio.to_thread(self.interactions.get, fb.interaction_id)
+        if it is None:
+            return _error(404, f"unknown interaction_id {fb.interaction_id!r}", "not_found_error")
+        # identical feedback -> identical event id -> JetStream drops the duplicate and handlers skip it
+        event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:feedback:{fb.interaction_id}|{fb.score}|{fb.comment}"))
+        ev = Feedback(event_id=event_id, interaction_id=fb.interaction_id, score=fb.score, comment=fb.comment,
+                      interaction=it, trace_id=it.trace_id)
+        bus = await self._ensure_bus()
+        await bus.publish(ev, weights_version=it.weights_version)
+        return JSONResponse({"status": "accepted", "event_id": event_id}, status_code=202)
+
+    @app.post("/v1/chat/completions")
+    async def chat(self, request: Request):
+        body, err = await self._body(request)
+        if err:
+            return err
+        try:
+            req = ChatRequest.model_validate(body)
+            messages = to_chat_messages(req)
+        except ValidationError as exc:
+            return _error(422, _pretty(exc))
+        except ValueError as exc:
+            return _error(400, str(exc))
+        tools = [ToolSpec(function=t.function.model_dump()) for t in (req.tools or [])]
+        query = next((m.content for m in reversed(messages) if m.role == "user"), "")
+        with self.tracer.start_as_current_span("serve.chat") as span:
+            mem = await self._retrieve(query)
+            exps = [e.text for e in mem.experiences]
+            prompt = render(messages, tools, exps)
+            n_prompt = await asyncio.to_thread(self.engine.count_tokens, prompt)
+            if n_prompt > self.s.serve.max_prompt_tokens:
+                return _error(400, f"prompt is {n_prompt} tokens; the limit is {self.s.serve.max_prompt_tokens}")
+            max_new = min(req.max_completion_tokens or req.max_tokens or self.s.serve.max_new_tokens,
+                          self.s.serve.max_new_tokens)
+            iid = f"chatcmpl-{uuid.uuid4().hex}"
+            span.set_attribute("kaizen.interaction_id", iid)
+            trace_id = telemetry.current_trace_id()
+            ctx = dict(req=req, messages=messages, tools=tools, exps=mem, prompt=prompt, max_new=max_new, iid=iid,
+                       trace_id=trace_id, request=request, t0=time.perf_counter())
+            if req.stream:
+                return StreamingResponse(self._stream(ctx), media_type="text/event-stream")
+            gen = (await asyncio.to_thread(self.engine.generate, [prompt], max_new, req.temperature, req.top_p))[0]
+            version = self.engine.version
+            answer = parse_assistant(gen.text) if tools else ChatMessage(role="assistant", content=gen.text.strip())
+            await self._record(ctx, answer, version)
+            return _completion(iid, self.s.model.name, version, answer, gen, n_prompt)
+
+    async def _stream(self, ctx):
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        req, iid, name = ctx["req"], ctx["iid"], self.s.model.name
+        plain = not ctx["tools"]  # with tools the text is parsed whole, then sent as one delta
+
+        def on_text(piece: str):
+            if plain:
+                loop.call_soon_threadsafe(q.put_nowait, piece)
+
+        task = asyncio.create_task(asyncio.to_thread(self.engine.generate, [ctx["prompt"]], ctx["max_new"],
+                                                     req.temperature, req.top_p, on_text))
+        version = self.engine.version
+        created = int(time.time())
+
+        def chunk(delta: dict, finish=None) -> str:
+            return "data: " + json.dumps({"id": iid, "object": "chat.completion.chunk", "created": created,
+                                          "model": name, "system_fingerprint": version,
+                                          "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
+
+        yield chunk({"role": "assistant", "content": ""})
+        while not task.done() or not q.empty():
+            try:
+                piece = await asyncio.wait_for(q.get(), timeout=0.05)
+                yield chunk({"content": piece})
+            except asyncio.TimeoutError:
+                continue
+        gen = task.result()[0]
+        answer = parse_assistant(gen.text) if not plain else ChatMessage(role="assistant", content=gen.text.strip())
+        if not plain:
+            delta = {"content": answer.content or None}
+            if answer.tool_calls:
+                delta["tool_calls"] = [{"index": i, "id": c.id, "type": "function",
+                                        "function": {"name": c.name, "arguments": c.arguments}}
+                                       for i, c in enumerate(answer.tool_calls)]
+            yield chunk(delta)
+        finish = "tool_calls" if answer.tool_calls else ("length" if gen.finish_reason == "length" else "stop")
+        yield chunk({}, finish)
+        yield "data: [DONE]\n\n"
+        await self._record(ctx, answer, version)
+
+    async def _record(self, ctx, answer: ChatMessage, version: str) -> None:
+        req: ChatRequest = ctx["req"]
+        user = (req.user or "") + "|" + hashlib.sha256(self.key.encode()).hexdigest()[:8]
+        ev = Interaction(interaction_id=ctx["iid"], user_hash=hashlib.sha256(user.encode()).hexdigest()[:16],
+                         messages=ctx["messages"], tools=ctx["tools"], response=answer,
+                         experience_ids=[e.experience_id for e in ctx["exps"].experiences],
+                         latency_ms=(time.perf_counter() - ctx["t0"]) * 1000, replica=self.replica,
+                         trace_id=ctx["trace_id"])
+        ev.weights_version = version
+        await asyncio.to_thread(self.interactions.put, ev)
+        self.served += 1
+        try:
+            bus = await self._ensure_bus()
+            await bus.publish(ev, weights_version=version)
+        except Exception:  # the user got the answer; the record stays in sqlite for the log
+            self.log.exception("interaction.publish_failed", interaction_id=ctx["iid"])
+
+
+def build_app(settings: Settings, api_key: str):
+    s = settings.serve
+    return KaizenServer.options(num_replicas=s.replicas, ray_actor_options={"num_cpus": s.replica_cpus}).bind(
+        settings.model_dump_json(), api_key)

@@ -1,0 +1,79 @@
+"""OpenAI-compatible request models for the HTTP edge (tolerant of fields we do not use)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class _Tolerant(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class FunctionCall(_Tolerant):
+    name: str
+    arguments: str | dict = "{}"
+
+
+class InToolCall(_Tolerant):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class InMessage(_Tolerant):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list | None = None
+    tool_calls: list[InToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for p in self.content:
+            if isinstance(p, dict) and p.get("type") == "text":
+                parts.append(str(p.get("text", "")))
+            else:
+                raise ValueError("only text content parts are supported")
+        return "".join(parts)
+
+
+class InFunction(_Tolerant):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    description: str = ""
+    parameters: dict = {}
+
+
+class InTool(_Tolerant):
+    type: Literal["function"] = "function"
+    function: InFunction
+
+
+class ChatRequest(_Tolerant):
+    model: str | None = None
+    messages: list[InMessage] = Field(min_length=1, max_length=256)
+    tools: list[InTool] | None = Field(None, max_length=64)
+    tool_choice: str | dict | None = None
+    stream: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=1)
+    user: str | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _has_user(cls, v):
+        if not any(m.role == "user" for m in v):
+            raise ValueError("messages must contain at least one user message")
+        return v
+
+
+class FeedbackRequest(_Tolerant):
+    interaction_id: str = Field(min_length=1, max_length=128)
+    score: float = Field(ge=-1.0, le=1.0)
+    comment: str | None = Field(None, max_length=4000)

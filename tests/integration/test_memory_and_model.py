@@ -1,0 +1,97 @@
+"""Real Milvus Lite, real embeddings, real SmolLM2: the pieces the actors are built from."""
+import json
+
+import pytest
+
+from actors.events import ChatMessage, Judgement, Sample, ToolCall
+from actors.navigator import MemoryPool, distil
+from policies.embedder import Embedder
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return Embedder()
+
+
+def test_memory_pool_upsert_is_idempotent_and_retrieval_ranks(tmp_path, embedder):
+    pool = MemoryPool(str(tmp_path / "m.db"), 384)
+    texts = {"a": "For moving a file into a folder, call mv after cd.",
+             "b": "For buying stock, call place_order with symbol and amount."}
+    rows = [{"id": k, "vector": v, "text": t, "success": True, "state": "active", "meta": "{}"}
+            for (k, t), v in zip(texts.items(), embedder.embed(list(texts.values())))]
+    pool.upsert(rows)
+    pool.upsert(rows)  # a redelivered judgement is harmless
+    assert pool.count() == 2
+    hits = pool.search(embedder.embed(["move report.pdf into the temp folder"])[0], 2, min_score=0.0)
+    assert hits[0].experience_id == "a"
+    rows[0]["state"] = "quarantined"
+    pool.upsert(rows[:1])
+    hits = pool.search(embedder.embed(["move report.pdf into the temp folder"])[0], 2, min_score=0.0)
+    assert "a" not in [h.experience_id for h in hits]
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    from policies.engine import TransformersEngine
+    return TransformersEngine(model_dir, dtype="float32")
+
+
+def test_engine_generates_and_hot_swaps(engine, tmp_path):
+    import torch
+
+    from policies.chat import render
+    from policies.model_store import WeightsStore
+
+    prompt = render([ChatMessage(role="user", content="What is the capital of France?")])
+    g = engine.generate([prompt], 12, temperature=0.0)[0]
+    assert "Paris" in g.text and g.completion_tokens > 0
+    store = WeightsStore(tmp_path)
+    sd = {k: v.clone() for k, v in engine.model.state_dict().items() if k != "lm_head.weight"}
+    sd["model.norm.weight"] = sd["model.norm.weight"] * 0.0 + 0.5  # a visibly different version
+    path, digest = store.save(sd, "w-000001")
+    assert store.verify(path, digest) and not store.verify(path, "0" * 64)
+    ms = engine.load_weights(path, "w-000001")
+    assert engine.version == "w-000001" and ms > 0
+    assert torch.allclose(engine.model.model.norm.weight, torch.full_like(engine.model.model.norm.weight, 0.5))
+    with pytest.raises(ValueError):
+        engine.load_state_dict({"model.norm.weight": sd["model.norm.weight"]}, "w-bad")
+
+
+def test_rollout_group_against_bfcl(engine):
+    from envs.bfcl import BfclEnvironment
+    from policies.rollout import run_group
+
+    env = BfclEnvironment(["base"], max_turns=1, max_steps_per_turn=2)
+    res = run_group(engine, env, env.entries("train")[0], 2, max_new_tokens=24, temperature=1.0,
+                    experiences=["use ls first"], guided=1, experience_ids=["e1"], call_prefix=True)
+    assert len(res.samples) == 2
+    for s in res.samples:
+        assert s.messages[0].role == "system" and "use ls first" not in s.messages[0].content  # stripped
+        assert s.step_indices and all(s.messages[i].role == "assistant" for i in s.step_indices)
+        assert len(s.step_signals) == len(s.step_indices) and 0.0 <= s.outcome <= 1.0
+    assert res.samples[0].guided and res.samples[0].experience_ids == ["e1"] and not res.samples[1].guided
+
+
+def test_learner_step_changes_weights_and_checkpoint_resumes(settings, model_dir):
+    import torch
+
+    from actors.learner import Trainer
+
+    settings.learner.lr = 1e-4
+    t = Trainer(settings, model_dir)
+    def sample(answer):
+        return Sample(sample_id=answer, messages=[ChatMessage(role="system", content="s"),
+                                                  ChatMessage(role="user", content="2+2?"),
+                                                  ChatMessage(role="assistant", content=answer)])
+    g = Judgement(group_id="g", source="live", task_id="t", samples=[sample("4"), sample("5")], outcomes=[1.0, -1.0],
+                  step_labels=[["GOOD"], ["BAD"]], source_event_ids=["a", "b"])
+    before = t.model.model.norm.weight.detach().clone()
+    stats = t.train_step([g])
+    assert stats["samples"] == 2 and stats["grad_norm"] > 0
+    assert not torch.equal(before, t.model.model.norm.weight)
+    t.applied |= {"a", "b"}
+    t.version = "w-000001"
+    t.save_checkpoint()
+    t2 = Trainer(settings, model_dir)
+    assert t2.load_checkpoint() and t2.step == 1 and t2.applied == {"a", "b"}
+    assert torch.equal(t2.model.model.norm.weight, t.model.model.norm.weight)

@@ -1,0 +1,47 @@
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from actors import events as ev
+
+
+def test_every_kind_has_a_subject_and_round_trips():
+    samples = {
+        "task": ev.Task(task_id="t", env="bfcl", entry_id="multi_turn_base_1"),
+        "feedback": ev.Feedback(interaction_id="i", score=0.5),
+        "weights_swapped": ev.WeightsSwapped(replica="r", version="w-000001", swap_ms=3.0),
+    }
+    for kind in ev.KINDS:
+        assert ev.subject_for(kind) == f"evo.{kind}"
+    for kind, e in samples.items():
+        back = ev.parse_event(e.model_dump_json())
+        assert type(back) is type(e) and back == e and back.kind == kind
+
+
+def test_design_kinds_are_all_present():
+    required = {"interaction", "feedback", "task", "rollout", "judgement", "experience", "learner_step",
+                "weights_published", "weights_promoted", "weights_rejected", "weights_rolled_back", "dead_letter"}
+    assert required <= set(ev.KINDS)
+
+
+def test_unknown_kind_and_bad_values_are_rejected():
+    with pytest.raises(ValueError):
+        ev.subject_for("nope")
+    with pytest.raises(ValidationError):
+        ev.parse_event(json.dumps({"kind": "nope"}))
+    with pytest.raises(ValidationError):
+        ev.Feedback(interaction_id="i", score=3.0)
+
+
+def test_strict_mode_in_tests_forbids_extra_fields():
+    data = json.loads(ev.Task(task_id="t", env="bfcl", entry_id="x").model_dump_json())
+    data["surprise"] = 1
+    with pytest.raises(ValidationError):
+        ev.parse_event(json.dumps(data))
+
+
+def test_envelope_fields():
+    e = ev.Task(task_id="t", env="bfcl", entry_id="x")
+    for f in ("event_id", "kind", "schema_version", "occurred_at", "producer", "weights_version", "trace_id"):
+        assert f in e.model_dump()

@@ -1,0 +1,64 @@
+"""Pins the GRPO maths (verl's estimator and loss) to hand-computed values."""
+import math
+
+import torch
+
+from actors.events import ChatMessage, Sample
+from policies import grpo
+
+
+def test_group_advantages_match_hand_computation():
+    # one group of 3 with scores [1, 0, 0]: mean 1/3, unbiased std sqrt(1/3)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 1, 1]])
+    adv = grpo.advantages([1.0, 0.0, 0.0], ["g", "g", "g"], mask)
+    std = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2)
+    assert torch.allclose(adv[0], torch.tensor([(2 / 3) / std] * 2 + [0.0]), atol=1e-4)
+    assert torch.allclose(adv[1], torch.tensor([(-1 / 3) / std] * 3), atol=1e-4)
+    assert adv[2, 0] == 0.0
+
+
+def test_groups_are_normalised_separately_and_equal_scores_give_zero():
+    mask = torch.ones(4, 2, dtype=torch.long)
+    adv = grpo.advantages([1.0, 1.0, 0.0, 1.0], ["a", "a", "b", "b"], mask)
+    assert torch.all(adv[:2] == 0)
+    assert adv[2, 0] < 0 < adv[3, 0]
+
+
+def test_policy_loss_is_minus_mean_advantage_on_policy():
+    mask = torch.tensor([[0, 1, 1], [1, 1, 0]])
+    adv = torch.tensor([[0.0, 2.0, 2.0], [-1.0, -1.0, 0.0]])
+    lp = torch.zeros(2, 3, requires_grad=True)
+    loss, metrics = grpo.policy_loss(lp.detach(), lp, adv, mask)
+    assert abs(float(loss) - (-(2 + 2 - 1 - 1) / 4)) < 1e-6
+    loss.backward()
+    assert lp.grad[0, 0] == 0 and lp.grad[0, 1] < 0 < lp.grad[1, 0]
+    assert metrics["actor/pg_clipfrac"] == 0.0
+
+
+def test_clipping_uses_the_decoupled_upper_bound():
+    mask = torch.ones(1, 1)
+    adv = torch.ones(1, 1)
+    old = torch.zeros(1, 1)
+    new = torch.full((1, 1), math.log(1.5), requires_grad=True)  # ratio 1.5 > 1 + 0.28
+    loss, m = grpo.policy_loss(old, new, adv, mask, clip_low=0.2, clip_high=0.28)
+    assert abs(float(loss) + 1.28) < 1e-5 and m["actor/pg_clipfrac"] == 1.0
+
+
+class _Tok:
+    """Character-level stand-in tokenizer with offsets (keeps the test free of model files)."""
+
+    def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
+        return {"input_ids": [ord(c) % 251 for c in text], "offset_mapping": [(i, i + 1) for i in range(len(text))]}
+
+
+def test_tokenize_marks_exactly_the_assistant_steps():
+    s = Sample(sample_id="x", messages=[ChatMessage(role="system", content="S"), ChatMessage(role="user", content="U"),
+                                       ChatMessage(role="assistant", content="AB"),
+                                       ChatMessage(role="tool", content="T"),
+                                       ChatMessage(role="assistant", content="CD")])
+    t = grpo.tokenize_sample(_Tok(), s, 10_000)
+    from policies.chat import assistant_spans
+    text, spans = assistant_spans(s.messages)
+    chosen = "".join(ch for ch, m in zip(text, t.response_mask) if m)
+    assert chosen == "AB<|im_end|>CD<|im_end|>"
+    assert sorted(set(t.step_ids) - {-1}) == [0, 1]

@@ -1,0 +1,72 @@
+import json
+
+import pytest
+
+from actors.events import ChatMessage, ToolCall
+from envs.bfcl import BfclEnvironment
+from envs.tool_calls import CallError, parse_json_call, parse_python_call
+from policies.chat import parse_assistant
+
+
+def test_python_call_is_parsed_without_eval():
+    p = parse_python_call("mv(source='a.pdf', destination='temp')")
+    assert p.name == "mv" and p.kwargs == {"source": "a.pdf", "destination": "temp"}
+    assert parse_python_call("sort('f.txt')").args == ("f.txt",)
+
+
+@pytest.mark.parametrize("text", [
+    "__import__('os').system('echo hi')",
+    "os.system('x')",
+    "f(x=open('/etc/passwd'))",
+    "f(**{'a': 1})",
+    "f(x=1+__import__('os').getpid())",
+    "(lambda: 1)()",
+])
+def test_hostile_python_calls_are_refused(text):
+    with pytest.raises(CallError):
+        parse_python_call(text)
+
+
+def test_huge_arguments_are_refused():
+    with pytest.raises(CallError):
+        parse_json_call("cd", json.dumps({"folder": "x" * 10_000_000}))
+
+
+def test_parse_assistant_json_and_malformed():
+    m = parse_assistant('<tool_call>[{"name": "cd", "arguments": {"folder": "document"}}]</tool_call>')
+    assert [c.name for c in m.tool_calls] == ["cd"] and json.loads(m.tool_calls[0].arguments) == {"folder": "document"}
+    bad = parse_assistant('<tool_call>[{"nam": 1}]</tool_call>')
+    assert bad.tool_calls[0].name == "invalid_call"
+    plain = parse_assistant("The capital of France is Paris.")
+    assert plain.tool_calls == [] and plain.content.startswith("The capital")
+
+
+def _episode():
+    env = BfclEnvironment(["base"], max_turns=1, max_steps_per_turn=5)
+    ep = env.episode("multi_turn_base_0")
+    ep.next_user_message()
+    return ep
+
+
+@pytest.mark.parametrize("name,args", [
+    ("unknown_fn", "{}"),
+    ("cd", '{"folder": "document", "extra": 1}'),
+    ("cd", '{"folder": 5}'),
+    ("cd", '{"folder": "../../../../etc"}'),
+    ("__import__", '{"name": "os"}'),
+    ("_load_scenario", "{}"),
+    ("cd", "not json"),
+    ("cd", json.dumps({"folder": "x" * 10_000_000})),
+])
+def test_invalid_or_hostile_calls_become_error_observations(name, args):
+    ep = _episode()
+    before = json.dumps(ep.model.instances["GorillaFileSystem"].root._to_dict() if hasattr(
+        ep.model.instances["GorillaFileSystem"].root, "_to_dict") else str(vars(ep.model.instances["GorillaFileSystem"])))
+    r = ep.step(ChatMessage(role="assistant", tool_calls=[ToolCall(id="c1", name=name, arguments=args)]))
+    assert r.signal < 0
+    assert len(r.observations) == 1 and r.observations[0].role == "tool"
+    assert "rror" in r.observations[0].content or "No such" in r.observations[0].content
+    after = json.dumps(ep.model.instances["GorillaFileSystem"].root._to_dict() if hasattr(
+        ep.model.instances["GorillaFileSystem"].root, "_to_dict") else str(vars(ep.model.instances["GorillaFileSystem"])))
+    if name != "cd" or "etc" not in args:
+        assert before == after
