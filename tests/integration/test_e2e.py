@@ -1,0 +1,156 @@
+"""End to end: `main.py up` on real parts, an OpenAI client talking to it, a promoted version served.
+
+Starts the whole system as a user would (subprocess, its own state dir and ports), sends chat
+requests and feedback with the `openai` client until the served `system_fingerprint` changes to
+a newly promoted version, and asserts no request failed. Then checks the event kinds on the
+stream, kills one actor process with SIGKILL and checks it comes back while the endpoint keeps
+answering, and stops everything with `main.py down`.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from deploy.nats import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMOTION_BUDGET_S = 15 * 60
+pytestmark = pytest.mark.e2e
+
+
+def _cli(state, *args, timeout=120):
+    env = {**os.environ, "KAIZEN_STATE_DIR": str(state)}
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory, model_dir):
+    state = tmp_path_factory.mktemp("e2e") / "state"
+    (state / "model").mkdir(parents=True)
+    shutil.copytree(model_dir, state / "model" / "smollm2-135m-instruct")  # skip the one-time conversion
+    port = free_port()
+    env = {**os.environ, "KAIZEN_STATE_DIR": str(state), "KAIZEN_SERVE_PORT": str(port)}
+    log = open(state / "up.out", "w")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "up"], cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not (state / "run.json").exists():
+            assert proc.poll() is None, (state / "up.out").read_text()[-3000:]
+            assert time.monotonic() < deadline, "not ready in 10 minutes"
+            time.sleep(1)
+        run = json.loads((state / "run.json").read_text())
+        run["ready_wall_s"] = time.monotonic() - t0
+        run["key"] = Path(run["api_key_file"]).read_text().strip()
+        run["state"] = state
+        yield run
+    finally:
+        if proc.poll() is None:
+            r = _cli(state, "down", timeout=200)
+            print(r.stdout, r.stderr[-2000:])
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        print((state / "up.out").read_text()[-3000:])
+
+
+def test_auth_and_bad_input_are_4xx(system):
+    base, key = system["endpoint"], system["key"]
+    h = {"Authorization": f"Bearer {key}"}
+    assert httpx.get(base + "/models").status_code == 401
+    assert httpx.get(base + "/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.post(base + "/chat/completions", headers=h, content=b"{nope").status_code == 400
+    assert httpx.post(base + "/chat/completions", headers=h, json={"messages": []}).status_code == 422
+    r = httpx.post(base + "/chat/completions", headers=h, content=b"x" * 2_000_000)
+    assert r.status_code == 413 and "larger" in r.json()["error"]["message"]
+    assert httpx.post(base + "/feedback", headers=h, json={"interaction_id": "nope", "score": 1}).status_code == 404
+    assert httpx.post(base + "/feedback", headers=h, json={"interaction_id": "x", "score": 7}).status_code == 422
+    assert httpx.get(base.replace("/v1", "/healthz")).status_code == 200
+
+
+def test_tools_and_streaming(system):
+    import openai
+
+    c = openai.OpenAI(base_url=system["endpoint"], api_key=system["key"], max_retries=0, timeout=300)
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                               "required": ["city"]}}}]
+    r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools,
+                                  max_tokens=32)
+    assert r.id.startswith("chatcmpl-") and r.system_fingerprint.startswith("w-")
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    chunks = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Say hi"}], stream=True,
+                                            max_tokens=12))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text and chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_promoted_version_is_served_with_no_failed_request(system):
+    import openai
+
+    c = openai.OpenAI(base_url=system["endpoint"], api_key=system["key"], max_retries=0, timeout=300)
+    qa = [("What is the capital of France?", "paris"), ("What is 2 + 2?", "4"),
+          ("Name the largest planet in the solar system.", "jupiter"), ("What color is a clear daytime sky?", "blue")]
+    first = None
+    failed, sent, i = 0, 0, 0
+    started = time.monotonic()
+    while time.monotonic() - started < PROMOTION_BUDGET_S:
+        q, a = qa[i % len(qa)]
+        i += 1
+        try:
+            r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": q}], max_tokens=20)
+            sent += 1
+            first = first or r.system_fingerprint
+            score = 1.0 if a in (r.choices[0].message.content or "").lower() else -1.0
+            fb = httpx.post(system["endpoint"] + "/feedback", headers={"Authorization": f"Bearer {system['key']}"},
+                            json={"interaction_id": r.id, "score": score}, timeout=60)
+            assert fb.status_code == 202
+            again = httpx.post(system["endpoint"] + "/feedback", headers={"Authorization": f"Bearer {system['key']}"},
+                               json={"interaction_id": r.id, "score": score}, timeout=60)
+            assert again.json()["event_id"] == fb.json()["event_id"]  # idempotent
+            if r.system_fingerprint != first:
+                break
+        except openai.APIError as exc:
+            failed += 1
+            print("request failed:", exc)
+    promoted_after = time.monotonic() - started
+    print(f"ready {system['ready_s']}s; fingerprint {first} -> {r.system_fingerprint} after {promoted_after:.0f}s "
+          f"of traffic; {sent} requests, {failed} failed")
+    assert r.system_fingerprint != first, f"no promoted version served within {PROMOTION_BUDGET_S}s"
+    assert failed == 0
+
+    out = _cli(system["state"], "events", "--all", "--seconds", "4")
+    kinds = {line.split()[1] for line in out.stdout.splitlines() if len(line.split()) > 1}
+    assert {"interaction", "feedback", "task", "judgement", "experience", "learner_step", "weights_published",
+            "weights_promoted", "weights_swapped"} <= kinds, out.stdout[-3000:]
+
+
+def test_killed_actor_comes_back_and_endpoint_keeps_answering(system):
+    import openai
+
+    st = json.loads(_cli(system["state"], "status", "--json", timeout=180).stdout)
+    victim = st["actors"]["attributor"]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    c = openai.OpenAI(base_url=system["endpoint"], api_key=system["key"], max_retries=0, timeout=300)
+    r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=8)
+    httpx.post(system["endpoint"] + "/feedback", headers={"Authorization": f"Bearer {system['key']}"},
+               json={"interaction_id": r.id, "score": 0.5})
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        st = json.loads(_cli(system["state"], "status", "--json", timeout=180).stdout)
+        a = st["actors"]["attributor"]
+        if a.get("alive") and a.get("pid") != victim and st["consumers"]["attributor"].get("pending") == 0 \
+                and st["consumers"]["attributor"].get("unacked") == 0:
+            return
+        time.sleep(3)
+    pytest.fail(f"attributor did not come back and catch up: {st['actors']['attributor']} {st['consumers']['attributor']}")
