@@ -132,11 +132,14 @@ def cmd_up(args) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         loop.run_until_complete(stop.wait())
+        t_stop = time.monotonic()
         say("stopping: draining actors")
-        late = ray_local.stop_actors(handles)
+        late = ray_local.stop_actors(handles, timeout_s=20.0)
         if late:
             say(f"  stopped without draining (unacked work is redelivered on the next up): {', '.join(late)}")
+        say(f"  actors stopped in {time.monotonic() - t_stop:.1f}s; stopping Serve")
         serve.shutdown()
+        say(f"  Serve stopped in {time.monotonic() - t_stop:.1f}s; stopping Ray")
         ray.shutdown()
     finally:
         if nats_server:
@@ -358,10 +361,10 @@ def cmd_down(args) -> int:
         say("not running (stale run file removed)")
         return 0
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 240
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.5)
-    say("stopped" if not pid_alive(pid) else f"pid {pid} still running after 120s")
+    say("stopped" if not pid_alive(pid) else f"pid {pid} still running after 240s")
     return 0 if not pid_alive(pid) else 1
 
 

@@ -100,7 +100,7 @@ class Trainer:
             loss, metrics = grpo.policy_loss(old[i:i + 1], lp, adv[i:i + 1], mask[i:i + 1], L.clip_ratio_low,
                                              L.clip_ratio_high, L.loss_agg_mode)
             (loss * n_i / total_tokens).backward()  # token-mean over the whole batch
-            loss_sum += float(loss) * n_i / total_tokens
+            loss_sum += float(loss.detach()) * n_i / total_tokens
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), L.grad_clip))
         self.opt.step()
         self.step += 1

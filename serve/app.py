@@ -334,3 +334,20 @@ def build_app(settings: Settings, api_key: str):
     s = settings.serve
     return KaizenServer.options(num_replicas=s.replicas, ray_actor_options={"num_cpus": s.replica_cpus}).bind(
         settings.model_dump_json(), api_key)
+
+
+def app_builder(args: dict):
+    """Serve application builder for `serve run` / KubeRay: args {config, api_key_file, nats_url, state_dir}."""
+    from config.settings import load_settings
+
+    s = load_settings(args.get("config"))
+    if args.get("state_dir"):
+        s.state_dir = args["state_dir"]
+    if args.get("nats_url"):
+        s.nats.url = args["nats_url"]
+    if args.get("nats_password_file"):
+        s.nats.password = open(args["nats_password_file"]).read().strip()
+    key = open(args["api_key_file"]).read().strip() if args.get("api_key_file") else s.serve.api_key
+    if not key:
+        raise ValueError("app_builder needs api_key_file (or serve.api_key in the config)")
+    return build_app(s, key)

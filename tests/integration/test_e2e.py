@@ -55,7 +55,7 @@ def system(tmp_path_factory, model_dir):
         yield run
     finally:
         if proc.poll() is None:
-            r = _cli(state, "down", timeout=200)
+            r = _cli(state, "down", timeout=300)
             print(r.stdout, r.stderr[-2000:])
             try:
                 proc.wait(60)
