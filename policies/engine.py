@@ -2,8 +2,8 @@
 
 `Engine` is what serving replicas, the explorer and the broadcaster's evaluator use:
 `generate`, `load_weights`, `pause`, `resume`, `health`. `TransformersEngine` runs on CPU or
-GPU; the vLLM engine (GPU, `gpu` extra) lives in `policies/vllm_engine.py` and is only imported
-by `make_engine()` when configured, so the CPU path never imports vllm.
+GPU. A vLLM engine (GPU, `gpu` extra) will implement the same protocol and be imported only by
+`make_engine()` when configured, so the CPU path never imports vllm (a test pins that).
 """
 from __future__ import annotations
 
@@ -150,8 +150,4 @@ class _CallbackStreamer:
 
 def make_engine(settings, model_dir: str | Path, version: str = "w-000000") -> Engine:
     m = settings.model
-    if m.engine == "vllm":
-        from policies.vllm_engine import VLLMEngine  # GPU only; never imported on the CPU path
-
-        return VLLMEngine(model_dir, dtype=m.serve_dtype, version=version)
     return TransformersEngine(model_dir, dtype=m.serve_dtype, device=m.device, threads=m.torch_threads, version=version)
