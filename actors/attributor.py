@@ -11,7 +11,8 @@ from __future__ import annotations
 import uuid
 
 from actors.bus import EventActor, Poison
-from actors.events import ChatMessage, Feedback, Judgement, Rollout, Sample
+from actors.events import Feedback, Judgement, Rollout, Sample
+from envs.live import trajectory
 
 STEP_SHAPING = 0.1  # weight of the mean step signal added to the environment outcome
 
@@ -29,14 +30,7 @@ def score_rollout(sample: Sample) -> tuple[float, list[str]]:
 
 
 def live_sample(fb: Feedback) -> Sample:
-    it = fb.interaction
-    msgs = [m for m in it.messages]
-    if not msgs or msgs[0].role != "system":
-        msgs.insert(0, ChatMessage(role="system", content="You are a helpful AI assistant named SmolLM, trained by Hugging Face"))
-    step = len(msgs)
-    msgs.append(it.response)
-    return Sample(sample_id=it.interaction_id, messages=msgs, tools=it.tools, step_indices=[step],
-                  step_signals=[fb.score], outcome=fb.score, experience_ids=it.experience_ids)
+    return trajectory(fb.interaction, fb.score)
 
 
 class Attributor(EventActor):

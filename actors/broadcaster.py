@@ -14,7 +14,7 @@ import json
 
 from actors.bus import EventActor, Poison, heartbeat
 from actors.events import WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected
-from envs.bfcl import BfclEnvironment
+from envs.registry import make_envs
 from policies.engine import make_engine
 from policies.model_store import BASE_VERSION, WeightsStore, atomic_write_bytes, ensure_base_model, version_number
 from policies.rollout import evaluate
@@ -29,8 +29,9 @@ class Broadcaster(EventActor):
         await super().start()
         s = self.settings
         self.store = WeightsStore(s.state)
-        self.env = BfclEnvironment.from_settings(s.env)
-        self.heldout = self.env.entries("heldout")[: s.gate.heldout_tasks]
+        self.envs = make_envs(s.env)
+        # a fixed held-out suite: the first gate.heldout_tasks entries of each environment's held-out split
+        self.heldout = {name: env.entries("heldout")[: s.gate.heldout_tasks] for name, env in self.envs.items()}
         base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
         self.base_sd = None
         self.engine = await asyncio.to_thread(make_engine, s, base)
@@ -51,11 +52,14 @@ class Broadcaster(EventActor):
             self.engine.load_state_dict(sd, version)
         else:
             self.engine.load_weights(path, version)
-        ev = evaluate(self.engine, self.env, self.heldout, k=1, max_new_tokens=self.settings.rollout.max_new_tokens,
-                      call_prefix=self.settings.rollout.call_prefix)
-        self.scores[version] = ev["avg"]
+        per_env = [evaluate(self.engine, self.envs[name], entries, k=1,
+                            max_new_tokens=self.settings.rollout.max_new_tokens,
+                            call_prefix=self.settings.rollout.call_prefix)["avg"]
+                   for name, entries in self.heldout.items()]
+        score = sum(per_env) / len(per_env)
+        self.scores[version] = score
         atomic_write_bytes(self.cache_file, json.dumps(self.scores).encode())
-        return ev["avg"]
+        return score
 
     async def handle_weights_published(self, ev: WeightsPublished, msg):
         w = ev.weights

@@ -14,7 +14,7 @@ import uuid
 
 from actors.bus import EventActor, Poison, heartbeat
 from actors.events import RetrieveReply, RetrieveRequest, Rollout, Task, WeightsPromoted, WeightsRolledBack
-from envs.bfcl import BfclEnvironment
+from envs.registry import make_envs
 from policies.engine import make_engine
 from policies.model_store import WeightsStore, ensure_base_model
 from policies.rollout import run_group
@@ -28,7 +28,7 @@ class Explorer(EventActor):
     async def start(self) -> None:
         await super().start()
         s = self.settings
-        self.env = BfclEnvironment.from_settings(s.env)
+        self.envs = make_envs(s.env)
         self.weights = WeightsStore(s.state)
         base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
         self.engine = await asyncio.to_thread(make_engine, s, base)
@@ -41,6 +41,12 @@ class Explorer(EventActor):
             await asyncio.to_thread(self.engine.load_weights, live["path"], live["version"])
         self.weights_version = self.engine.version
 
+    def _train(self, env_name: str) -> set[str]:
+        cache = self.__dict__.setdefault("_train_sets", {})
+        if env_name not in cache:
+            cache[env_name] = set(self.envs[env_name].entries("train"))
+        return cache[env_name]
+
     async def retrieve(self, query: str) -> RetrieveReply:
         try:
             return await self.bus.request("retrieve", RetrieveRequest(query=query, k=3), RetrieveReply, timeout=2.0)
@@ -51,10 +57,11 @@ class Explorer(EventActor):
     async def handle_task(self, task: Task, msg):
         if task.split != "train":
             raise Poison(f"task {task.task_id} is from the {task.split} split; only train tasks are explored")
-        try:
-            self.env.episode(task.entry_id)
-        except KeyError as exc:
-            raise Poison(str(exc)) from None
+        env = self.envs.get(task.env)
+        if env is None:
+            raise Poison(f"task {task.task_id} names unknown environment {task.env!r}")
+        if task.entry_id not in self._train(task.env):
+            raise Poison(f"entry {task.entry_id} is not in the {task.env} train split (held-out entries are never explored)")
         r = self.settings.rollout
         mem = await self.retrieve(task.query)
         exps = [e.text for e in mem.experiences]
@@ -62,7 +69,7 @@ class Explorer(EventActor):
         version = self.engine.version
         async with heartbeat([msg]):
             res = await asyncio.to_thread(
-                run_group, self.engine, self.env, task.entry_id, r.group_size, max_new_tokens=r.max_new_tokens,
+                run_group, self.engine, env, task.entry_id, r.group_size, max_new_tokens=r.max_new_tokens,
                 temperature=r.temperature, top_p=r.top_p, experiences=exps, guided=guided,
                 experience_ids=[e.experience_id for e in mem.experiences], call_prefix=r.call_prefix)
         event = Rollout(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:rollout:{task.event_id}")),

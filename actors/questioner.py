@@ -14,7 +14,7 @@ import uuid
 
 from actors.bus import EventActor
 from actors.events import Task
-from envs.bfcl import BfclEnvironment
+from envs.registry import make_envs
 from policies.model_store import atomic_write_bytes
 
 
@@ -28,6 +28,11 @@ def ordered_pool(entries: list[str], round_: int, seed: int = 0) -> list[str]:
     return pool
 
 
+def train_pool(envs: dict) -> list[str]:
+    """"env<TAB>entry" for every train entry of every environment (held-out entries never appear)."""
+    return [f"{name}\t{e}" for name, env in envs.items() for e in env.entries("train")]
+
+
 class Questioner(EventActor):
     name = "questioner"
     kinds = ()
@@ -35,8 +40,8 @@ class Questioner(EventActor):
 
     async def start(self) -> None:
         await super().start()
-        self.env = BfclEnvironment.from_settings(self.settings.env)
-        self.pool = self.env.entries("train")
+        self.envs = make_envs(self.settings.env)
+        self.pool = train_pool(self.envs)
         self.cursor_file = self.settings.state / "actors" / "questioner.json"
         self.cursor = json.loads(self.cursor_file.read_text()) if self.cursor_file.exists() else {"round": 0, "pos": 0}
         self.proposed = 0
@@ -59,9 +64,11 @@ class Questioner(EventActor):
     async def tick(self) -> None:
         if not self.pool or await self.backlog() >= self.settings.rollout.max_tasks_in_flight:
             return
-        entry, round_ = self.next_entry()
-        event = Task(event_id=task_event_id(entry, round_), task_id=f"{self.env.name}:{entry}:{round_}",
-                     env=self.env.name, entry_id=entry, split="train", origin="env", query=self.env.query_of(entry))
+        key, round_ = self.next_entry()
+        env_name, entry = key.split("\t")
+        env = self.envs[env_name]
+        event = Task(event_id=task_event_id(key, round_), task_id=f"{env_name}:{entry}:{round_}",
+                     env=env_name, entry_id=entry, split="train", origin="env", query=env.query_of(entry))
         await self.bus.publish(event, weights_version=self.weights_version)
         atomic_write_bytes(self.cursor_file, json.dumps(self.cursor).encode())
         self.proposed += 1

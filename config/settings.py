@@ -66,6 +66,7 @@ class EmbeddingSettings(_Section):
 
 
 class EnvSettings(_Section):
+    names: list[str] = Field(["bfcl", "code"], description="Environments the questioner draws tasks from (bfcl, code)")
     bfcl_categories: list[str] = Field(["base"], description="BFCL v3 multi-turn categories used for training")
     bfcl_classes: list[str] | None = Field(None, description="Only entries whose classes are all in this list (None = all)")
     max_turns: int = Field(2, description="User turns per episode (a prefix of the BFCL entry)")

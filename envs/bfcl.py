@@ -281,6 +281,9 @@ class BfclEnvironment:
         entries, truths = load_category(cat)
         return BfclEpisode(entries[entry_id], truths[entry_id], cat, self.max_turns, self.max_steps, self.max_obs)
 
+    def category_of(self, entry_id: str) -> str:
+        return self._index[entry_id]
+
     def query_of(self, entry_id: str) -> str:
         entries, _ = load_category(self._index[entry_id])
         return entries[entry_id]["question"][0][0]["content"]

@@ -15,6 +15,16 @@ from envs.base import Environment
 from policies.chat import CALL_PREFIX, parse_assistant, render
 
 
+def forced_prefix(tools) -> str:
+    """The start of a forced tool call; with a single tool its name is forced too (tool_choice=function)."""
+    if len(tools) == 1:
+        name = tools[0].function["name"]
+        params = list((tools[0].function.get("parameters") or {}).get("properties") or {})
+        first = f'"{params[0]}": "' if params and len(params) == 1 else ""
+        return f'<tool_call>[{{"name": "{name}", "arguments": {{{first}'
+    return CALL_PREFIX
+
+
 @dataclass
 class GroupResult:
     samples: list[Sample]
@@ -46,13 +56,13 @@ def run_group(engine, env: Environment, entry_id: str, n: int, *, max_new_tokens
         first = True
         while open_:
             idx = sorted(open_)
-            prefix = CALL_PREFIX if (call_prefix and first) else ""
-            prompts = [render(msgs[i], eps[i].tools, experiences if i < guided else None) + prefix for i in idx]
+            prefixes = {i: forced_prefix(eps[i].tools) if (call_prefix and first) else "" for i in idx}
+            prompts = [render(msgs[i], eps[i].tools, experiences if i < guided else None) + prefixes[i] for i in idx]
             gens = engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
             first = False
             for i, g in zip(idx, gens):
                 tokens += g.completion_tokens
-                action = parse_assistant(prefix + g.text)
+                action = parse_assistant(prefixes[i] + g.text)
                 steps[i].append(len(msgs[i]))
                 msgs[i].append(action)
                 r = eps[i].step(action)

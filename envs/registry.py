@@ -1,0 +1,18 @@
+"""The configured environments by name (`env.names` in the settings)."""
+from __future__ import annotations
+
+from envs.base import Environment
+
+
+def make_env(name: str, env_settings) -> Environment:
+    if name == "bfcl":
+        from envs.bfcl import BfclEnvironment
+        return BfclEnvironment.from_settings(env_settings)
+    if name == "code":
+        from envs.code import CodeEnvironment
+        return CodeEnvironment.from_settings(env_settings)
+    raise KeyError(f"unknown environment {name!r}; known: bfcl, code")
+
+
+def make_envs(env_settings) -> dict[str, Environment]:
+    return {n: make_env(n, env_settings) for n in env_settings.names}
