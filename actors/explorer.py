@@ -29,6 +29,11 @@ class Explorer(EventActor):
         await super().start()
         s = self.settings
         self.envs = make_envs(s.env)
+        if s.env.pool_workers > 0:  # episodes run in the environment pool's Ray actors
+            from envs.pool import PooledEnvironment, start_workers
+
+            workers = await asyncio.to_thread(start_workers, s, s.env.pool_workers)
+            self.envs = {n: PooledEnvironment(e, workers, s.env.max_concurrent) for n, e in self.envs.items()}
         self.weights = WeightsStore(s.state)
         base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
         self.engine = await asyncio.to_thread(make_engine, s, base)

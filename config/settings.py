@@ -73,6 +73,9 @@ class EnvSettings(_Section):
     max_steps_per_turn: int = Field(3, description="Assistant actions per user turn before the turn is closed")
     heldout_fraction: float = Field(0.2, description="Share of entries held out for evaluation (by id hash)")
     max_observation_chars: int = Field(800, description="Tool results longer than this are truncated")
+    pool_workers: int = Field(1, description="Ray actors that run environment episodes (0 = in the explorer)")
+    max_concurrent: int = Field(16, description="Episodes alive at once across the pool")
+    idle_release_s: float = Field(300.0, description="Episodes idle this long are released by the pool")
 
 
 class RolloutSettings(_Section):

@@ -40,7 +40,21 @@ def run_group(engine, env: Environment, entry_id: str, n: int, *, max_new_tokens
     With `call_prefix`, the first action of each turn starts from `<tool_call>[{"name": "` (a forced
     tool call, like tool_choice="required"), so that a small policy explores the tools at all."""
     t0 = time.monotonic()
-    eps = [env.episode(entry_id) for _ in range(n)]
+    eps = []
+    try:
+        for _ in range(n):
+            eps.append(env.episode(entry_id))
+        return _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, guided, experience_ids,
+                    on_step, call_prefix)
+    finally:
+        for ep in eps:  # pooled episodes hold a slot and remote state until released
+            release = getattr(ep, "release", None)
+            if release:
+                release()
+
+
+def _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, guided, experience_ids, on_step,
+         call_prefix) -> GroupResult:
     msgs = [[ChatMessage(role="system", content=ep.system_prompt)] for ep in eps]
     steps: list[list[int]] = [[] for _ in eps]
     signals: list[list[float]] = [[] for _ in eps]
@@ -74,9 +88,11 @@ def run_group(engine, env: Environment, entry_id: str, n: int, *, max_new_tokens
                     open_.discard(i)
             if on_step:
                 on_step()
+    outcomes = [ep.outcome() for ep in eps]
+    final_tools = [ep.tools for ep in eps]
     samples = [
-        Sample(sample_id=str(uuid.uuid4()), messages=msgs[i], tools=eps[i].tools, step_indices=steps[i],
-               step_signals=signals[i], outcome=eps[i].outcome(), guided=i < guided,
+        Sample(sample_id=str(uuid.uuid4()), messages=msgs[i], tools=final_tools[i], step_indices=steps[i],
+               step_signals=signals[i], outcome=outcomes[i], guided=i < guided,
                experience_ids=list(experience_ids or []) if i < guided else [], error=errors[i])
         for i in range(n)
     ]
