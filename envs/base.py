@@ -43,6 +43,22 @@ class Episode(Protocol):
 
     def outcome(self) -> float: ...
 
+    def snapshot(self) -> object: ...
+
+    def restore(self, snap: object) -> None: ...
+
+
+def replay(env: "Environment", entry_id: str, turns: list[list[ChatMessage]]) -> Episode:
+    """A fresh episode with recorded actions re-applied, turn by turn (feasibility checks, debugging)."""
+    ep = env.episode(entry_id)
+    for actions in turns:
+        if ep.next_user_message() is None:
+            break
+        for action in actions:
+            if ep.step(action).turn_done:
+                break
+    return ep
+
 
 class Environment(Protocol):
     name: str

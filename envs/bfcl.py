@@ -233,6 +233,25 @@ class BfclEpisode:
             score = 0.5 * hits / max(1, len(self._gt_results)) if self._gt_results else 0.0
         self.turn_results.append(score)
 
+    _STATE = ("turn", "steps_in_turn", "model_results", "turn_results", "_gt_calls", "_gt_results")
+
+    def snapshot(self) -> dict:
+        """Deep copy of everything that changes: both backend sets and the turn bookkeeping."""
+        return copy.deepcopy({"model": self.model.instances, "ground": self.ground.instances,
+                              **{k: getattr(self, k) for k in self._STATE}})
+
+    def restore(self, snap: dict) -> None:
+        snap = copy.deepcopy(snap)
+        for side in ("model", "ground"):
+            backends = getattr(self, side)
+            backends.instances = snap[side]
+            for name in list(backends.methods):
+                for inst in backends.instances.values():
+                    if hasattr(inst, name):
+                        backends.methods[name] = getattr(inst, name)
+        for k in self._STATE:
+            setattr(self, k, snap[k])
+
     def outcome(self) -> float:
         self.end_turn()
         return sum(self.turn_results) / len(self.turns) if self.turns else 0.0

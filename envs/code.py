@@ -124,6 +124,12 @@ class CodeEpisode:
     def end_turn(self) -> None:
         pass
 
+    def snapshot(self) -> dict:
+        return {"turn": self.turn, "steps": self.steps, "score": self.score}
+
+    def restore(self, snap: dict) -> None:
+        self.turn, self.steps, self.score = snap["turn"], snap["steps"], snap["score"]
+
     def outcome(self) -> float:
         return self.score or 0.0
 

@@ -56,3 +56,24 @@ def test_tools_are_openai_format():
     ep = env.episode("multi_turn_base_0")
     t = ep.tools[0].model_dump()
     assert t["type"] == "function" and t["function"]["parameters"]["type"] == "object"
+
+
+def test_snapshot_restore_and_replay():
+    from envs.base import replay
+
+    env = BfclEnvironment(["base"], max_turns=2, max_steps_per_turn=5)
+    ep = env.episode("multi_turn_base_0")
+    ep.next_user_message()
+    cd = ChatMessage(role="assistant", tool_calls=[ToolCall(id="a", name="cd", arguments='{"folder": "document"}')])
+    mk = ChatMessage(role="assistant", tool_calls=[ToolCall(id="b", name="mkdir", arguments='{"dir_name": "temp"}')])
+    ep.step(cd)
+    snap = ep.snapshot()
+    ep.step(mk)
+    fs = ep.model.instances["GorillaFileSystem"]
+    assert "temp" in str(vars(fs))
+    ep.restore(snap)
+    assert "temp" not in str(vars(ep.model.instances["GorillaFileSystem"]))
+    ep.step(mk)  # methods are re-bound to the restored instances
+    assert "temp" in str(vars(ep.model.instances["GorillaFileSystem"]))
+    again = replay(env, "multi_turn_base_0", [[cd, mk]])
+    assert str(vars(again.model.instances["GorillaFileSystem"])) == str(vars(ep.model.instances["GorillaFileSystem"]))
