@@ -112,6 +112,7 @@ class Interaction(Event):
     experience_ids: list[str] = []
     latency_ms: float = 0.0
     replica: str = ""
+    trace_context: dict[str, str] = Field({}, description="W3C trace headers of the HTTP request (for feedback)")
 
 
 class Feedback(Event):

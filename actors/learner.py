@@ -17,6 +17,8 @@ import uuid
 from actors.bus import HOLD, EventActor, heartbeat
 from actors.events import (Judgement, LearnerStep, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected,
                            WeightsRolledBack)
+from config import telemetry
+from opentelemetry import trace
 from policies import grpo
 from policies.model_store import WeightsStore, ensure_base_model, version_name
 
@@ -190,7 +192,10 @@ class Learner(EventActor):
         groups = self.ready[:n]  # popped only after the step is checkpointed
         ids = sorted({i for g in groups for i in g.source_event_ids})
         async with heartbeat([self.held[i] for i in ids if i in self.held]):
-            with self.tracer.start_as_current_span("learner.step"):
+            # the step links to the trace of every event it learned from: HTTP request -> weights version
+            links = [trace.Link(trace.get_current_span(telemetry.context_from_headers(self.held[i].headers)).get_span_context())
+                     for i in ids if i in self.held and self.held[i].headers]
+            with self.tracer.start_as_current_span("learner.step", links=links):
                 stats = await asyncio.to_thread(self.trainer.train_step, groups)
                 version = version_name(max(self.store.latest_number() + 1, self.trainer.step))
                 path, digest = await asyncio.to_thread(

@@ -232,7 +232,9 @@ class KaizenServer:
         ev = Feedback(event_id=event_id, interaction_id=fb.interaction_id, score=fb.score, comment=fb.comment,
                       interaction=it, trace_id=it.trace_id)
         bus = await self._ensure_bus()
-        await bus.publish(ev, weights_version=it.weights_version)
+        # the feedback joins the trace of the request it rates
+        with self.tracer.start_as_current_span("serve.feedback", context=telemetry.context_from_headers(it.trace_context)):
+            await bus.publish(ev, weights_version=it.weights_version)
         return JSONResponse({"status": "accepted", "event_id": event_id}, status_code=202)
 
     @app.post("/v1/chat/completions")
@@ -261,8 +263,9 @@ class KaizenServer:
             iid = f"chatcmpl-{uuid.uuid4().hex}"
             span.set_attribute("kaizen.interaction_id", iid)
             trace_id = telemetry.current_trace_id()
+            trace_headers = telemetry.inject_headers({})
             ctx = dict(req=req, messages=messages, tools=tools, exps=mem, prompt=prompt, max_new=max_new, iid=iid,
-                       trace_id=trace_id, request=request, t0=time.perf_counter())
+                       trace_id=trace_id, trace_headers=trace_headers, request=request, t0=time.perf_counter())
             if req.stream:
                 return StreamingResponse(self._stream(ctx), media_type="text/event-stream")
             gen = (await asyncio.to_thread(self.engine.generate, [prompt], max_new, req.temperature, req.top_p))[0]
@@ -319,7 +322,7 @@ class KaizenServer:
                          messages=ctx["messages"], tools=ctx["tools"], response=answer,
                          experience_ids=[e.experience_id for e in ctx["exps"].experiences],
                          latency_ms=(time.perf_counter() - ctx["t0"]) * 1000, replica=self.replica,
-                         trace_id=ctx["trace_id"])
+                         trace_id=ctx["trace_id"], trace_context=ctx["trace_headers"])
         ev.weights_version = version
         await asyncio.to_thread(self.interactions.put, ev)
         self.served += 1
