@@ -124,3 +124,24 @@ async def test_request_reply_round_trip_and_remote_error(nats_server):
     with pytest.raises(RuntimeError, match="kaput"):
         await bus.request("retrieve", RetrieveRequest(query="boom"), RetrieveReply)
     await bus.close()
+
+
+async def test_trace_context_rides_in_headers(settings, nats_server):
+    from config import telemetry
+
+    telemetry.setup("test")
+    p = _prefix()
+    bus = await _bus(nats_server, p)
+    actor = Recorder(settings, bus)
+    actor.name = "tracer"
+    actor.fetch_timeout_s = 0.2
+    actor._sub = await bus.pull("tracer", ["task"])
+    with telemetry.tracer().start_as_current_span("http.request") as span:
+        trace_id = format(span.get_span_context().trace_id, "032x")
+        ev = Task(task_id="x", env="bfcl", entry_id="traced")
+        await bus.publish(ev)
+    assert ev.trace_id == trace_id
+    await _drain(actor, 3)
+    handled = [s for s in telemetry.memory_spans().get_finished_spans() if s.name == "tracer.handle_task"]
+    assert handled and format(handled[-1].context.trace_id, "032x") == trace_id
+    await bus.close()
