@@ -19,7 +19,7 @@ from actors.events import (Judgement, LearnerStep, WeightsPromoted, WeightsPubli
                            WeightsRolledBack)
 from config import telemetry
 from opentelemetry import trace
-from policies import grpo
+from policies import adca, grpo
 from policies.model_store import WeightsStore, ensure_base_model, version_name
 
 
@@ -78,14 +78,19 @@ class Trainer:
     def train_step(self, groups: list[Judgement]) -> dict:
         """One GRPO update over whole groups, micro-batched one sample at a time."""
         torch, L = self.torch, self.s.learner
-        samples, scores, index = [], [], []
+        samples, scores, index, step_adv = [], [], [], []
         for g in groups:
+            if L.adca_alpha > 0:  # step-level credit: each step's advantage goes to all its tokens
+                step_adv.extend(adca.step_advantages(g.step_labels, g.outcomes, L.adca_alpha))
             for s, o in zip(g.samples, g.outcomes):
                 samples.append(grpo.tokenize_sample(self.tok, s, L.max_seq_tokens))
                 scores.append(o)
                 index.append(g.group_id)
         mask = grpo.pad([t.response_mask for t in samples], 0)
-        adv = grpo.advantages(scores, index, mask)
+        if L.adca_alpha > 0:
+            adv = adca.token_advantages([t.step_ids for t in samples], step_adv, mask.shape[1]) * mask
+        else:
+            adv = grpo.advantages(scores, index, mask)
         ids = grpo.pad([t.input_ids for t in samples], self.tok.pad_token_id)
         attn = grpo.pad([[1] * len(t.input_ids) for t in samples], 0)
         total_tokens = int(mask.sum())
