@@ -78,8 +78,12 @@ class Trainer:
     def train_step(self, groups: list[Judgement]) -> dict:
         """One GRPO update over whole groups, micro-batched one sample at a time."""
         torch, L = self.torch, self.s.learner
-        samples, scores, index, step_adv = [], [], [], []
+        samples, scores, index, step_adv, scale, clip_high = [], [], [], [], [], []
         for g in groups:
+            p = adca.self_consistency(g.outcomes)
+            use_adpo = L.adpo and g.source == "rollout"
+            scale += [adca.adpo_scale(p) if use_adpo else 1.0] * len(g.samples)
+            clip_high += [max(L.clip_ratio_high, adca.adpo_clip_high(p)) if use_adpo else L.clip_ratio_high] * len(g.samples)
             if L.adca_alpha > 0:  # step-level credit: each step's advantage goes to all its tokens
                 step_adv.extend(adca.step_advantages(g.step_labels, g.outcomes, L.adca_alpha))
             for s, o in zip(g.samples, g.outcomes):
@@ -91,6 +95,7 @@ class Trainer:
             adv = adca.token_advantages([t.step_ids for t in samples], step_adv, mask.shape[1]) * mask
         else:
             adv = grpo.advantages(scores, index, mask)
+        adv = adv * torch.tensor(scale).unsqueeze(1)  # ADPO: ambiguous tasks count less
         ids = grpo.pad([t.input_ids for t in samples], self.tok.pad_token_id)
         attn = grpo.pad([[1] * len(t.input_ids) for t in samples], 0)
         total_tokens = int(mask.sum())
@@ -105,7 +110,7 @@ class Trainer:
                 continue
             lp = grpo.token_logprobs(self.model, ids[i:i + 1], attn[i:i + 1])
             loss, metrics = grpo.policy_loss(old[i:i + 1], lp, adv[i:i + 1], mask[i:i + 1], L.clip_ratio_low,
-                                             L.clip_ratio_high, L.loss_agg_mode)
+                                             clip_high[i], L.loss_agg_mode)
             (loss * n_i / total_tokens).backward()  # token-mean over the whole batch
             loss_sum += float(loss.detach()) * n_i / total_tokens
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), L.grad_clip))

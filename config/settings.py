@@ -98,6 +98,8 @@ class LearnerSettings(_Section):
     max_seq_tokens: int = Field(2048, description="Samples longer than this are left-truncated")
     min_live_group: int = Field(2, description="Feedback-judged interactions grouped per live GRPO group")
     grad_clip: float = Field(1.0, description="Gradient norm clip")
+    adpo: bool = Field(True, description="Scale rollout-group advantages by self-consistency and widen the upper "
+                       "clip for ambiguous tasks (Agent0's ADPO)")
     adca_alpha: float = Field(0.1, description="Weight of step-level credit (ADCA-GRPO); 0 = outcome-only GRPO "
                               "with verl's estimator")
 

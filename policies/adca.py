@@ -68,6 +68,12 @@ def token_advantages(step_ids: list[list[int]], step_adv: list[list[float]], wid
     return out
 
 
+def self_consistency(outcomes: list[float], threshold: float = 0.5) -> float:
+    """Share of the group agreeing with the majority verdict (success = outcome >= threshold)."""
+    wins = sum(1 for o in outcomes if o >= threshold)
+    return max(wins, len(outcomes) - wins) / len(outcomes) if outcomes else 1.0
+
+
 def adpo_scale(p: float, s_min: float = 0.6, low: float = 0.3, high: float = 0.8) -> float:
     return s_min + (1.0 - s_min) * _clip01((p - low) / (high - low))
 

@@ -35,3 +35,9 @@ def test_adpo_scale_and_clip():
     assert adpo_scale(0.3) == 0.6 and adpo_scale(0.8) == 1.0 and math.isclose(adpo_scale(0.55), 0.8)
     assert adpo_scale(0.1) == 0.6 and adpo_scale(0.95) == 1.0
     assert math.isclose(adpo_clip_high(0.3), 0.3) and adpo_clip_high(0.8) == 0.2 and math.isclose(adpo_clip_high(0.55), 0.25)
+
+
+def test_self_consistency():
+    from policies.adca import self_consistency
+    assert self_consistency([1, 1, 1, 0]) == 0.75 and self_consistency([0, 0, 1, 1]) == 0.5
+    assert self_consistency([0.0, 0.1, 0.2, 0.3]) == 1.0
