@@ -15,6 +15,8 @@ import uuid
 
 from actors.bus import EventActor
 from actors.events import Experience, Judgement, RetrievedExperience, RetrieveReply, RetrieveRequest, Sample
+from actors.events import parse_event, subject_for
+from policies.hygiene import looks_like_injection, scrub
 
 COLLECTION = "experiences"
 MIN_SCORE = 0.45
@@ -42,7 +44,8 @@ def distil(j: Judgement) -> list[Experience]:
         picks.append((worst, False))
     for i, success in picks:
         s = j.samples[i]
-        when = _query(s)[:200]
+        raw = _query(s)
+        when = scrub(raw)[:200]  # personal data never reaches memory
         calls = _calls(s)
         if success:
             how = f"calling {', '.join(calls[:6])} in that order worked" if calls else "a direct text answer worked"
@@ -52,8 +55,9 @@ def distil(j: Judgement) -> list[Experience]:
             err = f" (error: {s.error[:100]})" if s.error else ""
             text = f"For a request like \"{when[:120]}\": {what} did not complete it{err}; try a different approach."
         eid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:experience:{j.event_id}:{int(success)}"))
-        out.append(Experience(event_id=eid, experience_id=eid, text=text, when=when, success=success,
-                              origin=origin, source_event_ids=[j.event_id], trace_id=j.trace_id))
+        state = "quarantined" if looks_like_injection(raw) or looks_like_injection(text) else "active"
+        out.append(Experience(event_id=eid, experience_id=eid, text=scrub(text), when=when, success=success,
+                              origin=origin, source_event_ids=[j.event_id], trace_id=j.trace_id, state=state))
     return out
 
 
@@ -109,7 +113,54 @@ class Navigator(EventActor):
         self.pool = await asyncio.to_thread(MemoryPool, str(self.settings.state / "milvus" / "experiences.db"),
                                             self.settings.embedding.dim)
         self.retrievals = 0
+        self.rebuilt = await self.rebuild_if_needed()
         self._rpc = await self.bus.serve_rpc("retrieve", RetrieveRequest, self.retrieve)
+
+    async def rebuild_if_needed(self) -> int:
+        """The stream is the source of truth: if the pool holds fewer experiences than `evo.experience`
+        (database deleted, or a crash between a write and its flush), replay them all (upserts by id)."""
+        from nats.js import api
+
+        subject = subject_for("experience", self.settings.nats.subject_prefix)
+        info = await self.bus.js.stream_info(self.settings.nats.stream, subjects_filter=subject)
+        in_stream = int((info.state.subjects or {}).get(subject, 0))
+        in_pool = await asyncio.to_thread(self.pool.count)
+        if in_pool >= in_stream:
+            return 0
+        self.log.warning("memory.rebuild", in_pool=in_pool, in_stream=in_stream)
+        sub = await self.bus.js.subscribe(subject, ordered_consumer=True,
+                                          config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
+        seen, batch = 0, []
+        try:
+            while seen < in_stream:
+                try:
+                    msg = await sub.next_msg(timeout=5.0)
+                except (TimeoutError, asyncio.TimeoutError):
+                    break
+                seen += 1
+                try:
+                    batch.append(parse_event(msg.data))
+                except Exception:
+                    continue
+                if len(batch) >= 256 or seen >= in_stream:
+                    await self._store(batch)
+                    batch = []
+            if batch:
+                await self._store(batch)
+        finally:
+            await sub.unsubscribe()
+        return seen
+
+    async def _store(self, exps: list[Experience]) -> None:
+        exps = [e for e in exps if isinstance(e, Experience)]
+        if not exps:
+            return
+        vecs = await asyncio.to_thread(self.embedder.embed, [e.text for e in exps])
+        rows = [{"id": e.experience_id, "vector": v, "text": e.text, "success": e.success, "state": e.state,
+                 "meta": json.dumps({"origin": e.origin, "sources": e.source_event_ids,
+                                     "weights_version": e.weights_version})[:4000]}
+                for e, v in zip(exps, vecs)]
+        await asyncio.to_thread(self.pool.upsert, rows)
 
     async def retrieve(self, req: RetrieveRequest) -> RetrieveReply:
         def work():
@@ -123,12 +174,9 @@ class Navigator(EventActor):
         exps = distil(j)
         if not exps:
             return
-        vecs = await asyncio.to_thread(self.embedder.embed, [e.text for e in exps])
-        rows = [{"id": e.experience_id, "vector": v, "text": e.text, "success": e.success, "state": e.state,
-                 "meta": json.dumps({"origin": e.origin, "sources": e.source_event_ids,
-                                     "weights_version": j.weights_version})[:4000]}
-                for e, v in zip(exps, vecs)]
-        await asyncio.to_thread(self.pool.upsert, rows)  # durable before the events go out and the ack
+        for e in exps:
+            e.weights_version = j.weights_version
+        await self._store(exps)  # durable before the events go out and the ack
         for e in exps:
             await self.bus.publish(e, weights_version=j.weights_version)
         self.log.info("experience.stored", n=len(exps), group_id=j.group_id)

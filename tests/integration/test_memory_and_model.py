@@ -95,3 +95,27 @@ def test_learner_step_changes_weights_and_checkpoint_resumes(settings, model_dir
     t2 = Trainer(settings, model_dir)
     assert t2.load_checkpoint() and t2.step == 1 and t2.applied == {"a", "b"}
     assert torch.equal(t2.model.model.norm.weight, t.model.model.norm.weight)
+
+
+async def test_navigator_rebuilds_memory_from_the_stream(settings, nats_server, tmp_path):
+    import uuid
+
+    from actors.bus import Bus
+    from actors.events import Experience
+    from actors.navigator import Navigator
+
+    p = "n" + uuid.uuid4().hex[:8]
+    settings.nats.stream, settings.nats.subject_prefix = p.upper(), p
+    bus = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p).connect()
+    for i in range(5):
+        await bus.publish(Experience(experience_id=f"e{i}", text=f"For a request like task {i}: calling ls worked.",
+                                     when=f"task {i}", success=True, origin="env"))
+    nav = Navigator(settings)
+    await nav.start()  # a fresh state dir: the Milvus pool is empty, the stream has 5 experiences
+    try:
+        assert nav.rebuilt == 5 and nav.pool.count() == 5
+        again = await nav.rebuild_if_needed()
+        assert again == 0  # consistent now: nothing to do
+    finally:
+        await nav.shutdown()
+        await bus.close()
