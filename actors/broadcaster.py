@@ -13,7 +13,7 @@ import asyncio
 import json
 
 from actors.bus import EventActor, Poison, heartbeat
-from actors.events import WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected
+from actors.events import WeightsPromoted, WeightsPublished, WeightsRejected
 from envs.registry import make_envs
 from policies.engine import make_engine
 from policies.model_store import BASE_VERSION, WeightsStore, atomic_write_bytes, ensure_base_model, version_number
@@ -33,7 +33,6 @@ class Broadcaster(EventActor):
         # a fixed held-out suite: the first gate.heldout_tasks entries of each environment's held-out split
         self.heldout = {name: env.entries("heldout")[: s.gate.heldout_tasks] for name, env in self.envs.items()}
         base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
-        self.base_sd = None
         self.engine = await asyncio.to_thread(make_engine, s, base)
         self.base_path = base
         self.cache_file = s.state / "broadcaster" / "evals.json"
@@ -99,5 +98,3 @@ class Broadcaster(EventActor):
         return {**super().health(), "promoted": getattr(self, "promoted", 0), "rejected": getattr(self, "rejected", 0),
                 "scores": getattr(self, "scores", {})}
 
-
-__all__ = ["Broadcaster", "WeightsRef"]

@@ -25,6 +25,10 @@ class Explorer(EventActor):
     kinds = ("task", "weights_promoted", "weights_rolled_back")
     batch = 1
 
+    def __init__(self, settings, bus=None):
+        super().__init__(settings, bus)
+        self._train_sets: dict[str, set[str]] = {}
+
     async def start(self) -> None:
         await super().start()
         s = self.settings
@@ -47,10 +51,9 @@ class Explorer(EventActor):
         self.weights_version = self.engine.version
 
     def _train(self, env_name: str) -> set[str]:
-        cache = self.__dict__.setdefault("_train_sets", {})
-        if env_name not in cache:
-            cache[env_name] = set(self.envs[env_name].entries("train"))
-        return cache[env_name]
+        if env_name not in self._train_sets:
+            self._train_sets[env_name] = set(self.envs[env_name].entries("train"))
+        return self._train_sets[env_name]
 
     async def retrieve(self, query: str) -> RetrieveReply:
         try:

@@ -14,7 +14,6 @@ import importlib
 import importlib.util
 import inspect
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -307,5 +306,3 @@ class BfclEnvironment:
         entries, _ = load_category(self._index[entry_id])
         return entries[entry_id]["question"][0][0]["content"]
 
-
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

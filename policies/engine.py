@@ -79,7 +79,6 @@ class TransformersEngine:
             else:
                 kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
             if stream_cb is not None:
-                from transformers import TextIteratorStreamer  # noqa: F401  (streamer below)
                 kwargs["streamer"] = _CallbackStreamer(self.tok, stream_cb)
             out = self.model.generate(**enc, **kwargs)
         n_prompt = enc["input_ids"].shape[1]

@@ -129,7 +129,7 @@ class WeightsStore:
             return json.loads(p.read_text())
         return {"version": BASE_VERSION, "path": None, "sha256": None}
 
-    def set_live(self, version: str, path: str | None, sha256: str | None, history: list | None = None) -> None:
+    def set_live(self, version: str, path: str | None, sha256: str | None) -> None:
         data = {"version": version, "path": path, "sha256": sha256, "at": time.time()}
         atomic_write_bytes(self.dir / "LIVE", json.dumps(data).encode())
 
