@@ -374,9 +374,9 @@ def cmd_down(args) -> int:
 def cmd_eval(args) -> int:
     """Held-out evaluation: avg@k / best@k per environment and category (AgentEvolver's table)."""
     from envs.registry import make_envs
+    from policies import report
     from policies.engine import make_engine
     from policies.model_store import BASE_VERSION, WeightsStore, ensure_base_model
-    from policies.rollout import evaluate
 
     s = settings_from(args)
     store = WeightsStore(s.state)
@@ -393,61 +393,19 @@ def cmd_eval(args) -> int:
         if args.env not in envs:
             sys.exit(f"unknown environment {args.env!r}; configured: {', '.join(envs)}")
         envs = {args.env: envs[args.env]}
-    rows, report = [], {"version": version, "k": args.k, "envs": {}}
-    for name, env in envs.items():
-        entries = env.entries("heldout")
-        if args.n:  # a stratified prefix: the first n entries of each category
-            by_cat: dict[str, list[str]] = {}
-            for e in entries:
-                by_cat.setdefault(env.category_of(e), []).append(e)
-            entries = [e for cat in sorted(by_cat) for e in by_cat[cat][: args.n]]
 
-        def progress(i, n, eid, scores, name=name):
-            print(f"  [{name} {i}/{n}] {eid}: {[round(x, 2) for x in scores]}", file=sys.stderr, flush=True)
-        res = evaluate(engine, env, entries, k=args.k, max_new_tokens=s.rollout.max_new_tokens,
-                       temperature=0.0 if args.k == 1 else s.rollout.temperature, progress=progress,
-                       call_prefix=s.rollout.call_prefix)
-        cats: dict[str, list[list[float]]] = {}
-        for eid, scores in res["entries"].items():
-            cats.setdefault(env.category_of(eid), []).append(scores)
-        for cat, lists in sorted(cats.items()):
-            rows.append((name, cat, len(lists), sum(sum(x) / len(x) for x in lists) / len(lists),
-                         sum(max(x) for x in lists) / len(lists)))
-        rows.append((name, "all", len(res["entries"]), res["avg"], res["best"]))
-        report["envs"][name] = {"avg": res["avg"], "best": res["best"], "entries": res["entries"],
-                                "categories": {r[1]: {"n": r[2], "avg": r[3], "best": r[4]} for r in rows if r[0] == name}}
-    k = args.k
-    print(f"\nweights {version}, k={k}")
-    print(f"{'env':<6} {'category':<13} {'tasks':>5} {f'avg@{k}':>8} {f'best@{k}':>8}")
-    for name, cat, n, avg, best in rows:
-        print(f"{name:<6} {cat:<13} {n:>5} {100 * avg:>7.1f}% {100 * best:>7.1f}%")
-    out = s.state / "evals" / f"{version}-k{k}"
+    def progress(name, i, n, eid, scores):
+        print(f"  [{name} {i}/{n}] {eid}: {[round(x, 2) for x in scores]}", file=sys.stderr, flush=True)
+    rows, result = report.heldout(engine, envs, k=args.k, per_category=args.n, max_new_tokens=s.rollout.max_new_tokens,
+                                  temperature=0.0 if args.k == 1 else s.rollout.temperature,
+                                  call_prefix=s.rollout.call_prefix, progress=progress)
+    print(report.table(rows, version, args.k))
+    out = s.state / "evals" / f"{version}-k{args.k}"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    _chart(rows, version, k, out.with_suffix(".png"))
+    out.with_suffix(".json").write_text(json.dumps({"version": version, "k": args.k, "envs": result}, indent=1))
+    report.chart(rows, version, args.k, out.with_suffix(".png"))
     print(f"written {out.with_suffix('.json')} and {out.with_suffix('.png')}")
     return 0
-
-
-def _chart(rows, version: str, k: int, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r[0]}/{r[1]}" for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4))
-    x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], [100 * r[3] for r in rows], width=0.4, label=f"avg@{k}")
-    ax.bar([i + 0.2 for i in x], [100 * r[4] for r in rows], width=0.4, label=f"best@{k}")
-    ax.set_xticks(list(x), labels, rotation=30, ha="right")
-    ax.set_ylabel("% of held-out tasks")
-    ax.set_ylim(0, 100)
-    ax.set_title(f"Held-out evaluation, weights {version}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 # --------------------------------------------------------------------------- argument parsing
