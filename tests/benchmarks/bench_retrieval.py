@@ -8,22 +8,16 @@ separately. Prints insert throughput and search p50 / p95 (search only, and embe
 """
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from _common import pct  # noqa: E402  (also puts the repository on sys.path)
 
 from actors.navigator import MemoryPool  # noqa: E402
 from policies.embedder import Embedder  # noqa: E402
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def main():

@@ -5,23 +5,17 @@ another thread is generating. Prints p50 / p95 in milliseconds and generation la
 """
 import argparse
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from _common import pct  # noqa: E402  (also puts the repository on sys.path)
 
 from actors.events import ChatMessage  # noqa: E402
 from policies.chat import render  # noqa: E402
 from policies.engine import TransformersEngine  # noqa: E402
 from policies.model_store import WeightsStore, ensure_base_model  # noqa: E402
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def main():
