@@ -1,18 +1,29 @@
-"""Attributor: scores rollouts and rated live interactions, step by step.
+"""Attributor: step-level credit for rollout groups and rated live interactions.
 
-First form (the judge model comes with the self-attributing work): rollouts are scored by the
-environment-verified outcome, shaped by the mean per-step environment signal so that groups of
-a weak policy still carry information; each step is labelled GOOD when its environment signal
-is positive. A live interaction with user feedback becomes a one-sample judgement whose outcome
-is the feedback score. Emits `evo.judgement` with the group kept intact.
+Each rollout group goes to the judge (`policies/judge.py`: the served policy by default, an
+OpenAI-compatible endpoint when configured) in one batched call, off the event loop, within a
+per-minute prompt budget. The judge labels every step GOOD/BAD and scores the trajectory
+against the task's reference (synthetic tasks) on AgentEvolver's 60-100 / 0-40 bands; steps made
+only of master-key text are BAD whatever the judge says.
+
+Where the environment can verify a step (BFCL state progress, code execution) its signal is
+both a training signal and ground truth for the judge: agreement is accumulated per step and
+reported in each judgement and in `health()`. `judge.step_labels` picks what the learner sees:
+`verified` (default) uses the environment's labels where they exist and the judge's elsewhere;
+`judge` uses the judge's wherever it answered. Outcomes are the environment-verified outcome
+shaped by 0.1 x the mean step signal; a live interaction's outcome is its user feedback.
+When the judge is over budget, fails or answers malformed text, the environment's (or the
+feedback's) labels are used and the judgement says so; the actor never crashes on it.
 """
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from actors.bus import EventActor, Poison
-from actors.events import Feedback, Judgement, Rollout, Sample
+from actors.events import Feedback, Judgement, Rollout, Sample, WeightsPromoted, WeightsRolledBack
 from envs.live import trajectory
+from policies.judge import Agreement, Budget, Verdict, env_labels, make_judge
 
 STEP_SHAPING = 0.1  # weight of the mean step signal added to the environment outcome
 
@@ -25,36 +36,123 @@ def score_rollout(sample: Sample) -> tuple[float, list[str]]:
     """(outcome, step labels) for one rollout from its environment signals."""
     sig = sample.step_signals
     shaped = sample.outcome + STEP_SHAPING * (sum(sig) / len(sig) if sig else 0.0)
-    labels = ["GOOD" if s > 0 else "BAD" for s in sig]
-    return round(shaped, 6), labels
+    return round(shaped, 6), env_labels(sample)
 
 
 def live_sample(fb: Feedback) -> Sample:
     return trajectory(fb.interaction, fb.score)
 
 
+def choose_labels(mode: str, verified: list[str] | None, judged: list[str] | None) -> list[str] | None:
+    """The labels the learner trains on (see module docstring)."""
+    if mode == "judge" and judged is not None:
+        return judged
+    return verified if verified else judged
+
+
 class Attributor(EventActor):
     name = "attributor"
-    kinds = ("rollout", "feedback")
+    kinds = ("rollout", "feedback", "weights_promoted", "weights_rolled_back")
+    batch = 1
+
+    async def start(self) -> None:
+        await super().start()
+        s = self.settings
+        self.engine = None
+        if not s.judge.base_url:  # the served policy judges: follow the live version like a replica does
+            from policies.engine import make_engine
+            from policies.model_store import WeightsStore, ensure_base_model
+
+            self.weights = WeightsStore(s.state)
+            base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
+            self.engine = await asyncio.to_thread(make_engine, s, base)
+            await self._sync_live()
+        self.judge = make_judge(s, self.engine)
+        self.budget = Budget(s.judge.calls_per_minute)
+        self.agreement = Agreement()
+        self.stats = {"judged": 0, "fallback_budget": 0, "fallback_error": 0, "fallback_malformed": 0, "screened": 0}
+
+    async def _sync_live(self) -> None:
+        live = self.weights.live()
+        if live["path"] and live["version"] != self.engine.version:
+            await asyncio.to_thread(self.engine.load_weights, live["path"], live["version"])
+        self.weights_version = self.engine.version
+
+    async def handle_weights_promoted(self, ev: WeightsPromoted, msg):
+        if self.engine is not None:
+            await self._sync_live()
+
+    async def handle_weights_rolled_back(self, ev: WeightsRolledBack, msg):
+        if self.engine is not None:
+            await self._sync_live()
+
+    async def run_judge(self, samples: list[Sample], references: list[list[str] | None]) -> list[Verdict | None]:
+        """Verdicts, or None per sample where the judge could not answer (budget, error, malformed)."""
+        samples_ = [s for s in samples if s.step_indices]
+        if not samples_:
+            return [None] * len(samples)
+        if not self.budget.take(self.judge.cost(samples_)):
+            self.stats["fallback_budget"] += len(samples)
+            return [None] * len(samples)
+        try:
+            verdicts = await asyncio.to_thread(self.judge.judge, samples, references)
+        except Exception as exc:  # an unreachable or broken judge never stops attribution
+            self.stats["fallback_error"] += len(samples)
+            self.log.warning("judge.failed", error=repr(exc)[:300])
+            return [None] * len(samples)
+        self.stats["judged"] += sum(v is not None for v in verdicts)
+        self.stats["fallback_malformed"] += sum(v is None for v in verdicts)
+        self.stats["screened"] += sum(len(v.screened) for v in verdicts if v)
+        return verdicts
 
     async def handle_rollout(self, ev: Rollout, msg):
         if not ev.samples:
             raise Poison("rollout group has no samples")
+        refs = [ev.task.reference or None] * len(ev.samples)
+        verdicts = await self.run_judge(ev.samples, refs)
         scored = [score_rollout(s) for s in ev.samples]
+        group_agree = Agreement()
+        labels = []
+        for s, v, (_, verified) in zip(ev.samples, verdicts, scored):
+            if v is not None and s.step_signals:
+                group_agree.add(v.labels, verified)
+            labels.append(choose_labels(self.settings.judge.step_labels, verified, v.labels if v else None) or [])
+        self.agreement.gg += group_agree.gg
+        self.agreement.gb += group_agree.gb
+        self.agreement.bg += group_agree.bg
+        self.agreement.bb += group_agree.bb
+        judged = all(v is not None for v in verdicts)
         out = Judgement(event_id=judgement_id(ev.event_id), group_id=ev.group_id, source="rollout",
                         task_id=ev.task.task_id, samples=ev.samples, outcomes=[o for o, _ in scored],
-                        step_labels=[lab for _, lab in scored], judge="env", source_event_ids=[ev.event_id],
-                        trace_id=ev.trace_id)
+                        step_labels=labels, judge=self.judge.name if judged else "env",
+                        source_event_ids=[ev.event_id], trace_id=ev.trace_id,
+                        judge_labels=[v.labels for v in verdicts] if judged else None,
+                        judge_scores=[v.score for v in verdicts] if judged else [],
+                        agreement=group_agree.accuracy(), origin=ev.task.origin,
+                        screened_steps=sum(len(v.screened) for v in verdicts if v))
         await self.bus.publish(out, weights_version=ev.weights_version)
-        self.log.info("judged.rollout", group_id=ev.group_id, outcomes=out.outcomes)
+        self.log.info("judged.rollout", group_id=ev.group_id, outcomes=out.outcomes, judge=out.judge,
+                      agreement=out.agreement, judge_scores=out.judge_scores)
 
     async def handle_feedback(self, ev: Feedback, msg):
         if ev.interaction is None:
             raise Poison(f"feedback {ev.event_id} carries no interaction snapshot")
         sample = live_sample(ev)
+        (v,) = await self.run_judge([sample], [None])
+        fallback = ["GOOD" if ev.score > 0 else "BAD"]
+        # live traffic has no environment to verify steps: the judge's label (screened) is used
+        labels = v.labels if v is not None else fallback
         out = Judgement(event_id=judgement_id(ev.event_id), group_id=f"live:{ev.interaction_id}", source="live",
                         task_id=f"live:{ev.interaction_id}", samples=[sample], outcomes=[ev.score],
-                        step_labels=[["GOOD" if ev.score > 0 else "BAD"]], judge="user-feedback",
-                        source_event_ids=[ev.event_id, ev.interaction.event_id], trace_id=ev.trace_id)
+                        step_labels=[labels], judge=self.judge.name if v else "user-feedback",
+                        source_event_ids=[ev.event_id, ev.interaction.event_id], trace_id=ev.trace_id,
+                        judge_labels=[v.labels] if v else None, judge_scores=[v.score] if v else [],
+                        screened_steps=len(v.screened) if v else 0, origin="live")
         await self.bus.publish(out, weights_version=ev.interaction.weights_version)
-        self.log.info("judged.live", interaction_id=ev.interaction_id, score=ev.score)
+        self.log.info("judged.live", interaction_id=ev.interaction_id, score=ev.score, labels=labels)
+
+    def health(self) -> dict:
+        h = super().health()
+        if hasattr(self, "agreement"):
+            h.update(judge=self.judge.name, judge_stats=dict(self.stats), judge_agreement=self.agreement.as_dict())
+        return h

@@ -131,6 +131,23 @@ class Task(Event):
     split: Literal["train", "heldout"] = "train"
     origin: Literal["env", "synthetic", "live"] = "env"
     query: str = ""
+    reference: list[str] = Field([], description="reference solution (call strings) of a synthetic task")
+    base_entry_id: str | None = Field(None, description="train entry whose initial state a synthetic task starts from")
+
+
+class TaskStatus(Event):
+    """Lifecycle of a synthetic task: proposed -> verified -> active -> retired, or proposed -> rejected."""
+
+    kind: Literal["task_status"] = "task_status"
+    task_id: str
+    status: Literal["proposed", "verified", "rejected", "active", "retired"]
+    reason: str = ""
+    env: str = ""
+    query: str = ""
+    reference: list[str] = []
+    base_entry_id: str | None = None
+    consistency: float | None = Field(None, description="self-consistency of the last rollout group")
+    synthesizer: str = ""
 
 
 class Rollout(Event):
@@ -153,6 +170,11 @@ class Judgement(Event):
     step_labels: list[list[Literal["GOOD", "BAD"]]]
     judge: str = "env"
     source_event_ids: list[str] = []
+    judge_labels: list[list[str]] | None = Field(None, description="the judge's own labels (None: not judged)")
+    judge_scores: list[float] = Field([], description="reference-based outcome score per sample, 0..100")
+    agreement: float | None = Field(None, description="share of steps where judge and environment agree")
+    screened_steps: int = Field(0, description="steps forced BAD by the master-key screen")
+    origin: Literal["env", "synthetic", "live"] = "env"
 
 
 class Experience(Event):
@@ -235,7 +257,7 @@ class DeadLetter(Event):
 
 AnyEvent = Annotated[
     Union[
-        Interaction, Feedback, Task, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
+        Interaction, Feedback, Task, TaskStatus, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
         WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsSwapped, DeadLetter,
     ],
     Field(discriminator="kind"),
@@ -243,7 +265,7 @@ AnyEvent = Annotated[
 _ADAPTER: TypeAdapter = TypeAdapter(AnyEvent)
 KINDS: tuple[str, ...] = tuple(
     m.model_fields["kind"].default
-    for m in (Interaction, Feedback, Task, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
+    for m in (Interaction, Feedback, Task, TaskStatus, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
               WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsSwapped, DeadLetter)
 )
 

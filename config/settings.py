@@ -113,6 +113,13 @@ class GateSettings(_Section):
 class JudgeSettings(_Section):
     base_url: str | None = Field(None, description="OpenAI-compatible judge endpoint; the served policy when unset")
     model: str | None = Field(None, description="Judge model name")
+    api_key: str | None = Field(None, description="Bearer key for the judge endpoint")
+    retries: int = Field(2, description="Retries of a malformed endpoint verdict before falling back")
+    calls_per_minute: float = Field(120.0, description="Judge prompt budget per minute (policy judge: one per "
+                                    "step plus one per trajectory; endpoint: one per trajectory)")
+    step_labels: Literal["verified", "judge"] = Field(
+        "verified", description="Step labels trained on: 'verified' = the environment's step signal where it "
+        "exists and the judge elsewhere (live traffic); 'judge' = the judge wherever it answered")
 
 
 class TelemetrySettings(_Section):

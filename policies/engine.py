@@ -30,6 +30,8 @@ class Engine(Protocol):
 
     def count_tokens(self, text: str) -> int: ...
 
+    def choice_logprobs(self, prompts: list[str], choices: list[str]) -> list[list[float]]: ...
+
     def load_weights(self, path: str | Path, version: str) -> float: ...
 
     def pause(self) -> None: ...
@@ -94,6 +96,26 @@ class TransformersEngine:
             gens.append(Generation(self.tok.decode(ids, skip_special_tokens=True), int(enc["attention_mask"][i].sum()),
                                    len(ids), finish))
         return gens
+
+    def choice_logprobs(self, prompts: list[str], choices: list[str]) -> list[list[float]]:
+        """log P(first token of each choice | prompt), one forward pass per prompt (batched).
+
+        Used by the policy-as-judge: a verdict is a choice between words, so it can never be
+        malformed. The choices must start with different tokens."""
+        torch = self.torch
+        first = [self.tok(c, add_special_tokens=False)["input_ids"][0] for c in choices]
+        if len(set(first)) != len(first):
+            raise ValueError(f"choices {choices!r} share their first token")
+        self._paused.wait()
+        out: list[list[float]] = []
+        with self._lock, torch.inference_mode():
+            for i in range(0, len(prompts), 4):  # small batches keep CPU memory flat on long prompts
+                enc = self.tok(prompts[i:i + 4], return_tensors="pt", padding=True,
+                               add_special_tokens=False).to(self.device)
+                logits = self.model(**enc).logits[:, -1, :].float()
+                lp = torch.log_softmax(logits, dim=-1)[:, first]
+                out.extend(lp.tolist())
+        return out
 
     def load_state_dict(self, sd: dict, version: str) -> None:
         torch = self.torch
