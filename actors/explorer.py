@@ -15,6 +15,7 @@ import uuid
 from actors.bus import EventActor, Poison, heartbeat
 from actors.events import RetrieveReply, RetrieveRequest, Rollout, Task, WeightsPromoted, WeightsRolledBack
 from envs.registry import make_envs
+from envs.tool_calls import CallError, parse_python_call
 from policies.engine import make_engine
 from policies.model_store import WeightsStore, ensure_base_model
 from policies.rollout import run_group
@@ -68,7 +69,20 @@ class Explorer(EventActor):
         env = self.envs.get(task.env)
         if env is None:
             raise Poison(f"task {task.task_id} names unknown environment {task.env!r}")
-        if task.entry_id not in self._train(task.env):
+        spec = None
+        if task.origin == "synthetic":
+            if not task.base_entry_id or not task.reference:
+                raise Poison(f"synthetic task {task.task_id} lacks a base entry or a reference solution")
+            if task.base_entry_id not in self._train(task.env):
+                raise Poison(f"synthetic task {task.task_id} starts from {task.base_entry_id}, which is not in the "
+                             f"{task.env} train split (held-out entries are never explored)")
+            try:
+                for call in task.reference:
+                    parse_python_call(call)
+            except CallError as exc:
+                raise Poison(f"synthetic task {task.task_id} has an unusable reference: {exc}") from None
+            spec = {"base_entry_id": task.base_entry_id, "query": task.query, "reference": task.reference}
+        elif task.entry_id not in self._train(task.env):
             raise Poison(f"entry {task.entry_id} is not in the {task.env} train split (held-out entries are never explored)")
         r = self.settings.rollout
         mem = await self.retrieve(task.query)
@@ -79,7 +93,7 @@ class Explorer(EventActor):
             res = await asyncio.to_thread(
                 run_group, self.engine, env, task.entry_id, r.group_size, max_new_tokens=r.max_new_tokens,
                 temperature=r.temperature, top_p=r.top_p, experiences=exps, guided=guided,
-                experience_ids=[e.experience_id for e in mem.experiences], call_prefix=r.call_prefix)
+                experience_ids=[e.experience_id for e in mem.experiences], call_prefix=r.call_prefix, spec=spec)
         event = Rollout(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:rollout:{task.event_id}")),
                         task=task, group_id=task.event_id, samples=res.samples, duration_s=res.duration_s,
                         trace_id=task.trace_id)

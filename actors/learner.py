@@ -167,7 +167,7 @@ class Learner(EventActor):
                                   samples=[s for x in pooled for s in x.samples],
                                   outcomes=[o for x in pooled for o in x.outcomes],
                                   step_labels=[lab for x in pooled for lab in x.step_labels],
-                                  source_event_ids=[x.event_id for x in pooled])
+                                  source_event_ids=[x.event_id for x in pooled], origin="live")
                 if len(set(group.outcomes)) > 1:
                     self.ready.append(group)
                 else:
@@ -218,7 +218,9 @@ class Learner(EventActor):
                     event_id=_step_event_id("learner_step", self.trainer.step), step=self.trainer.step,
                     groups=len(groups), samples=stats["samples"], loss=stats["loss"], mean_reward=stats["mean_reward"],
                     grad_norm=stats["grad_norm"], duration_s=stats["seconds"], source_event_ids=ids,
-                    metrics={k: float(v) for k, v in stats.items() if isinstance(v, (int, float))}),
+                    metrics={**{k: float(v) for k, v in stats.items() if isinstance(v, (int, float))},
+                             **{f"groups_{o}": float(sum(g.origin == o for g in groups))
+                                for o in ("env", "synthetic", "live")}}),
                     weights_version=version)
                 await self._publish_weights(version, self.trainer.step)
         self.ready = self.ready[n:]

@@ -1,25 +1,42 @@
 """Questioner: keeps the explorer supplied with tasks at the edge of the policy's ability.
 
-First form: tasks come from the environment's own train pool, in a fixed shuffled order, paced
-by the explorer's backlog (its durable consumer's pending + unacked count), so the stream never
-floods. The position in the pool is persisted; task event ids are derived from (entry, round)
-so a restart republishes nothing new (JetStream drops the duplicate). Held-out entries are
-never proposed.
+Two sources, mixed by `questioner.synthetic_share`, paced by the explorer's backlog (its durable
+consumer's pending + unacked count) so the stream never floods:
+- dataset tasks: the environments' train pools in a fixed shuffled order; the position is
+  persisted and task event ids derive from (entry, round), so a restart republishes nothing
+  new (JetStream drops the duplicate). Held-out entries are never proposed.
+- synthetic tasks (`policies/synthesis.py`): curiosity-guided exploration of a train entry's
+  functions with the served policy (or a configured generator endpoint), a request written for
+  the calls that worked, conditioned on recent live requests (they also steer which entries are
+  explored, by embedding similarity), semantic dedup in Milvus Lite, and a feasibility replay.
+
+A synthetic task's lifecycle is data: `evo.task_status` proposed -> verified (or rejected, with
+the reason) -> active (issued to the explorer) -> retired. After each judged group of a
+synthetic task, its self-consistency p (Agent0: share of the group agreeing with the majority
+verdict) decides: inside [band_low, band_high] it stays active and is issued again (up to
+`max_issues`), outside it retires as too easy or too hard.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import uuid
+from collections import Counter, deque
 
 from actors.bus import EventActor
-from actors.events import Task
+from actors.events import Interaction, Judgement, Task, TaskStatus
 from envs.registry import make_envs
+from policies.adca import self_consistency
 from policies.model_store import atomic_write_bytes
 
 
 def task_event_id(entry_id: str, round_: int) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:task:{entry_id}:{round_}"))
+
+
+def status_event_id(task_id: str, status: str, n: int = 0) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:task_status:{task_id}:{status}:{n}"))
 
 
 def ordered_pool(entries: list[str], round_: int, seed: int = 0) -> list[str]:
@@ -33,18 +50,111 @@ def train_pool(envs: dict) -> list[str]:
     return [f"{name}\t{e}" for name, env in envs.items() for e in env.entries("train")]
 
 
+def band_decision(outcomes: list[float], low: float, high: float) -> tuple[float, str | None]:
+    """(self-consistency, retirement reason or None to keep the task active)."""
+    p = self_consistency(outcomes)
+    if p < low or p > high:
+        wins = sum(o >= 0.5 for o in outcomes)
+        return p, ("too easy: the group agrees it succeeds" if wins * 2 > len(outcomes)
+                   else "too hard: the group agrees it fails") + f" (consistency {p:.2f})"
+    return p, None
+
+
 class Questioner(EventActor):
     name = "questioner"
-    kinds = ()
+    kinds = ("interaction", "judgement", "weights_promoted", "weights_rolled_back")
     fetch_timeout_s = 2.0
 
     async def start(self) -> None:
         await super().start()
-        self.envs = make_envs(self.settings.env)
+        s = self.settings
+        self.envs = make_envs(s.env)
         self.pool = train_pool(self.envs)
-        self.cursor_file = self.settings.state / "actors" / "questioner.json"
-        self.cursor = json.loads(self.cursor_file.read_text()) if self.cursor_file.exists() else {"round": 0, "pos": 0}
+        self.state_file = s.state / "actors" / "questioner.json"
+        st = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
+        self.cursor = st.get("cursor") or {"round": st.get("round", 0), "pos": st.get("pos", 0)}
+        self.synth: dict[str, dict] = st.get("synth", {})  # task_id -> record
+        self.sigs: set[str] = set(st.get("sigs", []))
+        self.visits = Counter(st.get("visits", {}))
+        self.mix = st.get("mix", {"env": 0, "synthetic": 0})
+        self.live_queries: deque[str] = deque(maxlen=max(1, s.questioner.live_examples))
         self.proposed = 0
+        self.rng = random.Random()
+        self.synth_envs = [n for n in s.questioner.synth_envs if n in self.envs and hasattr(self.envs[n], "probe")]
+        self._embedder = self._index = self._gen = self.engine = None
+        self._entry_vecs: dict[str, tuple[list[str], object]] = {}
+        if s.questioner.synthetic_share > 0 and self.synth_envs:
+            await asyncio.to_thread(self._load_models)
+
+    def _load_models(self) -> None:
+        from policies.embedder import Embedder
+        from policies.synthesis import TaskIndex, make_generator
+
+        s = self.settings
+        self._embedder = Embedder(s.embedding.source)
+        (s.state / "questioner").mkdir(parents=True, exist_ok=True)
+        self._index = TaskIndex(str(s.state / "questioner" / "tasks.db"), s.embedding.dim)
+        if not s.questioner.generator_base_url:  # the served policy explores: follow the live version
+            from policies.engine import make_engine
+            from policies.model_store import WeightsStore, ensure_base_model
+
+            self.weights = WeightsStore(s.state)
+            base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
+            self.engine = make_engine(s, base)
+            self._sync_live()
+        self._gen = make_generator(s, self.engine)
+
+    def _sync_live(self) -> None:
+        live = self.weights.live()
+        if live["path"] and live["version"] != self.engine.version:
+            self.engine.load_weights(live["path"], live["version"])
+        self.weights_version = self.engine.version
+
+    async def handle_weights_promoted(self, ev, msg):
+        if self.engine is not None:
+            await asyncio.to_thread(self._sync_live)
+
+    handle_weights_rolled_back = handle_weights_promoted
+
+    def _save(self) -> None:
+        done = [t for t, r in self.synth.items() if r["status"] in ("rejected", "retired")]
+        for t in done[: max(0, len(done) - 500)]:  # the stream keeps the history; the file keeps recent ones
+            del self.synth[t]
+        atomic_write_bytes(self.state_file, json.dumps({
+            "cursor": self.cursor, "synth": self.synth, "sigs": sorted(self.sigs), "visits": dict(self.visits),
+            "mix": self.mix}).encode())
+
+    # ------------------------------------------------------------------ inputs
+    async def handle_interaction(self, ev: Interaction, msg):
+        users = [m.content for m in ev.messages if m.role == "user" and m.content.strip()]
+        if users:
+            self.live_queries.append(users[-1][:500])
+
+    async def handle_judgement(self, j: Judgement, msg):
+        rec = self.synth.get(j.task_id)
+        if j.origin != "synthetic" or rec is None or rec["status"] != "active":
+            return
+        p, reason = band_decision([s.outcome for s in j.samples], self.settings.questioner.band_low,
+                                  self.settings.questioner.band_high)
+        rec["consistency"] = p
+        rec["judged"] = rec.get("judged", 0) + 1
+        if reason is None and rec["issued"] >= self.settings.questioner.max_issues:
+            reason = f"issued {rec['issued']} times while in band (consistency {p:.2f}); done"
+        if reason is None:
+            rec["due"] = True  # in the band: issue it again
+        else:
+            rec["status"] = "retired"
+            await self._status(j.task_id, rec, "retired", reason)
+        self._save()
+
+    # ------------------------------------------------------------------ outputs
+    async def _status(self, task_id: str, rec: dict, status: str, reason: str) -> None:
+        ev = TaskStatus(event_id=status_event_id(task_id, status, rec.get("issued", 0) if status == "active" else 0),
+                        task_id=task_id, status=status, reason=reason, env=rec["env"], query=rec["query"],
+                        reference=rec["reference"], base_entry_id=rec["base"], consistency=rec.get("consistency"),
+                        synthesizer=rec.get("synthesizer", ""))
+        await self.bus.publish(ev, weights_version=self.weights_version)
+        self.log.info("task.status", task_id=task_id, status=status, reason=reason[:200])
 
     async def backlog(self) -> int:
         try:
@@ -61,18 +171,137 @@ class Questioner(EventActor):
         self.cursor = {"round": r, "pos": p + 1}
         return entry, r
 
+    def _want_synthetic(self) -> bool:
+        share = self.settings.questioner.synthetic_share
+        if share <= 0 or self._gen is None:
+            return False
+        total = self.mix["env"] + self.mix["synthetic"]
+        return self.mix["synthetic"] < share * (total + 1)
+
     async def tick(self) -> None:
         if not self.pool or await self.backlog() >= self.settings.rollout.max_tasks_in_flight:
             return
+        if self._want_synthetic():
+            task_id = next((t for t, r in self.synth.items() if r["status"] == "verified"
+                            or (r["status"] == "active" and r.get("due"))), None)
+            if task_id is None:
+                task_id = await self.synthesize()
+            if task_id is not None:
+                await self.issue_synthetic(task_id)
+                return
+        await self.issue_env()
+
+    async def issue_env(self) -> None:
         key, round_ = self.next_entry()
         env_name, entry = key.split("\t")
         env = self.envs[env_name]
         event = Task(event_id=task_event_id(key, round_), task_id=f"{env_name}:{entry}:{round_}",
                      env=env_name, entry_id=entry, split="train", origin="env", query=env.query_of(entry))
         await self.bus.publish(event, weights_version=self.weights_version)
-        atomic_write_bytes(self.cursor_file, json.dumps(self.cursor).encode())
+        self.mix["env"] += 1
+        self._save()
         self.proposed += 1
         self.log.info("task.proposed", task_id=event.task_id, event_id=event.event_id)
 
+    async def issue_synthetic(self, task_id: str) -> None:
+        rec = self.synth[task_id]
+        rec["issued"] = rec.get("issued", 0) + 1
+        rec["due"] = False
+        if rec["status"] == "verified":
+            rec["status"] = "active"
+            await self._status(task_id, rec, "active", "issued to the explorer")
+        event = Task(event_id=task_event_id(task_id, rec["issued"]), task_id=task_id, env=rec["env"],
+                     entry_id=rec["entry"], split="train", origin="synthetic", query=rec["query"],
+                     reference=rec["reference"], base_entry_id=rec["base"])
+        await self.bus.publish(event, weights_version=self.weights_version)
+        self.mix["synthetic"] += 1
+        self._save()
+        self.proposed += 1
+        self.log.info("task.issued", task_id=task_id, issue=rec["issued"])
+
+    # ------------------------------------------------------------------ synthesis
+    def _entry_vectors(self, env_name: str):
+        if env_name not in self._entry_vecs:
+            import torch
+
+            env = self.envs[env_name]
+            ids = env.entries("train")
+            vecs = []
+            for i in range(0, len(ids), 64):
+                vecs.extend(self._embedder.embed([env.query_of(e)[:300] for e in ids[i:i + 64]]))
+            self._entry_vecs[env_name] = (ids, torch.tensor(vecs))
+        return self._entry_vecs[env_name]
+
+    def _pick_base(self, env_name: str) -> str:
+        """Half the time an entry like a recent live request (top 5 by cosine), else any train entry."""
+        env = self.envs[env_name]
+        if self.live_queries and self.rng.random() < 0.5:
+            import torch
+
+            ids, mat = self._entry_vectors(env_name)
+            q = torch.tensor(self._embedder.embed([self.live_queries[-1]])[0])
+            top = torch.topk(mat @ q, k=min(5, len(ids))).indices.tolist()
+            return ids[self.rng.choice(top)]
+        return self.rng.choice(env.entries("train"))
+
+    def _synthesize(self) -> dict | None:
+        """Explore, write, dedup and verify one task (in a worker thread). Returns the record."""
+        from policies import synthesis as syn
+
+        q = self.settings.questioner
+        env_name = self.rng.choice(self.synth_envs)
+        env = self.envs[env_name]
+        base = self._pick_base(env_name)
+        exp = syn.explore(self._gen, env, base, q.explore_steps, self.visits, self.rng)
+        exp.steps = [s for s in exp.steps if s.ok][: q.max_reference_calls]
+        if not exp.reference:
+            return {"outcome": "empty", "base": base, "tried": len(exp.steps)}
+        probe = env.probe(base)
+        query, synthesizer = syn.write_query(self._gen, exp, probe.tools, list(self.live_queries))
+        query = syn.normalise(query)
+        sig = syn.signature(env_name, base, exp.reference)
+        entry = syn.task_entry_id(sig)
+        rec = {"env": env_name, "entry": entry, "base": base, "query": query, "reference": exp.reference,
+               "synthesizer": synthesizer, "issued": 0, "task_id": f"syn:{entry}", "sig": sig}
+        if sig in self.sigs:  # the very same task again: nothing new to propose
+            return {**rec, "outcome": "empty"}
+        vec = self._embedder.embed([query])[0]
+        near = self._index.nearest(vec)
+        if near and near[1] >= q.dedup_threshold:
+            return {**rec, "outcome": "rejected", "reason": f"duplicate of {near[0]} (cosine {near[1]:.3f})"}
+        ok, why = syn.verify(env, entry, {"base_entry_id": base, "query": query, "reference": exp.reference})
+        if not ok:
+            return {**rec, "outcome": "rejected", "reason": why}
+        self._index.add(rec["task_id"], vec, query)
+        return {**rec, "outcome": "verified", "reason": why}
+
+    async def synthesize(self) -> str | None:
+        try:
+            rec = await asyncio.to_thread(self._synthesize)
+        except Exception as exc:  # a failed synthesis never stops the dataset tasks
+            self.log.warning("synthesis.failed", error=repr(exc)[:300])
+            return None
+        if rec is None or rec["outcome"] == "empty":
+            self.log.info("synthesis.nothing_new", base=rec and rec.get("base"))
+            return None
+        outcome, reason = rec.pop("outcome"), rec.pop("reason")
+        task_id = rec["task_id"]
+        rec["status"] = "proposed"
+        await self._status(task_id, rec, "proposed", f"written by {rec['synthesizer']} from exploring {rec['base']}")
+        self.sigs.add(rec["sig"])
+        if outcome == "rejected":
+            rec["status"] = "rejected"
+            await self._status(task_id, rec, "rejected", reason)
+            self.synth[task_id] = rec
+            self._save()
+            return None
+        rec["status"] = "verified"
+        await self._status(task_id, rec, "verified", reason)
+        self.synth[task_id] = rec
+        self._save()
+        return task_id
+
     def health(self) -> dict:
-        return {**super().health(), "proposed": self.proposed, "cursor": getattr(self, "cursor", None)}
+        counts = Counter(r["status"] for r in getattr(self, "synth", {}).values())
+        return {**super().health(), "proposed": self.proposed, "cursor": getattr(self, "cursor", None),
+                "synthetic": dict(counts), "mix": getattr(self, "mix", None)}

@@ -89,6 +89,23 @@ class RolloutSettings(_Section):
                               "(tool_choice=required); helps small policies explore the tools")
 
 
+class QuestionerSettings(_Section):
+    synthetic_share: float = Field(0.5, description="Share of issued tasks that are self-generated (0 = dataset only)")
+    synth_envs: list[str] = Field(["bfcl"], description="Environments the questioner explores to write tasks")
+    explore_steps: int = Field(3, description="Calls per curiosity-guided exploration")
+    max_reference_calls: int = Field(2, description="Longest reference solution kept from an exploration")
+    dedup_threshold: float = Field(0.92, description="Cosine similarity at which a new task duplicates an old one")
+    band_low: float = Field(0.3, description="Lowest self-consistency of a task kept active (Agent0)")
+    band_high: float = Field(0.8, description="Highest self-consistency of a task kept active (Agent0)")
+    max_issues: int = Field(3, description="Times an in-band synthetic task is issued before it retires")
+    live_examples: int = Field(5, description="Recent live requests shown to the task writer, and used to pick "
+                               "which environment entries to explore")
+    generator_base_url: str | None = Field(None, description="OpenAI-compatible generator endpoint for exploration "
+                                           "and task writing; the served policy when unset")
+    generator_model: str | None = Field(None, description="Generator model name")
+    generator_api_key: str | None = Field(None, description="Bearer key for the generator endpoint")
+
+
 class LearnerSettings(_Section):
     lr: float = Field(2e-5, description="AdamW learning rate")
     groups_per_step: int = Field(2, description="Judged groups per learner step")
@@ -136,6 +153,7 @@ class Settings(_Section):
     embedding: EmbeddingSettings = EmbeddingSettings()
     env: EnvSettings = EnvSettings()
     rollout: RolloutSettings = RolloutSettings()
+    questioner: QuestionerSettings = QuestionerSettings()
     learner: LearnerSettings = LearnerSettings()
     gate: GateSettings = GateSettings()
     judge: JudgeSettings = JudgeSettings()

@@ -48,9 +48,9 @@ class Episode(Protocol):
     def restore(self, snap: object) -> None: ...
 
 
-def replay(env: "Environment", entry_id: str, turns: list[list[ChatMessage]]) -> Episode:
+def replay(env: "Environment", entry_id: str, turns: list[list[ChatMessage]], spec: dict | None = None) -> Episode:
     """A fresh episode with recorded actions re-applied, turn by turn (feasibility checks, debugging)."""
-    ep = env.episode(entry_id)
+    ep = env.episode(entry_id, spec)
     for actions in turns:
         if ep.next_user_message() is None:
             break
@@ -65,7 +65,7 @@ class Environment(Protocol):
 
     def entries(self, split: Split) -> list[str]: ...
 
-    def episode(self, entry_id: str) -> Episode: ...
+    def episode(self, entry_id: str, spec: dict | None = None) -> Episode: ...
 
     def query_of(self, entry_id: str) -> str: ...
 

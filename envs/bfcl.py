@@ -292,15 +292,68 @@ class BfclEnvironment:
     def entries(self, split: Split) -> list[str]:
         return sorted(e for e in self._index if split_of(e, self.heldout_fraction) == split)
 
-    def episode(self, entry_id: str) -> BfclEpisode:
+    def episode(self, entry_id: str, spec: dict | None = None) -> BfclEpisode:
+        """An episode of a dataset entry, or of a synthetic task when `spec` is given.
+
+        A synthetic task (`spec` = {"base_entry_id", "query", "reference"}) starts from its base
+        entry's initial state and functions; its one turn is `query` and its ground truth is the
+        `reference` call list, so BFCL's own state and response checkers score it."""
+        if spec is not None:
+            return self._synthetic(entry_id, spec)
         cat = self._index.get(entry_id)
         if cat is None:
             raise KeyError(f"unknown BFCL entry {entry_id!r}")
         entries, truths = load_category(cat)
         return BfclEpisode(entries[entry_id], truths[entry_id], cat, self.max_turns, self.max_steps, self.max_obs)
 
+    def _synthetic(self, entry_id: str, spec: dict) -> BfclEpisode:
+        base_id = spec.get("base_entry_id")
+        cat = self._index.get(base_id)
+        if cat is None:
+            raise KeyError(f"synthetic task {entry_id!r} names unknown base entry {base_id!r}")
+        query, reference = str(spec.get("query") or ""), list(spec.get("reference") or [])
+        if not query.strip() or not reference:
+            raise ValueError(f"synthetic task {entry_id!r} needs a query and a reference solution")
+        for call in reference:
+            parse_python_call(call)  # raises CallError on anything that is not a plain call
+        base = load_category(cat)[0][base_id]
+        entry = {"id": entry_id, "question": [[{"role": "user", "content": query}]],
+                 "initial_config": base["initial_config"], "involved_classes": base["involved_classes"],
+                 "excluded_function": base.get("excluded_function", [])}
+        return BfclEpisode(entry, [reference], cat, 1, self.max_steps, self.max_obs)
+
     def category_of(self, entry_id: str) -> str:
         return self._index[entry_id]
+
+    def probe(self, base_entry_id: str) -> "Probe":
+        """Fresh backends of a train entry's initial state, for exploration (no task, no scoring)."""
+        return Probe(self.episode(base_entry_id))
+
+
+class Probe:
+    """Free exploration of an entry's functions: `call()` executes one parsed call, safely."""
+
+    def __init__(self, ep: BfclEpisode):
+        self.tools = [to_tool_spec(d) for d in ep._docs]
+        self.description = "Functions of " + ", ".join(ep.entry["involved_classes"])
+        self._backends = ep.model
+
+    def call(self, name: str, arguments: str) -> tuple[str, bool, str]:
+        """(python call string, ok, result); never raises on model input."""
+        try:
+            parsed = parse_json_call(name, arguments)
+            result = self._backends.call(parsed)
+        except CallError as exc:
+            return f"{name}(...)", False, f"Error: {exc}"
+        text = call_string(parsed)
+        ok = not (result.startswith("Error") or '"error"' in result[:40].lower())
+        return text, ok, result
+
+
+def call_string(call: ParsedCall) -> str:
+    """BFCL's ground-truth form, `name(k=v, ...)` with Python literals (parsed back by `ast`)."""
+    parts = [repr(a) for a in call.args] + [f"{k}={v!r}" for k, v in call.kwargs.items()]
+    return f"{call.name}({', '.join(parts)})"
 
     def query_of(self, entry_id: str) -> str:
         entries, _ = load_category(self._index[entry_id])

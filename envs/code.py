@@ -160,7 +160,9 @@ class CodeEnvironment:
     def entries(self, split: Split) -> list[str]:
         return sorted(e for e in self._ids if split_of(e, self.heldout_fraction) == split)
 
-    def episode(self, entry_id: str) -> CodeEpisode:
+    def episode(self, entry_id: str, spec: dict | None = None) -> CodeEpisode:
+        if spec is not None:
+            raise ValueError("the code environment has no synthetic tasks (its problems carry checked answers)")
         if entry_id not in set(self._ids):
             raise KeyError(f"unknown code entry {entry_id!r}")
         return CodeEpisode(entry_id, self.max_steps, self.limits, self.max_obs)

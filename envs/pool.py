@@ -52,8 +52,8 @@ class EnvWorker:
             self.touched[iid] = time.monotonic()
             return ep
 
-    def create(self, env: str, entry_id: str) -> dict:
-        ep = self.envs[env].episode(entry_id)
+    def create(self, env: str, entry_id: str, spec: dict | None = None) -> dict:
+        ep = self.envs[env].episode(entry_id, spec)
         iid = uuid.uuid4().hex
         with self._lock:
             self.episodes[iid], self.touched[iid] = ep, time.monotonic()
@@ -89,9 +89,9 @@ class EnvWorker:
 class RemoteEpisode:
     """The `Episode` protocol over an `EnvWorker` handle (handles are Ray actors or local objects)."""
 
-    def __init__(self, worker, call, env: str, entry_id: str, on_release):
+    def __init__(self, worker, call, env: str, entry_id: str, on_release, spec: dict | None = None):
         self.w, self._call, self._on_release = worker, call, on_release
-        info = call(worker.create, env, entry_id)
+        info = call(worker.create, env, entry_id, spec)
         self.iid, self.entry_id, self.system_prompt = info["instance_id"], info["entry_id"], info["system_prompt"]
         self._tools = info["tools"]
         self.released = False
@@ -153,11 +153,11 @@ class PooledEnvironment:
     def category_of(self, entry_id):
         return self.local.category_of(entry_id)
 
-    def episode(self, entry_id: str) -> RemoteEpisode:
+    def episode(self, entry_id: str, spec: dict | None = None) -> RemoteEpisode:
         if not self.slots.acquire(timeout=self.slot_timeout_s):
             raise TimeoutError(f"no environment slot free within {self.slot_timeout_s} s")
         try:
-            return RemoteEpisode(next(self.workers), self.call, self.name, entry_id, self.slots.release)
+            return RemoteEpisode(next(self.workers), self.call, self.name, entry_id, self.slots.release, spec)
         except BaseException:
             self.slots.release()
             raise

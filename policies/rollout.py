@@ -34,16 +34,18 @@ class GroupResult:
 
 def run_group(engine, env: Environment, entry_id: str, n: int, *, max_new_tokens: int, temperature: float,
               top_p: float = 1.0, experiences: list[str] | None = None, guided: int = 0,
-              experience_ids: list[str] | None = None, on_step=None, call_prefix: bool = False) -> GroupResult:
+              experience_ids: list[str] | None = None, on_step=None, call_prefix: bool = False,
+              spec: dict | None = None) -> GroupResult:
     """Roll out `n` episodes of one entry; the first `guided` get `experiences` in their context.
 
     With `call_prefix`, the first action of each turn starts from `<tool_call>[{"name": "` (a forced
-    tool call, like tool_choice="required"), so that a small policy explores the tools at all."""
+    tool call, like tool_choice="required"), so that a small policy explores the tools at all.
+    `spec` describes a synthetic task (see the environment's `episode()`)."""
     t0 = time.monotonic()
     eps = []
     try:
         for _ in range(n):
-            eps.append(env.episode(entry_id))
+            eps.append(env.episode(entry_id, spec))
         return _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, guided, experience_ids,
                     on_step, call_prefix)
     finally:
