@@ -239,6 +239,13 @@ def cmd_status(args) -> int:
         c = out["consumers"].get(name, {})
         h = out.get("actors", {}).get(name, {})
         print(f"{name:<13} {c.get('pending', '-'):>7}  {c.get('unacked', '-'):>7}  {json.dumps(h)[:160]}")
+    a, q = out.get("actors", {}).get("attributor", {}), out.get("actors", {}).get("questioner", {})
+    if a.get("judge_agreement"):
+        g = a["judge_agreement"]
+        print(f"judge           {a.get('judge')}: agreement with environment {g['accuracy']} (kappa {g['kappa']}) over "
+              f"{g['steps']} steps; {json.dumps(a.get('judge_stats', {}))}")
+    if q.get("synthetic") is not None:
+        print(f"synthetic tasks {json.dumps(q['synthetic'])}; issued {json.dumps(q.get('mix'))}")
     return 0
 
 
@@ -298,15 +305,22 @@ def summarize(ev: dict) -> str:
     if k == "feedback":
         return f"{ev['interaction_id']} score={ev['score']}"
     if k == "task":
-        return f"{ev['task_id']} origin={ev['origin']}"
+        return f"{ev['task_id']} origin={ev['origin']}" + (f" query={ev['query'][:80]!r}" if ev.get("origin") == "synthetic" else "")
+    if k == "task_status":
+        p = f" consistency={ev['consistency']:.2f}" if ev.get("consistency") is not None else ""
+        return f"{ev['task_id']} {ev['status']}{p}: {ev.get('reason', '')[:100]}"
     if k == "rollout":
         return f"{ev['task']['task_id']} outcomes={[round(x['outcome'], 2) for x in ev['samples']]} {ev['duration_s']:.0f}s"
     if k == "judgement":
-        return f"{ev['group_id'][:40]} source={ev['source']} outcomes={[round(x, 2) for x in ev['outcomes']]}"
+        agree = f" agreement={ev['agreement']:.2f}" if ev.get("agreement") is not None else ""
+        return (f"{ev['task_id'][:40]} origin={ev.get('origin', 'env')} judge={ev.get('judge', '')} "
+                f"outcomes={[round(x, 2) for x in ev['outcomes']]}{agree}")
     if k == "experience":
         return f"{'success' if ev['success'] else 'failure'}: {ev['text'][:100]}"
     if k == "learner_step":
-        return f"step={ev['step']} loss={ev['loss']:.4f} reward={ev['mean_reward']:.3f} samples={ev['samples']}"
+        m = ev.get("metrics", {})
+        mix = " ".join(f"{o}={int(m[f'groups_{o}'])}" for o in ("env", "synthetic", "live") if m.get(f"groups_{o}"))
+        return f"step={ev['step']} loss={ev['loss']:.4f} reward={ev['mean_reward']:.3f} samples={ev['samples']} {mix}"
     if k in ("weights_published", "weights_promoted", "weights_rejected"):
         extra = f" candidate={ev.get('candidate_score', 0):.3f} live={ev.get('live_score', 0):.3f}" if k != "weights_published" else ""
         return f"{ev['weights']['version']} sha256={ev['weights']['sha256'][:12]}{extra}"

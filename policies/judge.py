@@ -193,7 +193,8 @@ class PolicyJudge:
     def cost(self, samples: list[Sample]) -> int:
         return sum(len(s.step_indices) + 1 for s in samples)
 
-    def judge(self, samples: list[Sample], references: list[list[str] | None]) -> list[Verdict | None]:
+    def judge(self, samples: list[Sample], references: list[list[str] | None], screen: bool = True) -> list[Verdict | None]:
+        """Verdicts for every sample; `screen=False` shows the raw judge (benchmarks only)."""
         prompts, spans = [], []
         for s, ref in zip(samples, references):
             p = self.prompts_for(s, ref)
@@ -206,7 +207,7 @@ class PolicyJudge:
             labels = ["GOOD" if g > b else "BAD" for g, b in step_lp[start:start + n - 1]]
             y, no = out_lp[start + n - 1]
             p = 1.0 / (1.0 + math.exp(no - y))
-            labels, screened = apply_screen(s, labels)
+            labels, screened = apply_screen(s, labels) if screen else (labels, [])
             verdicts.append(Verdict(labels, round(band_score(p), 2), self.name, screened))
         return verdicts
 

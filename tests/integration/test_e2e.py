@@ -133,6 +133,10 @@ def test_promoted_version_is_served_with_no_failed_request(system):
     kinds = {line.split()[1] for line in out.stdout.splitlines() if len(line.split()) > 1}
     assert {"interaction", "feedback", "task", "judgement", "experience", "learner_step", "weights_published",
             "weights_promoted", "weights_swapped"} <= kinds, out.stdout[-3000:]
+    # self-questioning ran inside the live loop: a task was written, verified and issued to the explorer
+    lines = out.stdout.splitlines()
+    assert any(" task_status " in ln and " verified" in ln for ln in lines), out.stdout[-3000:]
+    assert any(" task " in ln and "origin=synthetic" in ln for ln in lines), out.stdout[-3000:]
 
 
 def test_killed_actor_comes_back_and_endpoint_keeps_answering(system):

@@ -1,0 +1,85 @@
+"""The questioner's synthetic-task lifecycle on a real nats-server, Milvus Lite and embedder."""
+import uuid
+
+from actors.bus import Bus
+from actors.events import Judgement, Sample, TaskStatus, parse_event
+
+
+class Scripted:
+    """Generator double (the policy's place): fixed arguments per function, a fixed request text."""
+
+    name = "scripted"
+
+    def __init__(self, query):
+        self.query = query
+
+    def call_arguments(self, messages, tool):
+        return {"mkdir": '{"dir_name": "reports"}'}.get(tool.function["name"])
+
+    def chat(self, messages, tools=None, prefix=""):
+        return self.query
+
+
+async def _events(bus, kinds):
+    sub = await bus.pull("probe-" + uuid.uuid4().hex[:6], kinds)
+    out = []
+    while True:
+        try:
+            msgs = await sub.fetch(50, timeout=1.0)
+        except TimeoutError:
+            return out
+        for m in msgs:
+            out.append(parse_event(m.data))
+            await m.ack()
+
+
+async def test_synthetic_task_lifecycle(settings, nats_server):
+    from actors.questioner import Questioner
+    from envs.bfcl import load_category
+
+    p = "q" + uuid.uuid4().hex[:8]
+    settings.nats.stream, settings.nats.subject_prefix = p.upper(), p
+    settings.env.names = ["bfcl"]
+    settings.env.bfcl_categories = ["base"]
+    settings.questioner.synthetic_share = 1.0
+    settings.questioner.explore_steps = 40  # enough steps for mkdir to come up among ~20 functions
+    settings.questioner.generator_base_url = "http://127.0.0.1:9/v1"  # replaced below; no model load
+    q = Questioner(settings)
+    await q.start()
+    bus = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p).connect()
+    try:
+        entries, _ = load_category("base")
+        fs = [e for e in q.envs["bfcl"].entries("train") if entries[e]["involved_classes"] == ["GorillaFileSystem"]]
+        q._pick_base = lambda env_name: fs[0]
+        q._gen = Scripted("Please create a directory named reports for me.")
+        task_id = await q.synthesize()
+        assert task_id and q.synth[task_id]["status"] == "verified"
+        await q.issue_synthetic(task_id)
+        # the same request from another start state is a semantic duplicate
+        q._pick_base = lambda env_name: fs[1]
+        q._gen = Scripted("Please create a directory named reports for me!")
+        assert await q.synthesize() is None
+
+        def judged(outcomes):
+            samples = [Sample(sample_id=str(i), messages=[], outcome=o) for i, o in enumerate(outcomes)]
+            return Judgement(group_id="g", source="rollout", task_id=task_id, samples=samples, outcomes=outcomes,
+                             step_labels=[[] for _ in outcomes], origin="synthetic")
+
+        await q.handle_judgement(judged([1.0, 0.0, 1.0, 0.0]), None)  # consistency 0.5: in band
+        assert q.synth[task_id]["status"] == "active" and q.synth[task_id]["due"]
+        await q.issue_synthetic(task_id)
+        await q.handle_judgement(judged([1.0, 1.0, 1.0, 1.0]), None)  # too easy now
+        assert q.synth[task_id]["status"] == "retired"
+
+        evs = await _events(bus, ["task_status", "task"])
+        st = [(e.task_id, e.status) for e in evs if isinstance(e, TaskStatus)]
+        assert st[:3] == [(task_id, "proposed"), (task_id, "verified"), (task_id, "active")]
+        dup = [e for e in evs if isinstance(e, TaskStatus) and e.task_id != task_id]
+        assert [e.status for e in dup] == ["proposed", "rejected"] and "duplicate of " + task_id in dup[1].reason
+        assert st[-1] == (task_id, "retired") and "too easy" in [e for e in evs if isinstance(e, TaskStatus)][-1].reason
+        tasks = [e for e in evs if e.kind == "task"]
+        assert len(tasks) == 2 and all(t.origin == "synthetic" and t.reference == ["mkdir(dir_name='reports')"]
+                                       and t.base_entry_id == fs[0] for t in tasks)
+    finally:
+        await q.shutdown()
+        await bus.close()
