@@ -148,6 +148,7 @@ class TaskStatus(Event):
     base_entry_id: str | None = None
     consistency: float | None = Field(None, description="self-consistency of the last rollout group")
     synthesizer: str = ""
+    exploration: list[str] = Field([], description="the exploration the task came from: `call -> ok|error: result`")
 
 
 class Rollout(Event):

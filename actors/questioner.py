@@ -152,7 +152,8 @@ class Questioner(EventActor):
         ev = TaskStatus(event_id=status_event_id(task_id, status, rec.get("issued", 0) if status == "active" else 0),
                         task_id=task_id, status=status, reason=reason, env=rec["env"], query=rec["query"],
                         reference=rec["reference"], base_entry_id=rec["base"], consistency=rec.get("consistency"),
-                        synthesizer=rec.get("synthesizer", ""))
+                        synthesizer=rec.get("synthesizer", ""),
+                        exploration=rec.get("exploration", []) if status == "proposed" else [])
         await self.bus.publish(ev, weights_version=self.weights_version)
         self.log.info("task.status", task_id=task_id, status=status, reason=reason[:200])
 
@@ -253,6 +254,8 @@ class Questioner(EventActor):
         env = self.envs[env_name]
         base = self._pick_base(env_name)
         exp = syn.explore(self._gen, env, base, q.explore_steps, self.visits, self.rng)
+        trace = [f"{s.call} -> {'ok' if s.ok else 'error'}: {s.result[:160]}" for s in exp.steps]
+        self._record(env_name, base, trace)
         exp.steps = [s for s in exp.steps if s.ok][: q.max_reference_calls]
         if not exp.reference:
             return {"outcome": "empty", "base": base, "tried": len(exp.steps)}
@@ -262,7 +265,7 @@ class Questioner(EventActor):
         sig = syn.signature(env_name, base, exp.reference)
         entry = syn.task_entry_id(sig)
         rec = {"env": env_name, "entry": entry, "base": base, "query": query, "reference": exp.reference,
-               "synthesizer": synthesizer, "issued": 0, "task_id": f"syn:{entry}", "sig": sig}
+               "synthesizer": synthesizer, "issued": 0, "task_id": f"syn:{entry}", "sig": sig, "exploration": trace}
         if sig in self.sigs:  # the very same task again: nothing new to propose
             return {**rec, "outcome": "empty"}
         vec = self._embedder.embed([query])[0]
@@ -274,6 +277,16 @@ class Questioner(EventActor):
             return {**rec, "outcome": "rejected", "reason": why}
         self._index.add(rec["task_id"], vec, query)
         return {**rec, "outcome": "verified", "reason": why}
+
+    def _record(self, env_name: str, base: str, trace: list[str]) -> None:
+        """Every exploration is kept (JSON lines in the state dir; the file rolls over at 20 MB)."""
+        path = self.settings.state / "questioner" / "explorations.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and path.stat().st_size > 20_000_000:
+            path.replace(path.with_suffix(".jsonl.1"))
+        with open(path, "a") as f:
+            f.write(json.dumps({"env": env_name, "base": base, "steps": trace, "weights_version": self.weights_version})
+                    + "\n")
 
     async def synthesize(self) -> str | None:
         try:

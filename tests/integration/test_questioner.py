@@ -74,6 +74,9 @@ async def test_synthetic_task_lifecycle(settings, nats_server):
         evs = await _events(bus, ["task_status", "task"])
         st = [(e.task_id, e.status) for e in evs if isinstance(e, TaskStatus)]
         assert st[:3] == [(task_id, "proposed"), (task_id, "verified"), (task_id, "active")]
+        proposed = next(e for e in evs if isinstance(e, TaskStatus) and e.status == "proposed")
+        assert any(x.startswith("mkdir(dir_name='reports') -> ok") for x in proposed.exploration)
+        assert (settings.state / "questioner" / "explorations.jsonl").read_text().count("\n") == 2
         dup = [e for e in evs if isinstance(e, TaskStatus) and e.task_id != task_id]
         assert [e.status for e in dup] == ["proposed", "rejected"] and "duplicate of " + task_id in dup[1].reason
         assert st[-1] == (task_id, "retired") and "too easy" in [e for e in evs if isinstance(e, TaskStatus)][-1].reason
