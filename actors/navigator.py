@@ -17,6 +17,7 @@ from actors.bus import EventActor
 from actors.events import Experience, Judgement, RetrievedExperience, RetrieveReply, RetrieveRequest, Sample
 from actors.events import parse_event, subject_for
 from policies.hygiene import looks_like_injection, scrub
+from policies.vector_index import VectorIndex
 
 COLLECTION = "experiences"
 MIN_SCORE = 0.45
@@ -62,7 +63,8 @@ def distil(j: Judgement) -> list[Experience]:
 
 
 class MemoryPool:
-    """Milvus Lite collection; one process opens the data dir, writes are serialised."""
+    """Milvus Lite collection (durable, written first) with an exact in-process index over the same
+    rows for reads (`policies/vector_index.py`); one process opens the data dir, writes are serialised."""
 
     def __init__(self, path: str, dim: int):
         from pymilvus import DataType, MilvusClient
@@ -81,13 +83,37 @@ class MemoryPool:
             index.add_index("vector", index_type="FLAT", metric_type="COSINE")
             self.client.create_collection(COLLECTION, schema=schema, index_params=index)
         self.client.load_collection(COLLECTION)
+        self.index = VectorIndex(dim)
+        self.load_index()
+
+    def load_index(self) -> int:
+        """Mirror every row of the collection into the in-process index (at start)."""
+        it = self.client.query_iterator(COLLECTION, batch_size=4096, filter="",
+                                        output_fields=["id", "vector", "text", "state"])
+        n = 0
+        try:
+            while True:
+                rows = it.next()
+                if not rows:
+                    break
+                self.index.upsert(rows)
+                n += len(rows)
+        finally:
+            it.close()
+        return n
 
     def upsert(self, rows: list[dict]) -> None:
         with self.lock:
             self.client.upsert(COLLECTION, rows)
             self.client.flush(COLLECTION)
+        self.index.upsert(rows)  # only after the durable write
 
     def search(self, vector: list[float], k: int, min_score: float = MIN_SCORE) -> list[RetrievedExperience]:
+        return [RetrievedExperience(experience_id=i, text=t, score=s)
+                for i, t, s in self.index.search(vector, k, min_score)]
+
+    def search_milvus(self, vector: list[float], k: int, min_score: float = MIN_SCORE) -> list[RetrievedExperience]:
+        """The same query answered by Milvus Lite itself (consistency checks, benchmarks)."""
         with self.lock:
             hits = self.client.search(COLLECTION, [vector], limit=k, filter='state == "active"',
                                       output_fields=["text"], search_params={"metric_type": "COSINE"})

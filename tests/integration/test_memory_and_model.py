@@ -26,8 +26,37 @@ def test_memory_pool_upsert_is_idempotent_and_retrieval_ranks(tmp_path, embedder
     assert hits[0].experience_id == "a"
     rows[0]["state"] = "quarantined"
     pool.upsert(rows[:1])
-    hits = pool.search(embedder.embed(["move report.pdf into the temp folder"])[0], 2, min_score=0.0)
+    q = embedder.embed(["move report.pdf into the temp folder"])[0]
+    hits = pool.search(q, 2, min_score=0.0)
     assert "a" not in [h.experience_id for h in hits]
+    # the in-process index answers like Milvus Lite itself, and is rebuilt from it on reopen
+    assert [(h.experience_id, round(h.score, 2)) for h in hits] == \
+        [(h.experience_id, round(h.score, 2)) for h in pool.search_milvus(q, 2, min_score=0.0)]
+    pool.client.close()
+    again = MemoryPool(str(tmp_path / "m.db"), 384)
+    assert len(again.index) == 2 and [h.experience_id for h in again.search(q, 2, 0.0)] == ["b"]
+
+
+def test_vector_index_matches_exact_cosine():
+    import numpy as np
+
+    from policies.vector_index import VectorIndex
+
+    rng = np.random.default_rng(1)
+    v = rng.standard_normal((3000, 384)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    idx = VectorIndex(384, capacity=16)  # grows by doubling
+    idx.upsert([{"id": f"x{i}", "vector": v[i].tolist(), "text": str(i), "state": "active"} for i in range(3000)])
+    idx.set_state("x7", "quarantined")
+    for qi in (7, 100, 2999):
+        q = v[qi] * 0.7 + v[(qi + 1) % 3000] * 0.3
+        q /= np.linalg.norm(q)
+        exact = np.argsort(-(v @ q))
+        want = [f"x{i}" for i in exact if i != 7][:5]
+        got = idx.search(q.tolist(), 5)
+        assert [g[0] for g in got] == want
+        assert all(abs(g[2] - float(v[int(g[0][1:])] @ q)) < 2e-3 for g in got)
+    assert len(idx) == 3000 and idx.search(v[0].tolist(), 3, min_score=0.999)[0][0] == "x0"
 
 
 @pytest.fixture(scope="module")
