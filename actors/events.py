@@ -65,6 +65,7 @@ class Sample(Wire):
     outcome: float = 0.0
     guided: bool = False
     experience_ids: list[str] = []
+    experiences: list[str] = Field([], description="experience text a guided sample saw (not in `messages`)")
     error: str | None = None
 
 

@@ -44,6 +44,7 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=settings.learner.lr, weight_decay=0.0)
         self.ckpt = settings.state / "learner" / "checkpoint.pt"
         self.step, self.version, self.applied = 0, "w-000000", set()
+        self.boosted = 0  # guided samples trained with the boosted upper clip
 
     def load_checkpoint(self) -> bool:
         if not self.ckpt.exists():
@@ -78,7 +79,7 @@ class Trainer:
     def train_step(self, groups: list[Judgement]) -> dict:
         """One GRPO update over whole groups, micro-batched one sample at a time."""
         torch, L = self.torch, self.s.learner
-        samples, scores, index, step_adv, scale, clip_high = [], [], [], [], [], []
+        samples, scores, index, step_adv, scale, clip_high, guided = [], [], [], [], [], [], []
         for g in groups:
             p = adca.self_consistency(g.outcomes)
             use_adpo = L.adpo and g.source == "rollout"
@@ -87,7 +88,8 @@ class Trainer:
             if L.adca_alpha > 0:  # step-level credit: each step's advantage goes to all its tokens
                 step_adv.extend(adca.step_advantages(g.step_labels, g.outcomes, L.adca_alpha))
             for s, o in zip(g.samples, g.outcomes):
-                samples.append(grpo.tokenize_sample(self.tok, s, L.max_seq_tokens))
+                samples.append(grpo.tokenize_sample(self.tok, s, L.max_seq_tokens, L.experience_mode == "keep"))
+                guided.append(s.guided)
                 scores.append(o)
                 index.append(g.group_id)
         mask = grpo.pad([t.response_mask for t in samples], 0)
@@ -103,21 +105,29 @@ class Trainer:
         with torch.no_grad():
             old = torch.cat([grpo.token_logprobs(self.model, ids[i:i + 1], attn[i:i + 1]) for i in range(len(samples))])
         self.opt.zero_grad(set_to_none=True)
-        loss_sum, metrics = 0.0, {}
+        loss_sum, metrics, boosted0 = 0.0, {}, self.boosted
         for i in range(len(samples)):
             n_i = int(mask[i].sum())
             if n_i == 0 or float(adv[i].abs().sum()) == 0.0:
                 continue
             lp = grpo.token_logprobs(self.model, ids[i:i + 1], attn[i:i + 1])
             loss, metrics = grpo.policy_loss(old[i:i + 1], lp, adv[i:i + 1], mask[i:i + 1], L.clip_ratio_low,
-                                             clip_high[i], L.loss_agg_mode)
+                                             self._clip_high(clip_high[i], guided[i], adv[i], mask[i]), L.loss_agg_mode)
             (loss * n_i / total_tokens).backward()  # token-mean over the whole batch
             loss_sum += float(loss.detach()) * n_i / total_tokens
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), L.grad_clip))
         self.opt.step()
         self.step += 1
         return {"loss": loss_sum, "grad_norm": grad_norm, "samples": len(samples), "tokens": total_tokens,
-                "mean_reward": sum(scores) / len(scores), "seconds": time.monotonic() - t0, **metrics}
+                "mean_reward": sum(scores) / len(scores), "seconds": time.monotonic() - t0,
+                "guided_samples": sum(guided), "boosted_samples": self.boosted - boosted0, **metrics}
+
+    def _clip_high(self, base: float, guided: bool, adv, mask) -> float:
+        n = float(mask.sum())
+        mean_adv = float((adv * mask).sum()) / n if n else 0.0
+        c = grpo.sample_clip_high(base, guided, mean_adv, self.s.learner.boost_clip_high)
+        self.boosted += c > base
+        return c
 
     def export(self, dtype: str) -> dict:
         dt = getattr(self.torch, dtype)

@@ -117,6 +117,11 @@ class LearnerSettings(_Section):
     grad_clip: float = Field(1.0, description="Gradient norm clip")
     adpo: bool = Field(True, description="Scale rollout-group advantages by self-consistency and widen the upper "
                        "clip for ambiguous tasks (Agent0's ADPO)")
+    experience_mode: Literal["strip", "keep"] = Field(
+        "strip", description="strip: train guided samples without the experience text they saw (default); "
+        "keep: train them in the context they were generated in")
+    boost_clip_high: float = Field(0.6, description="Upper clip for guided samples with positive advantage "
+                                   "(selective boosting); 0 disables")
     adca_alpha: float = Field(0.1, description="Weight of step-level credit (ADCA-GRPO); 0 = outcome-only GRPO "
                               "with verl's estimator")
 

@@ -87,16 +87,17 @@ def render(messages: list[ChatMessage], tools: list[ToolSpec] | None = None, exp
     return "".join(parts)
 
 
-def assistant_spans(messages: list[ChatMessage], tools: list[ToolSpec] | None = None) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(messages: list[ChatMessage], tools: list[ToolSpec] | None = None,
+                    experiences: list[str] | None = None) -> tuple[str, list[tuple[int, int]]]:
     """Full text and the character span of each assistant message's content (+ its <|im_end|>)."""
     spans = []
     for i, m in enumerate(messages):
         if m.role != "assistant":
             continue
-        start = len(render(messages[:i], tools, add_generation_prompt=True))
-        end = len(render(messages[: i + 1], tools, add_generation_prompt=False))
+        start = len(render(messages[:i], tools, experiences, add_generation_prompt=True))
+        end = len(render(messages[: i + 1], tools, experiences, add_generation_prompt=False))
         spans.append((start, end - 1))  # exclude the trailing newline after <|im_end|>
-    return render(messages, tools, add_generation_prompt=False), spans
+    return render(messages, tools, experiences, add_generation_prompt=False), spans
 
 
 def parse_assistant(text: str, allow_python: bool = True) -> ChatMessage:

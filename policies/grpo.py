@@ -32,8 +32,10 @@ class Tokenized:
     step_ids: list[int]  # step index per token, -1 outside assistant spans
 
 
-def tokenize_sample(tok, sample: Sample, max_tokens: int) -> Tokenized:
-    text, spans = assistant_spans(sample.messages, sample.tools)
+def tokenize_sample(tok, sample: Sample, max_tokens: int, keep_experience: bool = False) -> Tokenized:
+    """Strip mode (default): the training text is what the policy would see without guidance.
+    Keep mode: a guided sample is trained in the context it was generated in, experiences included."""
+    text, spans = assistant_spans(sample.messages, sample.tools, sample.experiences if keep_experience else None)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
     step_ids = []
@@ -48,6 +50,12 @@ def tokenize_sample(tok, sample: Sample, max_tokens: int) -> Tokenized:
     if len(ids) > max_tokens:  # keep the end: the actions being trained sit there
         ids, mask, step_ids = ids[-max_tokens:], mask[-max_tokens:], step_ids[-max_tokens:]
     return Tokenized(ids, mask, step_ids)
+
+
+def sample_clip_high(clip_high: float, guided: bool, advantage: float, boost: float) -> float:
+    """Selective boosting (AgentEvolver): a guided sample whose advantage is positive may move its
+    tokens' probability further up (upper clip `boost`, 0.6 by default); all others keep `clip_high`."""
+    return max(clip_high, boost) if guided and boost > 0 and advantage > 0 else clip_high
 
 
 def advantages(scores: list[float], group_index: list[str], response_mask: torch.Tensor,

@@ -95,7 +95,8 @@ def _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, gu
     samples = [
         Sample(sample_id=str(uuid.uuid4()), messages=msgs[i], tools=final_tools[i], step_indices=steps[i],
                step_signals=signals[i], outcome=outcomes[i], guided=i < guided,
-               experience_ids=list(experience_ids or []) if i < guided else [], error=errors[i])
+               experience_ids=list(experience_ids or []) if i < guided else [],
+               experiences=list(experiences or []) if i < guided else [], error=errors[i])
         for i in range(n)
     ]
     return GroupResult(samples, time.monotonic() - t0, tokens)

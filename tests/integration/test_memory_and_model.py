@@ -108,15 +108,17 @@ def test_learner_step_changes_weights_and_checkpoint_resumes(settings, model_dir
 
     settings.learner.lr = 1e-4
     t = Trainer(settings, model_dir)
-    def sample(answer):
+    def sample(answer, guided=False):
         return Sample(sample_id=answer, messages=[ChatMessage(role="system", content="s"),
                                                   ChatMessage(role="user", content="2+2?"),
-                                                  ChatMessage(role="assistant", content=answer)])
-    g = Judgement(group_id="g", source="live", task_id="t", samples=[sample("4"), sample("5")], outcomes=[1.0, -1.0],
-                  step_labels=[["GOOD"], ["BAD"]], source_event_ids=["a", "b"])
+                                                  ChatMessage(role="assistant", content=answer)],
+                      step_indices=[2], guided=guided, experiences=["add the numbers"] if guided else [])
+    g = Judgement(group_id="g", source="live", task_id="t", samples=[sample("4", True), sample("5", True)],
+                  outcomes=[1.0, -1.0], step_labels=[["GOOD"], ["BAD"]], source_event_ids=["a", "b"])
     before = t.model.model.norm.weight.detach().clone()
     stats = t.train_step([g])
     assert stats["samples"] == 2 and stats["grad_norm"] > 0
+    assert stats["guided_samples"] == 2 and stats["boosted_samples"] == 1  # only the guided success is boosted
     assert not torch.equal(before, t.model.model.norm.weight)
     t.applied |= {"a", "b"}
     t.version = "w-000001"

@@ -62,3 +62,24 @@ def test_tokenize_marks_exactly_the_assistant_steps():
     chosen = "".join(ch for ch, m in zip(text, t.response_mask) if m)
     assert chosen == "AB<|im_end|>CD<|im_end|>"
     assert sorted(set(t.step_ids) - {-1}) == [0, 1]
+
+
+def test_keep_and_strip_modes_really_differ():
+    """AgentEvolver's two modes end up identical through a metadata key bug; ours must not."""
+    s = Sample(sample_id="x", messages=[ChatMessage(role="system", content="S"), ChatMessage(role="user", content="U"),
+                                       ChatMessage(role="assistant", content="AB")],
+               guided=True, experiences=["call mv after cd"])
+    strip, keep = grpo.tokenize_sample(_Tok(), s, 10_000), grpo.tokenize_sample(_Tok(), s, 10_000, keep_experience=True)
+    strip_text, keep_text = "".join(map(chr, strip.input_ids)), "".join(map(chr, keep.input_ids))
+    assert "call mv after cd" in keep_text and "call mv after cd" not in strip_text
+    assert "Experience" not in strip_text
+    # the trained tokens are the same action either way
+    assert [c for c, m in zip(strip_text, strip.response_mask) if m] == [c for c, m in zip(keep_text, keep.response_mask) if m]
+
+
+def test_selective_boosting_only_for_guided_positive_samples():
+    assert grpo.sample_clip_high(0.28, True, 0.5, 0.6) == 0.6
+    assert grpo.sample_clip_high(0.28, True, -0.5, 0.6) == 0.28
+    assert grpo.sample_clip_high(0.28, False, 0.5, 0.6) == 0.28
+    assert grpo.sample_clip_high(0.28, True, 0.5, 0.0) == 0.28  # disabled
+    assert grpo.sample_clip_high(0.3, True, 0.0, 0.6) == 0.3  # zero advantage is not positive
