@@ -177,6 +177,7 @@ class Judgement(Event):
     agreement: float | None = Field(None, description="share of steps where judge and environment agree")
     screened_steps: int = Field(0, description="steps forced BAD by the master-key screen")
     origin: Literal["env", "synthetic", "live"] = "env"
+    user_hashes: list[str] = Field([], description="hashed user per sample (live judgements)")
 
 
 class Experience(Event):
@@ -187,7 +188,11 @@ class Experience(Event):
     success: bool
     origin: Literal["live", "synthetic", "env"]
     source_event_ids: list[str] = []
-    state: Literal["active", "quarantined"] = "active"
+    state: Literal["active", "quarantined", "retired"] = "active"
+    user_hash: str | None = Field(None, description="hashed user whose interaction it came from (live)")
+    support: int = Field(1, description="judged groups merged into this experience (near-duplicates)")
+    reason: str = Field("", description="why this version was written: new, merged, retired (and why)")
+    created_at: str | None = Field(None, description="when the experience was first written")
 
 
 class LearnerStep(Event):

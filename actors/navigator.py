@@ -1,22 +1,38 @@
 """Navigator: the experience pool in Milvus Lite, written only here.
 
 From each judgement it distils short natural-language experiences (what worked, what failed,
-when it applies), embeds them (all-MiniLM-L6-v2) and upserts them into Milvus Lite with the
-experience id as primary key, so a redelivered judgement is harmless; then emits
-`evo.experience`. It answers retrieval queries over core NATS request/reply (top-k cosine above
-a threshold, active experiences only) for the explorer and the Serve app.
+when it applies) with provenance (origin, hashed user, weights version, source event ids),
+embeds them (all-MiniLM-L6-v2) and upserts them into Milvus Lite with the experience id as
+primary key, so a redelivered judgement is harmless; then emits `evo.experience`. Every later
+change of an experience is another `evo.experience` with the same id (upsert), so replaying the
+stream rebuilds the pool exactly; a watermark (the stream sequence of the last experience
+applied) says where a restarted navigator resumes, and an empty or missing database replays all.
+
+Hygiene: personal data is scrubbed before storage; instruction-like text is stored quarantined
+and never retrieved; a new experience within `memory.merge_threshold` cosine of an active one with
+the same verdict is merged into it (support + 1) instead of added; each user's live
+contributions are capped (the oldest retires); utility is tracked (an experience is "used" when
+it guided a rollout or was in a live request's context, and "helped" when the guided samples beat
+the unguided ones of their group, or the user's feedback was positive) and experiences that do
+not help retire, as do the least valuable ones past `memory.max_active`. Retrieval answers over
+core NATS request/reply from the in-process index: top-k cosine above a threshold, active only,
+ranked by cosine x age decay x utility.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
+import time
 import uuid
+from datetime import datetime
 
 from actors.bus import EventActor
-from actors.events import Experience, Judgement, RetrievedExperience, RetrieveReply, RetrieveRequest, Sample
+from actors.events import (Experience, Feedback, Judgement, RetrievedExperience, RetrieveReply, RetrieveRequest,
+                           Sample)
 from actors.events import parse_event, subject_for
 from policies.hygiene import looks_like_injection, scrub
+from policies.model_store import atomic_write_bytes
 from policies.vector_index import VectorIndex
 
 COLLECTION = "experiences"
@@ -32,13 +48,23 @@ def _query(sample: Sample) -> str:
     return users[0] if users else ""
 
 
+def _call_texts(sample: Sample) -> list[str]:
+    out = []
+    for m in sample.messages:
+        if m.role == "assistant":
+            for tc in m.tool_calls:
+                args = tc.arguments if len(tc.arguments) <= 80 else tc.arguments[:77] + "..."
+                out.append(f"{tc.name}({args})" if args not in ("", "{}") else f"{tc.name}()")
+    return out
+
+
 def distil(j: Judgement) -> list[Experience]:
     """One success and/or one failure experience per judged group (best and worst sample)."""
     if not j.samples:
         return []
     order = sorted(range(len(j.samples)), key=lambda i: j.outcomes[i])
     worst, best = order[0], order[-1]
-    origin = "live" if j.source == "live" else "env"
+    origin = "live" if j.source == "live" else j.origin if j.origin in ("env", "synthetic") else "env"
     out = []
     picks = [(best, True)] if j.outcomes[best] >= 0.5 else []
     if j.outcomes[worst] < 0.5 and (not picks or worst != best):
@@ -49,7 +75,8 @@ def distil(j: Judgement) -> list[Experience]:
         when = scrub(raw)[:200]  # personal data never reaches memory
         calls = _calls(s)
         if success:
-            how = f"calling {', '.join(calls[:6])} in that order worked" if calls else "a direct text answer worked"
+            how = (f"calling {', '.join(_call_texts(s)[:4])} in that order worked" if calls
+                   else "a direct text answer worked")
             text = f"For a request like \"{when[:120]}\": {how}."
         else:
             what = f"calling {', '.join(calls[:6])}" if calls else "answering without calling any function"
@@ -57,9 +84,38 @@ def distil(j: Judgement) -> list[Experience]:
             text = f"For a request like \"{when[:120]}\": {what} did not complete it{err}; try a different approach."
         eid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:experience:{j.event_id}:{int(success)}"))
         state = "quarantined" if looks_like_injection(raw) or looks_like_injection(text) else "active"
-        out.append(Experience(event_id=eid, experience_id=eid, text=scrub(text), when=when, success=success,
-                              origin=origin, source_event_ids=[j.event_id], trace_id=j.trace_id, state=state))
+        user = j.user_hashes[i] if i < len(j.user_hashes) else None
+        out.append(Experience(event_id=eid, experience_id=eid, text=scrub(text)[:2000], when=when, success=success,
+                              origin=origin, source_event_ids=[j.event_id], trace_id=j.trace_id, state=state,
+                              user_hash=user, reason="new" if state == "active" else "quarantined: instruction-like",
+                              created_at=j.occurred_at, weights_version=j.weights_version))
     return out
+
+
+def guided_helped(j: Judgement) -> dict[str, bool]:
+    """Experience id -> did its guided samples beat the unguided ones of the same group?"""
+    g = [o for s, o in zip(j.samples, j.outcomes) if s.guided]
+    u = [o for s, o in zip(j.samples, j.outcomes) if not s.guided]
+    if not g or not u:
+        return {}
+    helped = sum(g) / len(g) > sum(u) / len(u)
+    return {e: helped for s in j.samples if s.guided for e in s.experience_ids}
+
+
+def utility(uses: int, helped: int) -> float:
+    """Laplace-smoothed share of uses that helped (0.5 with no evidence)."""
+    return (helped + 1) / (uses + 2)
+
+
+def decay(created_at: str | None, half_life_days: float, now: float | None = None) -> float:
+    if not created_at or half_life_days <= 0:
+        return 1.0
+    try:
+        t = datetime.fromisoformat(created_at).timestamp()
+    except ValueError:
+        return 1.0
+    age_days = max(0.0, ((now or time.time()) - t) / 86400)
+    return 0.5 ** (age_days / half_life_days)
 
 
 class MemoryPool:
@@ -84,12 +140,13 @@ class MemoryPool:
             self.client.create_collection(COLLECTION, schema=schema, index_params=index)
         self.client.load_collection(COLLECTION)
         self.index = VectorIndex(dim)
+        self.meta: dict[str, dict] = {}  # id -> provenance, support, state, text (mirrors the rows)
         self.load_index()
 
     def load_index(self) -> int:
         """Mirror every row of the collection into the in-process index (at start)."""
         it = self.client.query_iterator(COLLECTION, batch_size=4096, filter="",
-                                        output_fields=["id", "vector", "text", "state"])
+                                        output_fields=["id", "vector", "text", "state", "success", "meta"])
         n = 0
         try:
             while True:
@@ -97,6 +154,7 @@ class MemoryPool:
                 if not rows:
                     break
                 self.index.upsert(rows)
+                self._remember(rows)
                 n += len(rows)
         finally:
             it.close()
@@ -107,6 +165,20 @@ class MemoryPool:
             self.client.upsert(COLLECTION, rows)
             self.client.flush(COLLECTION)
         self.index.upsert(rows)  # only after the durable write
+        self._remember(rows)
+
+    def _remember(self, rows: list[dict]) -> None:
+        for r in rows:
+            try:
+                meta = json.loads(r.get("meta") or "{}")
+            except ValueError:
+                meta = {}
+            self.meta[r["id"]] = {**meta, "success": bool(r.get("success")), "state": r.get("state", "active"),
+                                  "text": r.get("text", "")}
+
+    def vector(self, exp_id: str) -> list[float] | None:
+        i = self.index.row.get(exp_id)
+        return None if i is None else self.index.mat[i].float().tolist()
 
     def search(self, vector: list[float], k: int, min_score: float = MIN_SCORE) -> list[RetrievedExperience]:
         return [RetrievedExperience(experience_id=i, text=t, score=s)
@@ -128,86 +200,216 @@ class MemoryPool:
 
 class Navigator(EventActor):
     name = "navigator"
-    kinds = ("judgement",)
+    kinds = ("judgement", "feedback")
 
     async def start(self) -> None:
         await super().start()
         from policies.embedder import Embedder
 
-        (self.settings.state / "milvus").mkdir(parents=True, exist_ok=True)
+        d = self.settings.state / "milvus"
+        d.mkdir(parents=True, exist_ok=True)
         self.embedder = await asyncio.to_thread(Embedder, self.settings.embedding.source)
-        self.pool = await asyncio.to_thread(MemoryPool, str(self.settings.state / "milvus" / "experiences.db"),
-                                            self.settings.embedding.dim)
-        self.retrievals = 0
+        self.pool = await asyncio.to_thread(MemoryPool, str(d / "experiences.db"), self.settings.embedding.dim)
+        self.watermark_file, self.utility_file = d / "applied_seq", d / "utility.json"
+        self.uses: dict[str, list[int]] = json.loads(self.utility_file.read_text()) if self.utility_file.exists() else {}
+        self._dirty, self._last_sweep = False, 0.0
+        self.retrievals = self.merged = self.retired = 0
         self.rebuilt = await self.rebuild_if_needed()
         self._rpc = await self.bus.serve_rpc("retrieve", RetrieveRequest, self.retrieve)
 
+    # ------------------------------------------------------------------ stream <-> pool
+    def _watermark(self) -> int:
+        try:
+            return int(self.watermark_file.read_text())
+        except (OSError, ValueError):
+            return 0
+
+    def _advance(self, seq: int) -> None:
+        if seq > self._watermark():
+            atomic_write_bytes(self.watermark_file, str(seq).encode())
+
     async def rebuild_if_needed(self) -> int:
-        """The stream is the source of truth: if the pool holds fewer experiences than `evo.experience`
-        (database deleted, or a crash between a write and its flush), replay them all (upserts by id)."""
+        """Apply every `evo.experience` after the watermark (all of them when the pool is empty or the
+        watermark is missing): upserts by id, so replaying one twice is harmless. Returns the count."""
         from nats.js import api
 
         subject = subject_for("experience", self.settings.nats.subject_prefix)
         info = await self.bus.js.stream_info(self.settings.nats.stream, subjects_filter=subject)
         in_stream = int((info.state.subjects or {}).get(subject, 0))
-        in_pool = await asyncio.to_thread(self.pool.count)
-        if in_pool >= in_stream:
+        last = int(info.state.last_seq)
+        start = self._watermark() if self.pool.index.ids else 0
+        if in_stream == 0 or start >= last:
             return 0
-        self.log.warning("memory.rebuild", in_pool=in_pool, in_stream=in_stream)
-        sub = await self.bus.js.subscribe(subject, ordered_consumer=True,
-                                          config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
-        seen, batch = 0, []
+        self.log.warning("memory.replay", from_seq=start + 1, in_pool=len(self.pool.index), in_stream=in_stream)
+        cfg = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start + 1)
+        sub = await self.bus.js.subscribe(subject, ordered_consumer=True, config=cfg)
+        seen, batch, seq = 0, [], start
         try:
-            while seen < in_stream:
+            while seq < last:
                 try:
-                    msg = await sub.next_msg(timeout=5.0)
+                    msg = await sub.next_msg(timeout=3.0)
                 except (TimeoutError, asyncio.TimeoutError):
                     break
-                seen += 1
+                seen, seq = seen + 1, msg.metadata.sequence.stream
                 try:
                     batch.append(parse_event(msg.data))
                 except Exception:
                     continue
-                if len(batch) >= 256 or seen >= in_stream:
+                if len(batch) >= 256:
                     await self._store(batch)
+                    self._advance(seq)
                     batch = []
             if batch:
                 await self._store(batch)
+            self._advance(seq)
         finally:
             await sub.unsubscribe()
         return seen
 
-    async def _store(self, exps: list[Experience]) -> None:
+    async def _store(self, exps: list[Experience], vecs: list[list[float]] | None = None) -> None:
         exps = [e for e in exps if isinstance(e, Experience)]
         if not exps:
             return
-        vecs = await asyncio.to_thread(self.embedder.embed, [e.text for e in exps])
+        if vecs is None:
+            vecs = await asyncio.to_thread(self.embedder.embed, [e.text for e in exps])
         rows = [{"id": e.experience_id, "vector": v, "text": e.text, "success": e.success, "state": e.state,
-                 "meta": json.dumps({"origin": e.origin, "sources": e.source_event_ids,
-                                     "weights_version": e.weights_version})[:4000]}
+                 "meta": json.dumps({"origin": e.origin, "sources": e.source_event_ids[-20:], "when": e.when,
+                                     "weights_version": e.weights_version, "user_hash": e.user_hash,
+                                     "support": e.support, "created_at": e.created_at or e.occurred_at})[:4000]}
                 for e, v in zip(exps, vecs)]
         await asyncio.to_thread(self.pool.upsert, rows)
 
+    async def _write(self, exps: list[Experience], vecs: list[list[float]] | None = None) -> None:
+        """Durable in the pool first, then on the stream; the watermark follows the stream."""
+        await self._store(exps, vecs)
+        for e in exps:
+            ack = await self.bus.publish(e, weights_version=e.weights_version)
+            self._advance(int(ack.seq))
+
+    # ------------------------------------------------------------------ changes of existing experiences
+    def _changed(self, exp_id: str, event_id: str, **update) -> Experience:
+        m = self.pool.meta[exp_id]
+        base = dict(experience_id=exp_id, text=m["text"], when=m.get("when", ""), success=m["success"],
+                    origin=m.get("origin", "env"), source_event_ids=m.get("sources", []), state=m["state"],
+                    user_hash=m.get("user_hash"), support=m.get("support", 1), created_at=m.get("created_at"),
+                    weights_version=m.get("weights_version") or "w-000000")
+        return Experience(event_id=event_id, **{**base, **update})
+
+    async def _retire(self, exp_id: str, reason: str, cause: str) -> None:
+        ev = self._changed(exp_id, str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:retire:{exp_id}:{cause}")),
+                           state="retired", reason=reason)
+        await self._write([ev], [self.pool.vector(exp_id)])
+        self.retired += 1
+        self.log.info("experience.retired", experience_id=exp_id, reason=reason)
+
+    def _near_duplicate(self, vec: list[float], success: bool) -> tuple[str, float] | None:
+        for i, _, score in self.pool.index.search(vec, 5, self.settings.memory.merge_threshold):
+            if self.pool.meta.get(i, {}).get("success") == success:
+                return i, score
+        return None
+
+    # ------------------------------------------------------------------ handlers
+    async def handle_judgement(self, j: Judgement, msg):
+        for exp_id, helped in guided_helped(j).items():
+            self._use(exp_id, helped)
+        exps = distil(j)
+        if not exps:
+            return
+        vecs = await asyncio.to_thread(self.embedder.embed, [e.text for e in exps])
+        for e, v in zip(exps, vecs):
+            near = self._near_duplicate(v, e.success) if e.state == "active" else None
+            if near and near[0] != e.experience_id:
+                m = self.pool.meta[near[0]]
+                if j.event_id in m.get("sources", []):  # redelivered after the merge was written
+                    continue
+                merged = self._changed(near[0], str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:merge:{e.event_id}")),
+                                       support=m.get("support", 1) + 1,
+                                       source_event_ids=(m.get("sources", []) + e.source_event_ids)[-20:],
+                                       reason=f"merged a near-duplicate (cosine {near[1]:.3f}) from {j.event_id}")
+                await self._write([merged], [self.pool.vector(near[0])])
+                self.merged += 1
+                continue
+            await self._write([e], [v])
+            if e.user_hash and e.state == "active":
+                await self._cap_user(e.user_hash)
+        self.log.info("experience.stored", n=len(exps), group_id=j.group_id)
+
+    async def _cap_user(self, user: str) -> None:
+        mine = sorted((m.get("created_at") or "", i) for i, m in self.pool.meta.items()
+                      if m.get("user_hash") == user and m["state"] == "active")
+        for _, exp_id in mine[: max(0, len(mine) - self.settings.memory.per_user_cap)]:
+            await self._retire(exp_id, f"per-user cap of {self.settings.memory.per_user_cap} active experiences",
+                               f"cap:{user}")
+
+    async def handle_feedback(self, fb: Feedback, msg):
+        if fb.interaction is not None:
+            for exp_id in fb.interaction.experience_ids:
+                self._use(exp_id, fb.score > 0)
+
+    def _use(self, exp_id: str, helped: bool) -> None:
+        u = self.uses.setdefault(exp_id, [0, 0])
+        u[0] += 1
+        u[1] += int(helped)
+        self._dirty = True
+
+    async def tick(self) -> None:
+        now = time.monotonic()
+        if self._dirty:
+            self._dirty = False
+            atomic_write_bytes(self.utility_file, json.dumps(self.uses).encode())
+        if now - self._last_sweep < 30:
+            return
+        self._last_sweep = now
+        await self.sweep()
+
+    async def sweep(self) -> int:
+        """Retire experiences that did not help, then the least valuable beyond `memory.max_active`."""
+        mem, n = self.settings.memory, 0
+        for exp_id, (uses, helped) in list(self.uses.items()):
+            m = self.pool.meta.get(exp_id)
+            if m and m["state"] == "active" and uses >= mem.min_uses and utility(uses, helped) < mem.min_utility:
+                await self._retire(exp_id, f"did not help: {helped} of {uses} uses", "utility")
+                n += 1
+        active = [i for i, m in self.pool.meta.items() if m["state"] == "active"]
+        if len(active) > mem.max_active:
+            worst = sorted(active, key=self._value)[: len(active) - mem.max_active]
+            for exp_id in worst:
+                await self._retire(exp_id, f"pool above {mem.max_active} active experiences; least valuable",
+                                   "capacity")
+                n += 1
+        return n
+
+    def _value(self, exp_id: str) -> float:
+        uses, helped = self.uses.get(exp_id, (0, 0))
+        created = self.pool.meta.get(exp_id, {}).get("created_at")
+        return decay(created, self.settings.memory.half_life_days) * (0.5 + utility(uses, helped))
+
     async def retrieve(self, req: RetrieveRequest) -> RetrieveReply:
+        k = max(1, min(req.k, 20))
+
         def work():
             vec = self.embedder.embed([req.query[:2000]])[0]
-            return self.pool.search(vec, max(1, min(req.k, 20)))
+            hits = self.pool.search(vec, 4 * k, self.settings.memory.min_score)
+            return sorted(hits, key=lambda h: h.score * self._value(h.experience_id), reverse=True)[:k]
         found = await asyncio.to_thread(work)
         self.retrievals += 1
         return RetrieveReply(experiences=found)
 
-    async def handle_judgement(self, j: Judgement, msg):
-        exps = distil(j)
-        if not exps:
-            return
-        for e in exps:
-            e.weights_version = j.weights_version
-        await self._store(exps)  # durable before the events go out and the ack
-        for e in exps:
-            await self.bus.publish(e, weights_version=j.weights_version)
-        self.log.info("experience.stored", n=len(exps), group_id=j.group_id)
+    async def shutdown(self) -> None:
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            if self._dirty:
+                atomic_write_bytes(self.utility_file, json.dumps(self.uses).encode())
+            with pool.lock:
+                pool.client.close()
+        await super().shutdown()
 
     def health(self) -> dict:
         h = super().health()
-        h["retrievals"] = getattr(self, "retrievals", 0)
+        pool = getattr(self, "pool", None)
+        states: dict[str, int] = {}
+        for m in (pool.meta.values() if pool else []):
+            states[m["state"]] = states.get(m["state"], 0) + 1
+        h.update(retrievals=getattr(self, "retrievals", 0), experiences=states, merged=getattr(self, "merged", 0),
+                 retired=getattr(self, "retired", 0), watermark=self._watermark() if pool else 0)
         return h

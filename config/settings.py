@@ -89,6 +89,16 @@ class RolloutSettings(_Section):
                               "(tool_choice=required); helps small policies explore the tools")
 
 
+class MemorySettings(_Section):
+    min_score: float = Field(0.45, description="Lowest cosine similarity of a retrieved experience")
+    merge_threshold: float = Field(0.95, description="Cosine at which a new experience merges into an existing one")
+    per_user_cap: int = Field(20, description="Active live experiences one user can contribute (oldest retire)")
+    min_uses: int = Field(5, description="Uses before an experience can retire for not helping")
+    min_utility: float = Field(0.3, description="Utility (helped+1)/(uses+2) below which a used experience retires")
+    half_life_days: float = Field(30.0, description="Age at which an experience's retrieval weight halves")
+    max_active: int = Field(100_000, description="Active experiences kept; the least valuable retire beyond this")
+
+
 class QuestionerSettings(_Section):
     synthetic_share: float = Field(0.5, description="Share of issued tasks that are self-generated (0 = dataset only)")
     synth_envs: list[str] = Field(["bfcl"], description="Environments the questioner explores to write tasks")
@@ -158,6 +168,7 @@ class Settings(_Section):
     embedding: EmbeddingSettings = EmbeddingSettings()
     env: EnvSettings = EnvSettings()
     rollout: RolloutSettings = RolloutSettings()
+    memory: MemorySettings = MemorySettings()
     questioner: QuestionerSettings = QuestionerSettings()
     learner: LearnerSettings = LearnerSettings()
     gate: GateSettings = GateSettings()

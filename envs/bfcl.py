@@ -325,6 +325,10 @@ class BfclEnvironment:
     def category_of(self, entry_id: str) -> str:
         return self._index[entry_id]
 
+    def query_of(self, entry_id: str) -> str:
+        entries, _ = load_category(self._index[entry_id])
+        return entries[entry_id]["question"][0][0]["content"]
+
     def probe(self, base_entry_id: str) -> "Probe":
         """Fresh backends of a train entry's initial state, for exploration (no task, no scoring)."""
         return Probe(self.episode(base_entry_id))
@@ -354,8 +358,3 @@ def call_string(call: ParsedCall) -> str:
     """BFCL's ground-truth form, `name(k=v, ...)` with Python literals (parsed back by `ast`)."""
     parts = [repr(a) for a in call.args] + [f"{k}={v!r}" for k, v in call.kwargs.items()]
     return f"{call.name}({', '.join(parts)})"
-
-    def query_of(self, entry_id: str) -> str:
-        entries, _ = load_category(self._index[entry_id])
-        return entries[entry_id]["question"][0][0]["content"]
-

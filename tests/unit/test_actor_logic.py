@@ -28,5 +28,5 @@ def test_distil_gives_success_and_failure_with_stable_ids():
                   outcomes=[1.0, 0.0], step_labels=[["GOOD"], ["BAD"]])
     exps = distil(j)
     assert [e.success for e in exps] == [True, False]
-    assert "cd, mv" in exps[0].text and "move the file" in exps[0].when
+    assert "cd(), mv()" in exps[0].text and "move the file" in exps[0].when
     assert [e.experience_id for e in distil(j)] == [e.experience_id for e in exps]

@@ -77,3 +77,14 @@ def test_snapshot_restore_and_replay():
     assert "temp" in str(vars(ep.model.instances["GorillaFileSystem"]))
     again = replay(env, "multi_turn_base_0", [[cd, mk]])
     assert str(vars(again.model.instances["GorillaFileSystem"])) == str(vars(ep.model.instances["GorillaFileSystem"]))
+
+
+def test_catalogue_answers_query_and_category_for_every_configured_env():
+    from config.settings import load_settings
+    from envs.registry import make_envs
+
+    for name, env in make_envs(load_settings(None).env).items():
+        for split in ("train", "heldout"):
+            e = env.entries(split)[0]
+            assert isinstance(env.query_of(e), str) and env.query_of(e).strip(), (name, e)
+            assert env.category_of(e)
