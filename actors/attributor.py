@@ -148,7 +148,7 @@ class Attributor(EventActor):
                         source_event_ids=[ev.event_id, ev.interaction.event_id], trace_id=ev.trace_id,
                         judge_labels=[v.labels] if v else None, judge_scores=[v.score] if v else [],
                         screened_steps=len(v.screened) if v else 0, origin="live",
-                        user_hashes=[ev.interaction.user_hash])
+                        user_hashes=[ev.interaction.user_hash], comments=[ev.comment or ""])
         await self.bus.publish(out, weights_version=ev.interaction.weights_version)
         self.log.info("judged.live", interaction_id=ev.interaction_id, score=ev.score, labels=labels)
 

@@ -178,6 +178,7 @@ class Judgement(Event):
     screened_steps: int = Field(0, description="steps forced BAD by the master-key screen")
     origin: Literal["env", "synthetic", "live"] = "env"
     user_hashes: list[str] = Field([], description="hashed user per sample (live judgements)")
+    comments: list[str] = Field([], description="the user's feedback comment per sample (live judgements)")
 
 
 class Experience(Event):

@@ -82,6 +82,9 @@ def distil(j: Judgement) -> list[Experience]:
             what = f"calling {', '.join(calls[:6])}" if calls else "answering without calling any function"
             err = f" (error: {s.error[:100]})" if s.error else ""
             text = f"For a request like \"{when[:120]}\": {what} did not complete it{err}; try a different approach."
+        comment = j.comments[i].strip() if i < len(j.comments) else ""
+        if comment:  # a user's correction is the most useful part of a live experience
+            text += f" The user said: \"{scrub(comment)[:200]}\""
         eid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:experience:{j.event_id}:{int(success)}"))
         state = "quarantined" if looks_like_injection(raw) or looks_like_injection(text) else "active"
         user = j.user_hashes[i] if i < len(j.user_hashes) else None

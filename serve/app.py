@@ -252,7 +252,7 @@ class KaizenServer:
         tools = [ToolSpec(function=t.function.model_dump()) for t in (req.tools or [])]
         query = next((m.content for m in reversed(messages) if m.role == "user"), "")
         with self.tracer.start_as_current_span("serve.chat") as span:
-            mem = await self._retrieve(query)
+            mem = await self._retrieve(query) if req.memory else RetrieveReply()
             exps = [e.text for e in mem.experiences]
             prompt = render(messages, tools, exps)
             n_prompt = await asyncio.to_thread(self.engine.count_tokens, prompt)
