@@ -221,15 +221,20 @@ class Navigator(EventActor):
         self._rpc = await self.bus.serve_rpc("retrieve", RetrieveRequest, self.retrieve)
 
     # ------------------------------------------------------------------ stream <-> pool
-    def _watermark(self) -> int:
+    def _mark(self) -> dict:
         try:
-            return int(self.watermark_file.read_text())
+            m = json.loads(self.watermark_file.read_text())
+            return m if isinstance(m, dict) else {}
         except (OSError, ValueError):
-            return 0
+            return {}
+
+    def _watermark(self) -> int:
+        return int(self._mark().get("seq", 0))
 
     def _advance(self, seq: int) -> None:
-        if seq > self._watermark():
-            atomic_write_bytes(self.watermark_file, str(seq).encode())
+        """Stream sequence of the last experience applied, and the pool's row count at that point."""
+        if seq >= self._watermark():
+            atomic_write_bytes(self.watermark_file, json.dumps({"seq": seq, "rows": len(self.pool.meta)}).encode())
 
     async def rebuild_if_needed(self) -> int:
         """Apply every `evo.experience` after the watermark (all of them when the pool is empty or the
@@ -240,7 +245,9 @@ class Navigator(EventActor):
         info = await self.bus.js.stream_info(self.settings.nats.stream, subjects_filter=subject)
         in_stream = int((info.state.subjects or {}).get(subject, 0))
         last = int(info.state.last_seq)
-        start = self._watermark() if self.pool.index.ids else 0
+        mark = self._mark()
+        consistent = bool(self.pool.index.ids) and mark.get("rows") == len(self.pool.meta)
+        start = int(mark.get("seq", 0)) if consistent else 0  # missing or inconsistent pool: replay everything
         if in_stream == 0 or start >= last:
             return 0
         self.log.warning("memory.replay", from_seq=start + 1, in_pool=len(self.pool.index), in_stream=in_stream)

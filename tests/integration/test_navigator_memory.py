@@ -105,6 +105,18 @@ async def test_merge_cap_utility_and_replay(nav_env):
         assert nav.rebuilt == 7 and _pool_state(nav.pool) == before
     finally:
         await nav.shutdown()
+    nav = await _nav(settings)  # consistent: nothing to replay
+    try:
+        assert nav.rebuilt == 0
+    finally:
+        await nav.shutdown()
+    mark = settings.state / "milvus" / "applied_seq"  # a pool that disagrees with its watermark is replayed
+    mark.write_text(json.dumps({**json.loads(mark.read_text()), "rows": 99}))
+    nav = await _nav(settings)
+    try:
+        assert nav.rebuilt == 7 and _pool_state(nav.pool) == before
+    finally:
+        await nav.shutdown()
 
 
 def test_guided_helped_and_utility():
