@@ -16,7 +16,8 @@ it guided a rollout or was in a live request's context, and "helped" when the gu
 the unguided ones of their group, or the user's feedback was positive) and experiences that do
 not help retire, as do the least valuable ones past `memory.max_active`. Retrieval answers over
 core NATS request/reply from the in-process index: top-k cosine above a threshold, active only,
-ranked by cosine x age decay x utility.
+ranked by cosine x age decay x utility. Experiences are indexed by the request they apply to
+(`retrieval_key`), so a similar request finds them whatever their advice says.
 """
 from __future__ import annotations
 
@@ -93,6 +94,12 @@ def distil(j: Judgement) -> list[Experience]:
                               user_hash=user, reason="new" if state == "active" else "quarantined: instruction-like",
                               created_at=j.occurred_at, weights_version=j.weights_version))
     return out
+
+
+def retrieval_key(e: Experience) -> str:
+    """What an experience is found by: the situation it applies to (the request), not its advice, so
+    that a new request lands next to the experiences of similar requests."""
+    return e.when or e.text
 
 
 def guided_helped(j: Judgement) -> dict[str, bool]:
@@ -281,7 +288,7 @@ class Navigator(EventActor):
         if not exps:
             return
         if vecs is None:
-            vecs = await asyncio.to_thread(self.embedder.embed, [e.text for e in exps])
+            vecs = await asyncio.to_thread(self.embedder.embed, [retrieval_key(e) for e in exps])
         rows = [{"id": e.experience_id, "vector": v, "text": e.text, "success": e.success, "state": e.state,
                  "meta": json.dumps({"origin": e.origin, "sources": e.source_event_ids[-20:], "when": e.when,
                                      "weights_version": e.weights_version, "user_hash": e.user_hash,
@@ -325,7 +332,7 @@ class Navigator(EventActor):
         exps = distil(j)
         if not exps:
             return
-        vecs = await asyncio.to_thread(self.embedder.embed, [e.text for e in exps])
+        vecs = await asyncio.to_thread(self.embedder.embed, [retrieval_key(e) for e in exps])
         for e, v in zip(exps, vecs):
             near = self._near_duplicate(v, e.success) if e.state == "active" else None
             if near and near[0] != e.experience_id:
