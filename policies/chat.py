@@ -39,6 +39,22 @@ def _param_line(spec: ToolSpec) -> str:
 CALL_PREFIX = '<tool_call>[{"name": "'
 
 
+def tool_choice_prefix(choice, tools: list[ToolSpec]) -> str:
+    """Text that forces OpenAI's `tool_choice` (appended to the prompt, kept in the parsed answer):
+    "auto" / None -> nothing; "required" -> the start of a call; {"type": "function", "function":
+    {"name": f}} -> the start of a call of f. ("none" is handled by not offering the tools.)"""
+    if not tools or choice in (None, "auto", "none"):
+        return ""
+    if choice == "required":
+        return CALL_PREFIX
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if name not in {t.function.get("name") for t in tools}:
+            raise ValueError(f"tool_choice names function {name!r}, which is not among the request's tools")
+        return f'<tool_call>[{{"name": "{name}", "arguments": {{'
+    raise ValueError(f"tool_choice {choice!r} is not supported; use auto, none, required or a function")
+
+
 def tools_block(tools: list[ToolSpec], experiences: list[str] | None = None) -> str:
     out = []
     if tools:

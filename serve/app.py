@@ -29,7 +29,7 @@ from actors.events import (ChatMessage, Feedback, Interaction, RetrieveReply, Re
                            WeightsSwapped, subject_for)
 from config import telemetry
 from config.settings import Settings
-from policies.chat import parse_assistant, render
+from policies.chat import parse_assistant, render, tool_choice_prefix
 from policies.engine import make_engine
 from policies.model_store import WeightsStore, ensure_base_model, sha256_file
 from serve.schemas import ChatRequest, FeedbackRequest
@@ -249,12 +249,17 @@ class KaizenServer:
             return _error(422, _pretty(exc))
         except ValueError as exc:
             return _error(400, str(exc))
-        tools = [ToolSpec(function=t.function.model_dump()) for t in (req.tools or [])]
+        tools = [ToolSpec(function=t.function.model_dump()) for t in (req.tools or [])] \
+            if req.tool_choice != "none" else []
+        try:
+            forced = tool_choice_prefix(req.tool_choice, tools)
+        except ValueError as exc:
+            return _error(400, str(exc))
         query = next((m.content for m in reversed(messages) if m.role == "user"), "")
         with self.tracer.start_as_current_span("serve.chat") as span:
             mem = await self._retrieve(query) if req.memory else RetrieveReply()
             exps = [e.text for e in mem.experiences]
-            prompt = render(messages, tools, exps)
+            prompt = render(messages, tools, exps) + forced
             n_prompt = await asyncio.to_thread(self.engine.count_tokens, prompt)
             if n_prompt > self.s.serve.max_prompt_tokens:
                 return _error(400, f"prompt is {n_prompt} tokens; the limit is {self.s.serve.max_prompt_tokens}")
@@ -264,13 +269,14 @@ class KaizenServer:
             span.set_attribute("kaizen.interaction_id", iid)
             trace_id = telemetry.current_trace_id()
             trace_headers = telemetry.inject_headers({})
-            ctx = dict(req=req, messages=messages, tools=tools, exps=mem, prompt=prompt, max_new=max_new, iid=iid,
-                       trace_id=trace_id, trace_headers=trace_headers, request=request, t0=time.perf_counter())
+            ctx = dict(req=req, messages=messages, tools=tools, exps=mem, prompt=prompt, forced=forced, max_new=max_new,
+                       iid=iid, trace_id=trace_id, trace_headers=trace_headers, request=request, t0=time.perf_counter())
             if req.stream:
                 return StreamingResponse(self._stream(ctx), media_type="text/event-stream")
             gen = (await asyncio.to_thread(self.engine.generate, [prompt], max_new, req.temperature, req.top_p))[0]
             version = self.engine.version
-            answer = parse_assistant(gen.text) if tools else ChatMessage(role="assistant", content=gen.text.strip())
+            answer = (parse_assistant(forced + gen.text) if tools
+                      else ChatMessage(role="assistant", content=gen.text.strip()))
             await self._record(ctx, answer, version)
             return _completion(iid, self.s.model.name, version, answer, gen, n_prompt)
 
@@ -302,7 +308,8 @@ class KaizenServer:
             except asyncio.TimeoutError:
                 continue
         gen = task.result()[0]
-        answer = parse_assistant(gen.text) if not plain else ChatMessage(role="assistant", content=gen.text.strip())
+        answer = (parse_assistant(ctx["forced"] + gen.text) if not plain
+                  else ChatMessage(role="assistant", content=gen.text.strip()))
         if not plain:
             delta = {"content": answer.content or None}
             if answer.tool_calls:

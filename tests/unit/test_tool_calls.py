@@ -70,3 +70,18 @@ def test_invalid_or_hostile_calls_become_error_observations(name, args):
         ep.model.instances["GorillaFileSystem"].root, "_to_dict") else str(vars(ep.model.instances["GorillaFileSystem"])))
     if name != "cd" or "etc" not in args:
         assert before == after
+
+
+def test_tool_choice_forces_a_call_or_a_named_function():
+    from actors.events import ToolSpec
+    from policies.chat import CALL_PREFIX, parse_assistant, tool_choice_prefix
+
+    tools = [ToolSpec(function={"name": "mkdir", "parameters": {"type": "object", "properties": {}}})]
+    assert tool_choice_prefix(None, tools) == tool_choice_prefix("auto", tools) == tool_choice_prefix("none", tools) == ""
+    assert tool_choice_prefix("required", tools) == CALL_PREFIX
+    named = tool_choice_prefix({"type": "function", "function": {"name": "mkdir"}}, tools)
+    msg = parse_assistant(named + '"dir_name": "x"}}]</tool_call>')
+    assert [(c.name, c.arguments) for c in msg.tool_calls] == [("mkdir", '{"dir_name": "x"}')]
+    for bad in [{"type": "function", "function": {"name": "rm"}}, "sometimes"]:
+        with pytest.raises(ValueError):
+            tool_choice_prefix(bad, tools)
