@@ -49,9 +49,16 @@ def tool_choice_prefix(choice, tools: list[ToolSpec]) -> str:
         return CALL_PREFIX
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
-        if name not in {t.function.get("name") for t in tools}:
+        spec = next((t for t in tools if t.function.get("name") == name), None)
+        if spec is None:
             raise ValueError(f"tool_choice names function {name!r}, which is not among the request's tools")
-        return f'<tool_call>[{{"name": "{name}", "arguments": {{'
+        params = spec.function.get("parameters") or {}
+        required = params.get("required") or []
+        head = ""
+        if required:  # open the first required argument too, as schema-guided decoding would
+            kind = ((params.get("properties") or {}).get(required[0]) or {}).get("type")
+            head = json.dumps(required[0]) + ": " + ('"' if kind == "string" else "")
+        return f'<tool_call>[{{"name": "{name}", "arguments": {{{head}'
     raise ValueError(f"tool_choice {choice!r} is not supported; use auto, none, required or a function")
 
 
@@ -125,10 +132,7 @@ def parse_assistant(text: str, allow_python: bool = True) -> ChatMessage:
     calls: list[ToolCall] = []
     for block in _CALL_RE.findall(text):
         block = block.strip()
-        try:
-            items = json.loads(block)
-        except json.JSONDecodeError:
-            items = None
+        items = _loads_lenient(block)
         if isinstance(items, dict):
             items = [items]
         if isinstance(items, list):
@@ -146,6 +150,19 @@ def parse_assistant(text: str, allow_python: bool = True) -> ChatMessage:
         if calls:
             content = ""
     return ChatMessage(role="assistant", content=content, tool_calls=calls)
+
+
+_BARE_KEY = re.compile(r'([{,]\s*)([A-Za-z_][A-Za-z0-9_]*)\s*:')
+
+
+def _loads_lenient(block: str):
+    """JSON, or JSON with bare object keys ({city: "Paris"}), which small models often write."""
+    for text in (block, _BARE_KEY.sub(r'\1"\2":', block)):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            continue
+    return None
 
 
 def _python_calls(block: str, strict: bool = False) -> list[ToolCall]:

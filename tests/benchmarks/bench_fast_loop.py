@@ -5,6 +5,7 @@ live agent. Phase 1: each answer is checked (a `mkdir` call with `dir_name` = X)
 `POST /v1/feedback`; failures carry the user's correction as the comment. The attributor judges
 each rated interaction and the navigator turns it into an experience within seconds. Phase 2:
 new folder names, each asked with memory on and with memory off (`extra_body={"memory": false}`),
+with `tool_choice` as a tool-using client sends it (default "required"),
 interleaved, so both conditions see the same weights and load. Prints the success rates side by
 side, how often experiences were in the context, and feedback -> experience latency.
 
@@ -63,6 +64,7 @@ def main():
     ap.add_argument("--names", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--state", default=".kaizen")
+    ap.add_argument("--tool-choice", default="required", help="auto | required (what a tool-using client sends)")
     a = ap.parse_args()
     state = Path(a.state).resolve()
     run = json.loads((state / "run.json").read_text())
@@ -76,7 +78,7 @@ def main():
     def ask(name, memory):
         t = time.perf_counter()
         r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": KIND.format(name=name)}],
-                                           tools=tools, temperature=0.7, max_tokens=48,
+                                           tools=tools, temperature=0.7, max_tokens=48, tool_choice=a.tool_choice,
                                            extra_body={"memory": memory})
         calls = r.choices[0].message.tool_calls or []
         ok = any(c.function.name == "mkdir" and _args(c.function.arguments).get("dir_name") == name for c in calls)

@@ -94,7 +94,7 @@ def test_tools_and_streaming(system):
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text and chunks[-1].choices[0].finish_reason in ("stop", "length")
     forced = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
-                                       tools=tools, max_tokens=24, tool_choice={"type": "function",
+                                       tools=tools, max_tokens=48, tool_choice={"type": "function",
                                                                                 "function": {"name": "get_weather"}})
     assert [t.function.name for t in forced.choices[0].message.tool_calls or []][:1] == ["get_weather"]
     with pytest.raises(openai.BadRequestError, match="not among the request's tools"):

@@ -85,3 +85,18 @@ def test_tool_choice_forces_a_call_or_a_named_function():
     for bad in [{"type": "function", "function": {"name": "rm"}}, "sometimes"]:
         with pytest.raises(ValueError):
             tool_choice_prefix(bad, tools)
+
+
+def test_forced_named_call_opens_the_first_required_argument_and_bare_keys_are_accepted():
+    from actors.events import ToolSpec
+    from policies.chat import parse_assistant, tool_choice_prefix
+
+    tools = [ToolSpec(function={"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}})]
+    p = tool_choice_prefix({"type": "function", "function": {"name": "get_weather"}}, tools)
+    assert p.endswith('{"city": "')
+    assert parse_assistant(p + 'Paris"}}]</tool_call>').tool_calls[0].arguments == '{"city": "Paris"}'
+    bare = parse_assistant('<tool_call>[{"name": "get_weather", "arguments": {city: "Paris"}}]</tool_call>')
+    assert [(c.name, c.arguments) for c in bare.tool_calls] == [("get_weather", '{"city": "Paris"}')]
+    keeps = parse_assistant('<tool_call>[{"name": "note", "arguments": {"text": "a, b: c"}}]</tool_call>')
+    assert keeps.tool_calls[0].arguments == '{"text": "a, b: c"}'  # valid JSON is never rewritten
