@@ -39,10 +39,24 @@ def _param_line(spec: ToolSpec) -> str:
 CALL_PREFIX = '<tool_call>[{"name": "'
 
 
+def call_opening(spec: ToolSpec) -> str:
+    """The start of a call of this function, with its first required argument opened, as
+    schema-guided decoding would write it."""
+    params = spec.function.get("parameters") or {}
+    required = params.get("required") or []
+    head = ""
+    if required:
+        kind = ((params.get("properties") or {}).get(required[0]) or {}).get("type")
+        head = json.dumps(required[0]) + ": " + ('"' if kind == "string" else "")
+    return f'<tool_call>[{{"name": "{spec.function["name"]}", "arguments": {{{head}'
+
+
 def tool_choice_prefix(choice, tools: list[ToolSpec]) -> str:
     """Text that forces OpenAI's `tool_choice` (appended to the prompt, kept in the parsed answer):
-    "auto" / None -> nothing; "required" -> the start of a call; {"type": "function", "function":
-    {"name": f}} -> the start of a call of f. ("none" is handled by not offering the tools.)"""
+    "auto" / None -> nothing; "required" -> the start of a call (an engine that can `choose` then
+    picks one of the declared names by constrained decoding, see `call_opening`); {"type":
+    "function", "function": {"name": f}} -> the start of a call of f. ("none" is handled by not
+    offering the tools.)"""
     if not tools or choice in (None, "auto", "none"):
         return ""
     if choice == "required":
@@ -52,13 +66,7 @@ def tool_choice_prefix(choice, tools: list[ToolSpec]) -> str:
         spec = next((t for t in tools if t.function.get("name") == name), None)
         if spec is None:
             raise ValueError(f"tool_choice names function {name!r}, which is not among the request's tools")
-        params = spec.function.get("parameters") or {}
-        required = params.get("required") or []
-        head = ""
-        if required:  # open the first required argument too, as schema-guided decoding would
-            kind = ((params.get("properties") or {}).get(required[0]) or {}).get("type")
-            head = json.dumps(required[0]) + ": " + ('"' if kind == "string" else "")
-        return f'<tool_call>[{{"name": "{name}", "arguments": {{{head}'
+        return call_opening(spec)
     raise ValueError(f"tool_choice {choice!r} is not supported; use auto, none, required or a function")
 
 

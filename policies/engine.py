@@ -32,6 +32,8 @@ class Engine(Protocol):
 
     def choice_logprobs(self, prompts: list[str], choices: list[str]) -> list[list[float]]: ...
 
+    def choose(self, prompt: str, options: list[str], temperature: float = 0.0) -> str: ...
+
     def load_weights(self, path: str | Path, version: str) -> float: ...
 
     def pause(self) -> None: ...
@@ -116,6 +118,36 @@ class TransformersEngine:
                 lp = torch.log_softmax(logits, dim=-1)[:, first]
                 out.extend(lp.tolist())
         return out
+
+    def choose(self, prompt: str, options: list[str], temperature: float = 0.0) -> str:
+        """Constrained decoding: continue `prompt` with exactly one of `options` (token by token over a
+        trie of the options' tokenisations, KV cache reused), greedy or sampled. Used to force a
+        declared function name (tool_choice="required"), as JSON-schema-guided decoding does."""
+        torch = self.torch
+        seqs = {o: self.tok(o, add_special_tokens=False)["input_ids"] for o in dict.fromkeys(options)}
+        if not seqs:
+            raise ValueError("no options to choose from")
+        self._paused.wait()
+        with self._lock, torch.inference_mode():
+            ids = self.tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(self.device)
+            out = self.model(input_ids=ids, use_cache=True)
+            past, chosen = out.past_key_values, []
+            logits = out.logits[0, -1].float()
+            while True:
+                live = {o: s for o, s in seqs.items() if s[: len(chosen)] == chosen}
+                done = [o for o, s in live.items() if len(s) == len(chosen)]
+                nxt = sorted({s[len(chosen)] for s in live.values() if len(s) > len(chosen)})
+                if done and not nxt:
+                    return done[0]
+                allowed = torch.tensor(nxt, device=logits.device)
+                sub = logits[allowed]
+                if temperature and temperature > 0:
+                    t = int(allowed[torch.multinomial(torch.softmax(sub / temperature, -1), 1)])
+                else:
+                    t = int(allowed[int(torch.argmax(sub))])
+                chosen.append(t)
+                out = self.model(input_ids=torch.tensor([[t]], device=self.device), past_key_values=past, use_cache=True)
+                past, logits = out.past_key_values, out.logits[0, -1].float()
 
     def load_state_dict(self, sd: dict, version: str) -> None:
         torch = self.torch

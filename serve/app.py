@@ -29,7 +29,7 @@ from actors.events import (ChatMessage, Feedback, Interaction, RetrieveReply, Re
                            WeightsSwapped, subject_for)
 from config import telemetry
 from config.settings import Settings
-from policies.chat import parse_assistant, render, tool_choice_prefix
+from policies.chat import CALL_PREFIX, call_opening, parse_assistant, render, tool_choice_prefix
 from policies.engine import make_engine
 from policies.model_store import WeightsStore, ensure_base_model, sha256_file
 from serve.schemas import ChatRequest, FeedbackRequest
@@ -259,7 +259,12 @@ class KaizenServer:
         with self.tracer.start_as_current_span("serve.chat") as span:
             mem = await self._retrieve(query) if req.memory else RetrieveReply()
             exps = [e.text for e in mem.experiences]
-            prompt = render(messages, tools, exps) + forced
+            prompt = render(messages, tools, exps)
+            if forced == CALL_PREFIX and hasattr(self.engine, "choose"):  # required: one of the declared names
+                name = await asyncio.to_thread(self.engine.choose, prompt + CALL_PREFIX,
+                                               [t.function["name"] + '"' for t in tools], req.temperature)
+                forced = call_opening(next(t for t in tools if t.function["name"] + '"' == name))
+            prompt += forced
             n_prompt = await asyncio.to_thread(self.engine.count_tokens, prompt)
             if n_prompt > self.s.serve.max_prompt_tokens:
                 return _error(400, f"prompt is {n_prompt} tokens; the limit is {self.s.serve.max_prompt_tokens}")

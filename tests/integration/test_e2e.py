@@ -97,6 +97,9 @@ def test_tools_and_streaming(system):
                                        tools=tools, max_tokens=48, tool_choice={"type": "function",
                                                                                 "function": {"name": "get_weather"}})
     assert [t.function.name for t in forced.choices[0].message.tool_calls or []][:1] == ["get_weather"]
+    required = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                         tools=tools, max_tokens=32, tool_choice="required")
+    assert [t.function.name for t in required.choices[0].message.tool_calls or []][:1] == ["get_weather"]
     with pytest.raises(openai.BadRequestError, match="not among the request's tools"):
         c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tools=tools, max_tokens=4,
                                   tool_choice={"type": "function", "function": {"name": "rm_rf"}})

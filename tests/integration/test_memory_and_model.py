@@ -86,6 +86,16 @@ def test_engine_generates_and_hot_swaps(engine, tmp_path):
         engine.load_state_dict({"model.norm.weight": sd["model.norm.weight"]}, "w-bad")
 
 
+def test_engine_choose_only_returns_an_option(engine):
+    from policies.chat import CALL_PREFIX, render
+
+    prompt = render([ChatMessage(role="user", content="Create a new folder named budget.")]) + CALL_PREFIX
+    options = ['mkdir"', 'ls"', 'list_all_files"', 'cd"']
+    assert engine.choose(prompt, options) in options
+    assert all(engine.choose(prompt, options, temperature=1.5) in options for _ in range(8))
+    assert engine.choose(prompt, ['only_one"']) == 'only_one"'
+
+
 def test_rollout_group_against_bfcl(engine):
     from envs.bfcl import BfclEnvironment
     from policies.rollout import run_group
