@@ -12,16 +12,18 @@ from dataclasses import dataclass
 
 from actors.events import ChatMessage, Sample
 from envs.base import Environment
-from policies.chat import CALL_PREFIX, parse_assistant, render
+from policies.chat import CALL_PREFIX, call_opening, parse_assistant, render
 
 
-def forced_prefix(tools) -> str:
-    """The start of a forced tool call; with a single tool its name is forced too (tool_choice=function)."""
+def forced_prefix(tools, engine=None, prompt: str = "", temperature: float = 0.0) -> str:
+    """The start of a forced tool call (tool_choice="required"). With one tool, or an engine that can
+    `choose`, the function name is one of the declared ones (constrained decoding) and its first
+    required argument is opened; otherwise only `<tool_call>[{"name": "` is forced."""
     if len(tools) == 1:
-        name = tools[0].function["name"]
-        params = list((tools[0].function.get("parameters") or {}).get("properties") or {})
-        first = f'"{params[0]}": "' if params and len(params) == 1 else ""
-        return f'<tool_call>[{{"name": "{name}", "arguments": {{{first}'
+        return call_opening(tools[0])
+    if engine is not None and hasattr(engine, "choose") and tools:
+        name = engine.choose(prompt + CALL_PREFIX, [t.function["name"] + '"' for t in tools], temperature)
+        return call_opening(next(t for t in tools if t.function["name"] + '"' == name))
     return CALL_PREFIX
 
 
@@ -72,8 +74,10 @@ def _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, gu
         first = True
         while open_:
             idx = sorted(open_)
-            prefixes = {i: forced_prefix(eps[i].tools) if (call_prefix and first) else "" for i in idx}
-            prompts = [render(msgs[i], eps[i].tools, experiences if i < guided else None) + prefixes[i] for i in idx]
+            base = {i: render(msgs[i], eps[i].tools, experiences if i < guided else None) for i in idx}
+            prefixes = {i: forced_prefix(eps[i].tools, engine, base[i], temperature) if (call_prefix and first) else ""
+                        for i in idx}
+            prompts = [base[i] + prefixes[i] for i in idx]
             gens = engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
             first = False
             for i, g in zip(idx, gens):
