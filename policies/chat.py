@@ -164,12 +164,19 @@ _BARE_KEY = re.compile(r'([{,]\s*)([A-Za-z_][A-Za-z0-9_]*)\s*:')
 
 
 def _loads_lenient(block: str):
-    """JSON, or JSON with bare object keys ({city: "Paris"}), which small models often write."""
+    """JSON, or what small models often write instead: bare object keys ({city: "Paris"}), a valid
+    call followed by junk, or a call list whose closing bracket is missing."""
+    dec = json.JSONDecoder()
     for text in (block, _BARE_KEY.sub(r'\1"\2":', block)):
         try:
             return json.loads(text)
         except json.JSONDecodeError:
-            continue
+            pass
+        for start in (0, 1) if text.startswith("[") else (0,):
+            try:
+                return dec.raw_decode(text[start:])[0]  # the longest valid JSON value at the start
+            except json.JSONDecodeError:
+                continue
     return None
 
 

@@ -100,3 +100,12 @@ def test_forced_named_call_opens_the_first_required_argument_and_bare_keys_are_a
     assert [(c.name, c.arguments) for c in bare.tool_calls] == [("get_weather", '{"city": "Paris"}')]
     keeps = parse_assistant('<tool_call>[{"name": "note", "arguments": {"text": "a, b: c"}}]</tool_call>')
     assert keeps.tool_calls[0].arguments == '{"text": "a, b: c"}'  # valid JSON is never rewritten
+
+
+@pytest.mark.parametrize("tail", ['Paris"}}]\n</tool_call>\nmore text', 'Paris"}}</tool_call>\n\nThat is all.',
+                                  'Paris"}}](https://example.com/paris)', 'Paris"}}>Paris weather'])
+def test_a_valid_call_followed_by_junk_or_missing_its_bracket_still_parses(tail):
+    from policies.chat import parse_assistant
+
+    msg = parse_assistant('<tool_call>[{"name": "get_weather", "arguments": {"city": "' + tail)
+    assert [(c.name, c.arguments) for c in msg.tool_calls][:1] == [("get_weather", '{"city": "Paris"}')]
