@@ -73,10 +73,7 @@ class Attributor(EventActor):
         self.stats = {"judged": 0, "fallback_budget": 0, "fallback_error": 0, "fallback_malformed": 0, "screened": 0}
 
     async def _sync_live(self) -> None:
-        live = self.weights.live()
-        if live["path"] and live["version"] != self.engine.version:
-            await asyncio.to_thread(self.engine.load_weights, live["path"], live["version"])
-        self.weights_version = self.engine.version
+        self.weights_version = await asyncio.to_thread(self.weights.sync, self.engine)
 
     async def handle_weights_promoted(self, ev: WeightsPromoted, msg):
         if self.engine is not None:

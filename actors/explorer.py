@@ -46,10 +46,7 @@ class Explorer(EventActor):
         self.groups = 0
 
     async def _sync_live(self) -> None:
-        live = self.weights.live()
-        if live["path"] and live["version"] != self.engine.version:
-            await asyncio.to_thread(self.engine.load_weights, live["path"], live["version"])
-        self.weights_version = self.engine.version
+        self.weights_version = await asyncio.to_thread(self.weights.sync, self.engine)
 
     def _train(self, env_name: str) -> set[str]:
         if env_name not in self._train_sets:

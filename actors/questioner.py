@@ -101,18 +101,12 @@ class Questioner(EventActor):
             self.weights = WeightsStore(s.state)
             base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
             self.engine = make_engine(s, base)
-            self._sync_live()
+            self.weights_version = self.weights.sync(self.engine)
         self._gen = make_generator(s, self.engine)
-
-    def _sync_live(self) -> None:
-        live = self.weights.live()
-        if live["path"] and live["version"] != self.engine.version:
-            self.engine.load_weights(live["path"], live["version"])
-        self.weights_version = self.engine.version
 
     async def handle_weights_promoted(self, ev, msg):
         if self.engine is not None:
-            await asyncio.to_thread(self._sync_live)
+            self.weights_version = await asyncio.to_thread(self.weights.sync, self.engine)
 
     handle_weights_rolled_back = handle_weights_promoted
 

@@ -129,6 +129,14 @@ class WeightsStore:
             return json.loads(p.read_text())
         return {"version": BASE_VERSION, "path": None, "sha256": None}
 
+    def sync(self, engine) -> str:
+        """Load the LIVE version into `engine` if it serves another one; returns the version it serves.
+        (Actors that generate with the served policy follow promotions and rollbacks with this.)"""
+        live = self.live()
+        if live["path"] and live["version"] != engine.version:
+            engine.load_weights(live["path"], live["version"])
+        return engine.version
+
     def set_live(self, version: str, path: str | None, sha256: str | None) -> None:
         data = {"version": version, "path": path, "sha256": sha256, "at": time.time()}
         atomic_write_bytes(self.dir / "LIVE", json.dumps(data).encode())
