@@ -15,15 +15,12 @@ from envs.base import Environment
 from policies.chat import CALL_PREFIX, call_opening, parse_assistant, render
 
 
-def forced_prefix(tools, engine=None, prompt: str = "", temperature: float = 0.0) -> str:
-    """The start of a forced tool call (tool_choice="required"). With one tool, or an engine that can
-    `choose`, the function name is one of the declared ones (constrained decoding) and its first
-    required argument is opened; otherwise only `<tool_call>[{"name": "` is forced."""
+def forced_prefix(tools) -> str:
+    """The start of a forced tool call (tool_choice="required"); with a single tool its name and first
+    required argument are forced too. (Choosing among several names by constrained decoding, as Serve
+    does for tool_choice="required", is not used here yet: it changes what the gate measures.)"""
     if len(tools) == 1:
         return call_opening(tools[0])
-    if engine is not None and hasattr(engine, "choose") and tools:
-        name = engine.choose(prompt + CALL_PREFIX, [t.function["name"] + '"' for t in tools], temperature)
-        return call_opening(next(t for t in tools if t.function["name"] + '"' == name))
     return CALL_PREFIX
 
 
@@ -74,10 +71,8 @@ def _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, gu
         first = True
         while open_:
             idx = sorted(open_)
-            base = {i: render(msgs[i], eps[i].tools, experiences if i < guided else None) for i in idx}
-            prefixes = {i: forced_prefix(eps[i].tools, engine, base[i], temperature) if (call_prefix and first) else ""
-                        for i in idx}
-            prompts = [base[i] + prefixes[i] for i in idx]
+            prefixes = {i: forced_prefix(eps[i].tools) if (call_prefix and first) else "" for i in idx}
+            prompts = [render(msgs[i], eps[i].tools, experiences if i < guided else None) + prefixes[i] for i in idx]
             gens = engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
             first = False
             for i, g in zip(idx, gens):
