@@ -18,7 +18,7 @@ import numpy as np
 
 from _common import pct  # noqa: E402  (also puts the repository on sys.path)
 
-from actors.navigator import MemoryPool  # noqa: E402
+from policies.memory_pool import MemoryPool  # noqa: E402
 from policies.embedder import Embedder  # noqa: E402
 
 

@@ -4,7 +4,8 @@ import json
 import pytest
 
 from actors.events import ChatMessage, Judgement, Sample, ToolCall
-from actors.navigator import MemoryPool, distil
+from actors.navigator import distil
+from policies.memory_pool import MemoryPool
 from policies.embedder import Embedder
 
 

@@ -177,7 +177,7 @@ async def test_kill_9_mid_write_loses_nothing(nav_env, nats_server):
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
     stream = await _stream_state(bus, settings.nats.subject_prefix)
-    from actors.navigator import MemoryPool
+    from policies.memory_pool import MemoryPool
     pool = MemoryPool(str(settings.state / "milvus" / "experiences.db"), settings.embedding.dim)
     assert _pool_state(pool) == stream  # the index matches the stream
     sources = sorted(s for m in pool.meta.values() for s in m["sources"])
