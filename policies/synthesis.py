@@ -315,6 +315,7 @@ class TaskIndex:
     def __init__(self, path: str, dim: int):
         from pymilvus import DataType, MilvusClient
 
+        self.path = path
         self.client = MilvusClient(path)
         self.lock = threading.Lock()
         if not self.client.has_collection(self.COLLECTION):
@@ -339,7 +340,9 @@ class TaskIndex:
             self.client.flush(self.COLLECTION)
 
     def close(self) -> None:
-        self.client.close()
+        from policies.memory_pool import release_lite
+
+        release_lite(self.client, self.path)
 
 
 _WS = re.compile(r"\s+")

@@ -33,7 +33,7 @@ def test_memory_pool_upsert_is_idempotent_and_retrieval_ranks(tmp_path, embedder
     # the in-process index answers like Milvus Lite itself, and is rebuilt from it on reopen
     assert [(h.experience_id, round(h.score, 2)) for h in hits] == \
         [(h.experience_id, round(h.score, 2)) for h in pool.search_milvus(q, 2, min_score=0.0)]
-    pool.client.close()
+    pool.close()
     again = MemoryPool(str(tmp_path / "m.db"), 384)
     assert len(again.index) == 2 and [h.experience_id for h in again.search(q, 2, 0.0)] == ["b"]
 

@@ -117,6 +117,15 @@ async def test_merge_cap_utility_and_replay(nav_env):
         assert nav.rebuilt == 7 and _pool_state(nav.pool) == before
     finally:
         await nav.shutdown()
+    # a write cut off mid-file (the database opens but cannot be loaded): moved aside, rebuilt from the stream
+    for idx in (settings.state / "milvus" / "experiences.db").rglob("*.idx"):
+        idx.write_bytes(idx.read_bytes()[: idx.stat().st_size // 2])
+    nav = await _nav(settings)
+    try:
+        assert nav.rebuilt == 7 and _pool_state(nav.pool) == before
+        assert list((settings.state / "milvus").glob("experiences.db.unreadable-*"))
+    finally:
+        await nav.shutdown()
 
 
 def test_guided_helped_and_utility():
