@@ -6,7 +6,10 @@ Pure functions the learner calls:
 - `advantages()`: group-normalised outcome advantages from verl's
   `compute_grpo_outcome_advantage` (score_i - mean_g) / (std_g + eps), broadcast to tokens.
 - `policy_loss()`: verl's registered "vanilla" clipped PPO loss with decoupled clip ranges
-  (clip_ratio_low / clip_ratio_high as in DAPO / AgentEvolver).
+  (clip_ratio_low / clip_ratio_high as in DAPO / AgentEvolver), optionally weighted per token by
+- `is_weights()`: verl's truncated importance weights min(pi_prox / pi_behav, C) for samples that
+  older weights generated (token-level TIS), and
+- `kl_loss()`: verl's KL estimator to the reference policy, token-mean aggregated.
 - `token_logprobs()`: log p(token_t | prefix) for every position.
 Nothing here re-implements what verl provides.
 """
@@ -82,14 +85,36 @@ def _actor_config(clip_low: float, clip_high: float, loss_agg_mode: str):
 
 
 def policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, adv: torch.Tensor, response_mask: torch.Tensor,
-                clip_low: float = 0.2, clip_high: float = 0.28, loss_agg_mode: str = "token-mean"):
-    """verl's vanilla PPO-clip loss; returns (loss, metrics)."""
+                clip_low: float = 0.2, clip_high: float = 0.28, loss_agg_mode: str = "token-mean",
+                is_weights: torch.Tensor | None = None):
+    """verl's vanilla PPO-clip loss (ratio to `old_log_prob` = pi_prox), each token's term scaled by its
+    importance weight when given; returns (loss, metrics)."""
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     fn = get_policy_loss_fn("vanilla")
     cfg = _actor_config(clip_low, clip_high, loss_agg_mode)
-    loss, metrics = fn(old_log_prob, log_prob, adv, response_mask.float(), loss_agg_mode=loss_agg_mode, config=cfg)
+    loss, metrics = fn(old_log_prob, log_prob, adv, response_mask.float(), loss_agg_mode=loss_agg_mode, config=cfg,
+                       rollout_is_weights=is_weights)
     return loss, {k: float(v) for k, v in metrics.items()}
+
+
+def is_weights(prox_log_prob: torch.Tensor, behav_log_prob: torch.Tensor, response_mask: torch.Tensor,
+               threshold: float = 2.0) -> tuple[torch.Tensor, dict]:
+    """Decoupled-PPO correction (AReaL) with verl's token-level truncated IS: w = min(pi_prox / pi_behav, C),
+    zero on padding. Equal log-probs (on-policy samples) give w = 1."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+
+    w, metrics = compute_rollout_correction_weights(prox_log_prob - behav_log_prob, response_mask.float(),
+                                                    rollout_is="token", rollout_is_threshold=threshold)
+    return w.detach(), {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+
+
+def kl_loss(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor,
+            kind: str = "low_var_kl") -> torch.Tensor:
+    """Token-mean KL(pi || pi_ref) estimate (verl's `kl_penalty`; low_var_kl is Schulman's k3)."""
+    from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+
+    return agg_loss(kl_penalty(log_prob, ref_log_prob, kind), response_mask.float(), "token-mean")
 
 
 def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

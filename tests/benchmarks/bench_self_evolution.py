@@ -23,7 +23,7 @@ from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
 
 from actors.attributor import score_rollout  # noqa: E402
 from actors.events import Judgement  # noqa: E402
-from actors.learner import Trainer  # noqa: E402
+from policies.trainer import Trainer  # noqa: E402
 from config.settings import load_settings  # noqa: E402
 from envs.registry import make_env  # noqa: E402
 from policies import synthesis as syn  # noqa: E402

@@ -115,7 +115,8 @@ def test_rollout_group_against_bfcl(engine):
 def test_learner_step_changes_weights_and_checkpoint_resumes(settings, model_dir):
     import torch
 
-    from actors.learner import Trainer
+    from policies.checkpoint import CheckpointStore
+    from policies.trainer import Trainer
 
     settings.learner.lr = 1e-4
     t = Trainer(settings, model_dir)
@@ -133,9 +134,12 @@ def test_learner_step_changes_weights_and_checkpoint_resumes(settings, model_dir
     assert not torch.equal(before, t.model.model.norm.weight)
     t.applied |= {"a", "b"}
     t.version = "w-000001"
-    t.save_checkpoint()
+    ck = CheckpointStore(settings.state / "learner")
+    ck.save(t.state(), t.step, t.version)
     t2 = Trainer(settings, model_dir)
-    assert t2.load_checkpoint() and t2.step == 1 and t2.applied == {"a", "b"}
+    state, man, _ = ck.load()
+    t2.load_state(state)
+    assert man["version"] == "w-000001" and t2.step == 1 and t2.applied == {"a", "b"}
     assert torch.equal(t2.model.model.norm.weight, t.model.model.norm.weight)
 
 

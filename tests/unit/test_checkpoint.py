@@ -1,0 +1,47 @@
+"""Learner checkpoints: the manifest is the commit point, sha256 is checked, the previous one is the fallback."""
+import json
+
+import torch
+
+from policies.checkpoint import MANIFEST, PREVIOUS, CheckpointStore
+
+
+def _state(step):
+    return {"model": {"w": torch.full((4,), float(step))}, "step": step, "applied": [f"j{step}"]}
+
+
+def test_roundtrip_keeps_the_last_two(tmp_path):
+    ck = CheckpointStore(tmp_path)
+    assert ck.load() is None
+    for step in (1, 2, 3):
+        man = ck.save(_state(step), step, f"w-{step:06d}")
+        assert man["step"] == step and len(man["sha256"]) == 64
+    state, man, skipped = ck.load()
+    assert state["step"] == 3 and man["version"] == "w-000003" and skipped == []
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*.pt")) == ["ckpt-000002.pt", "ckpt-000003.pt"]
+    assert json.loads((tmp_path / PREVIOUS).read_text())["step"] == 2
+
+
+def test_a_newest_checkpoint_that_does_not_verify_falls_back(tmp_path):
+    ck = CheckpointStore(tmp_path)
+    ck.save(_state(1), 1, "w-000001")
+    ck.save(_state(2), 2, "w-000002")
+    newest = tmp_path / "ckpt-000002.pt"
+    newest.write_bytes(newest.read_bytes()[:100])  # a torn write
+    state, man, skipped = ck.load()
+    assert state["step"] == 1 and man["step"] == 1 and "sha256 does not match" in skipped[0]
+    newest.unlink()
+    state, _, skipped = ck.load()
+    assert state["step"] == 1 and "missing" in skipped[0]
+
+
+def test_a_save_cut_off_before_its_manifest_leaves_the_previous_one(tmp_path):
+    ck = CheckpointStore(tmp_path)
+    ck.save(_state(1), 1, "w-000001")
+    (tmp_path / ".ckpt-000002.pt.tmp").write_bytes(b"partial")  # killed while writing
+    (tmp_path / "ckpt-000002.pt").write_bytes(b"renamed, but no manifest yet")  # killed before the manifest
+    state, man, _ = ck.load()
+    assert state["step"] == 1 and man["file"] == "ckpt-000001.pt"
+    ck.save(_state(2), 2, "w-000002")  # the next save removes what no manifest names
+    assert not (tmp_path / ".ckpt-000002.pt.tmp").exists()
+    assert ck.load()[0]["step"] == 2 and json.loads((tmp_path / MANIFEST).read_text())["step"] == 2
