@@ -10,7 +10,7 @@
 It prints the endpoint, where the API key is, and the NATS URL. Ctrl-C (or `main.py down`)
 stops cleanly: actors drain, Serve and Ray shut down, the nats-server we started is stopped.
 
-Other commands: `status`, `events [SUBJECT]`, `eval [--version V]`, `down`.
+Other commands: `status`, `events [SUBJECT]`, `eval [--version V]`, `promote VERSION --force`, `down`.
 Environment variables (mapped here only): KAIZEN_STATE_DIR, KAIZEN_API_KEY, KAIZEN_NATS_URL,
 KAIZEN_SERVE_PORT.
 """
@@ -239,6 +239,12 @@ def cmd_status(args) -> int:
         c = out["consumers"].get(name, {})
         h = out.get("actors", {}).get(name, {})
         print(f"{name:<13} {c.get('pending', '-'):>7}  {c.get('unacked', '-'):>7}  {json.dumps(h)[:160]}")
+    b = out.get("actors", {}).get("broadcaster", {})
+    if b.get("replicas") is not None:
+        print(f"canary          {json.dumps(b.get('canary'))}; live history {b.get('history')}")
+        for name, r in sorted(b["replicas"].items()):
+            print(f"replica         {name}: serves {r['version']}" + (f" + canary {r['canary']}" if r.get("canary") else "")
+                  + f" (last change: {r.get('reason')}, {r.get('swap_ms')} ms)")
     a, q = out.get("actors", {}).get("attributor", {}), out.get("actors", {}).get("questioner", {})
     if a.get("judge_agreement"):
         g = a["judge_agreement"]
@@ -323,9 +329,20 @@ def summarize(ev: dict) -> str:
         return f"step={ev['step']} loss={ev['loss']:.4f} reward={ev['mean_reward']:.3f} samples={ev['samples']} {mix}"
     if k in ("weights_published", "weights_promoted", "weights_rejected"):
         extra = f" candidate={ev.get('candidate_score', 0):.3f} live={ev.get('live_score', 0):.3f}" if k != "weights_published" else ""
+        if ev.get("candidate_nll") is not None and ev.get("live_nll") is not None:
+            extra += f" nll={ev['candidate_nll']:.3f}/{ev['live_nll']:.3f}"
+        if k == "weights_promoted":
+            extra += f" stage={ev.get('stage', 'live')}" + (f" share={ev['canary_share']}" if ev.get("stage") == "canary" else "")
+        if ev.get("force"):
+            extra += " forced"
         return f"{ev['weights']['version']} sha256={ev['weights']['sha256'][:12]}{extra}"
+    if k == "weights_status":
+        return f"{ev['version']} {ev.get('previous_status') or 'new'} -> {ev['status']}: {ev.get('reason', '')[:110]}"
+    if k == "weights_rolled_back":
+        return f"{ev['from_version']} -> {ev['to']['version']}: {ev.get('reason', '')[:110]}"
     if k == "weights_swapped":
-        return f"{ev['version']} replica={ev['replica']} swap_ms={ev['swap_ms']:.0f}"
+        canary = f" canary={ev['canary']}" if ev.get("canary") else ""
+        return f"{ev['version']}{canary} replica={ev['replica']} swap_ms={ev['swap_ms']:.0f} {ev.get('reason', '')}"
     if k == "dead_letter":
         return f"{ev['subject']} consumer={ev['consumer']} reason={ev['reason'][:120]}"
     return ""
@@ -382,6 +399,38 @@ def cmd_down(args) -> int:
     return 0 if not pid_alive(pid) else 1
 
 
+# --------------------------------------------------------------------------- promote
+
+
+def cmd_promote(args) -> int:
+    """Operator override: publish a stored version with force=True; the broadcaster makes it live at once,
+    skipping the gate and the canary. Live monitoring still applies: if users' feedback on it drops
+    against the version it replaced, it is rolled back automatically."""
+    from actors.events import WeightsPublished, WeightsRef
+    from policies.model_store import WeightsStore
+
+    s = settings_from(args)
+    run = read_run(s)
+    if not args.force:
+        sys.exit("promote skips the gate and the canary: add --force to confirm")
+    man = WeightsStore(s.state).manifest(args.version)
+    if man is None:
+        sys.exit(f"unknown weights version {args.version!r} (see {WeightsStore(s.state).dir})")
+    ev = WeightsPublished(weights=WeightsRef(version=args.version, path=man["path"], sha256=man["sha256"],
+                                             parent=man.get("parent", ""), step=int(man.get("step", 0))),
+                          force=True, reason=args.reason or "main.py promote --force")
+
+    async def send():
+        bus = await _connect(s, run)
+        try:
+            await bus.publish(ev, weights_version=args.version)
+        finally:
+            await bus.close()
+    asyncio.run(send())
+    say(f"published {args.version} with force=True (event {ev.event_id}); watch: python main.py events weights_status")
+    return 0
+
+
 # --------------------------------------------------------------------------- eval
 
 
@@ -395,7 +444,7 @@ def cmd_eval(args) -> int:
     s = settings_from(args)
     store = WeightsStore(s.state)
     base = ensure_base_model(s.state, s.model.source, s.model.path, progress=True)
-    engine = make_engine(s, base)
+    engine = make_engine(s, base, role="eval")
     version = args.version or store.live()["version"]
     if version != BASE_VERSION:
         man = store.manifest(version)
@@ -443,11 +492,16 @@ def main(argv=None) -> int:
     ea.add_argument("--k", type=int, default=1)
     ea.add_argument("--env", help="one environment (default: every configured one)")
     ea.add_argument("--n", type=int, default=0, help="only the first N held-out entries of each category")
+    pr = sub.add_parser("promote", help="operator override: make a stored version live now (skips gate and canary)")
+    pr.add_argument("version")
+    pr.add_argument("--force", action="store_true", help="required: confirms skipping the gate")
+    pr.add_argument("--reason", default="", help="recorded in the event")
     sub.add_parser("down", help="stop a detached up")
-    for sp in (st, ev, ea, sub.choices["down"]):
+    for sp in (st, ev, ea, pr, sub.choices["down"]):
         sp.add_argument("--config", help="YAML preset (default config/cpu.yaml)")
     args = p.parse_args(argv)
-    return {"up": cmd_up, "status": cmd_status, "events": cmd_events, "eval": cmd_eval, "down": cmd_down}[args.cmd](args)
+    return {"up": cmd_up, "status": cmd_status, "events": cmd_events, "eval": cmd_eval, "promote": cmd_promote,
+            "down": cmd_down}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,56 @@
-"""Weight broadcaster: the promotion gate and the hot swap.
+"""Weight broadcaster: the promotion gate, the canary, live monitoring and rollback.
 
-For each `evo.weights_published` it verifies the file's sha256, evaluates the candidate on the
-fixed held-out tasks against the live version (greedy, scores cached per version), and either
-promotes it (LIVE pointer written atomically, then `evo.weights_promoted`; every serving replica
-and the explorer swap to it between requests and report `evo.weights_swapped`) or rejects it
-(`evo.weights_rejected`). Older versions beyond `gate.keep_versions` are pruned, never the live
-one or its predecessor.
+Each version moves through the lifecycle in `policies/lifecycle.py`; every change is an
+`evo.weights_status` event, and the decisions use `policies/gate.py`.
+- `evo.weights_published`: the file's sha256 is verified (poison otherwise) and the version is
+  staged. An operator's forced publish (`main.py promote V --force`) goes live at once.
+- tick, with no canary running: the newest staged version is evaluated (older staged ones are
+  superseded) against the live one on the fixed held-out suite. Pass: it becomes the canary, named
+  in the LIVE pointer, and every replica answers `gate.canary_share` of its requests with it
+  (`evo.weights_promoted`, stage canary; share 0 promotes straight to live). Fail: rejected
+  (`evo.weights_rejected`).
+- users' feedback on canary answers against live answers of the same period decides: live
+  (`evo.weights_promoted`, stage live; the previous version retires, kept for rollback) or rolled
+  back (`evo.weights_rolled_back`).
+- the live version's recent feedback is compared with its predecessor's; a significant drop rolls
+  it back to the predecessor, whatever brought it live (the gate or an operator).
+Replicas report what they serve (`evo.weights_swapped`); the broadcaster keeps that map. Weights
+files beyond `gate.keep_versions` are pruned, never the live, canary, staged or recent live ones.
+Its state (statuses, history of live versions, feedback per version) is a JSON file written
+atomically; evaluations are cached per version.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import time
+import uuid
+from datetime import datetime
 
-from actors.bus import EventActor, Poison, heartbeat
-from actors.events import WeightsPromoted, WeightsPublished, WeightsRejected
+from actors.bus import EventActor, Poison
+from actors.events import (Feedback, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected,
+                           WeightsRolledBack, WeightsStatus, WeightsSwapped)
 from envs.registry import make_envs
 from policies.engine import make_engine
-from policies.model_store import BASE_VERSION, WeightsStore, atomic_write_bytes, ensure_base_model, version_number
-from policies.rollout import evaluate
+from policies.gate import canary_verdict, evaluate_version, gate, reference_pairs, watch_verdict
+from policies.lifecycle import IllegalTransition, WeightsState as S, transition
+from policies.model_store import (BASE_VERSION, WeightsStore, atomic_write_bytes, ensure_base_model, sha256_file,
+                                  version_number)
+
+FEEDBACK_KEPT = 500  # ratings kept per version
+
+
+def _ts(iso: str) -> float:
+    try:
+        return datetime.fromisoformat(iso).timestamp()
+    except ValueError:
+        return time.time()
 
 
 class Broadcaster(EventActor):
     name = "broadcaster"
-    kinds = ("weights_published",)
-    batch = 1
+    kinds = ("weights_published", "feedback", "weights_swapped")
+    batch = 8
 
     async def start(self) -> None:
         await super().start()
@@ -32,69 +59,227 @@ class Broadcaster(EventActor):
         self.envs = make_envs(s.env)
         # a fixed held-out suite: the first gate.heldout_tasks entries of each environment's held-out split
         self.heldout = {name: env.entries("heldout")[: s.gate.heldout_tasks] for name, env in self.envs.items()}
-        base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
-        self.engine = await asyncio.to_thread(make_engine, s, base)
-        self.base_path = base
-        self.cache_file = s.state / "broadcaster" / "evals.json"
-        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        self.scores: dict[str, float] = json.loads(self.cache_file.read_text()) if self.cache_file.exists() else {}
-        self.weights_version = self.store.live()["version"]
-        self.promoted = self.rejected = 0
+        self.pairs = await asyncio.to_thread(reference_pairs, self.envs, s.gate.nll_entries)
+        self.base_path = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
+        self.engine = await asyncio.to_thread(make_engine, s, self.base_path, role="gate")
+        d = s.state / "broadcaster"
+        d.mkdir(parents=True, exist_ok=True)
+        self.cache_file, self.state_file = d / "evals.json", d / "state.json"
+        cached = json.loads(self.cache_file.read_text()) if self.cache_file.exists() else {}
+        self.scores: dict[str, dict] = {v: x for v, x in cached.items() if isinstance(x, dict)}
+        st = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
+        live = self.store.live()["version"]
+        self.status: dict[str, str] = st.get("status", {live: S.LIVE})
+        self.refs: dict[str, dict] = st.get("refs", {})
+        self.history: list[str] = st.get("history", [live])  # versions that went live, oldest first
+        self.canary: dict | None = st.get("canary")
+        self.feedback: dict[str, list[list[float]]] = st.get("feedback", {})  # version -> [[time, score]]
+        self.replicas: dict[str, dict] = st.get("replicas", {})
+        self.counts: dict[str, int] = st.get("counts", {"promoted": 0, "rejected": 0, "rolled_back": 0})
+        self.weights_version = live
+        self._dirty = False
 
-    def _score(self, version: str, path: str | None) -> float:
-        if version in self.scores:
-            return self.scores[version]
-        if path is None:  # the base model: reload its weights
-            from transformers import AutoModelForCausalLM
-            import torch
-            sd = AutoModelForCausalLM.from_pretrained(str(self.base_path), dtype=torch.float32).state_dict()
-            self.engine.load_state_dict(sd, version)
+    # ------------------------------------------------------------------ state
+    def _save(self) -> None:
+        atomic_write_bytes(self.state_file, json.dumps({
+            "status": self.status, "refs": self.refs, "history": self.history[-50:], "canary": self.canary,
+            "feedback": self.feedback, "replicas": self.replicas, "counts": self.counts}).encode())
+        self._dirty = False
+
+    def _ref(self, version: str) -> WeightsRef:
+        if version in self.refs:
+            return WeightsRef(**self.refs[version])
+        if version == BASE_VERSION:
+            path = self.base_path / "model.safetensors"
+            ref = WeightsRef(version=version, path=str(path), sha256=sha256_file(path), parent="", step=0)
         else:
-            self.engine.load_weights(path, version)
-        per_env = [evaluate(self.engine, self.envs[name], entries, k=1,
-                            max_new_tokens=self.settings.rollout.max_new_tokens,
-                            call_prefix=self.settings.rollout.call_prefix)["avg"]
-                   for name, entries in self.heldout.items()]
-        score = sum(per_env) / len(per_env)
-        self.scores[version] = score
-        atomic_write_bytes(self.cache_file, json.dumps(self.scores).encode())
-        return score
+            man = self.store.manifest(version) or {}
+            ref = WeightsRef(version=version, path=man.get("path", ""), sha256=man.get("sha256", ""),
+                             parent=man.get("parent", ""), step=int(man.get("step", 0)))
+        self.refs[version] = ref.model_dump()
+        return ref
 
+    async def _set(self, version: str, new: S, reason: str, metrics: dict | None = None) -> None:
+        old = self.status.get(version)
+        try:
+            transition(old, new)
+        except IllegalTransition as exc:  # a bug, not a reason to stop serving: log it and keep going
+            self.log.error("lifecycle.illegal", version=version, error=str(exc))
+            return
+        self.status[version] = new
+        n = sum(1 for _ in self.history)  # distinguishes a version going live a second time
+        ev = WeightsStatus(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:weights_status:{version}:{new}:{old}:{n}")),
+                           version=version, status=new, previous_status=old, reason=reason[:1000],
+                           metrics={k: float(v) for k, v in (metrics or {}).items()})
+        await self.bus.publish(ev, weights_version=version)
+        self._save()
+        self.log.info("weights.status", version=version, status=str(new), previous=old, reason=reason[:200])
+
+    def live_version(self) -> str:
+        return self.store.live()["version"]
+
+    # ------------------------------------------------------------------ inputs
     async def handle_weights_published(self, ev: WeightsPublished, msg):
         w = ev.weights
-        live = self.store.live()
-        if version_number(w.version) <= version_number(live["version"]):
-            self.log.info("candidate.stale", version=w.version, live=live["version"])
-            return
-        newest = self.store.latest_number()
-        if newest > version_number(w.version) and self.store.manifest(f"w-{newest:06d}"):
-            # a newer candidate is already waiting: evaluate that one instead (the learner is ahead of the gate)
-            self.log.info("candidate.superseded", version=w.version, newest=newest)
-            self.store.prune(self.settings.gate.keep_versions, protect={live["version"], BASE_VERSION})
-            return
         if not await asyncio.to_thread(self.store.verify, w.path, w.sha256):
             raise Poison(f"{w.version}: file {w.path} is missing or its sha256 does not match")
-        async with heartbeat([msg]):
-            live_score = await asyncio.to_thread(self._score, live["version"], live["path"])
-            cand_score = await asyncio.to_thread(self._score, w.version, w.path)
-        tol = self.settings.gate.tolerance
-        if cand_score + tol >= live_score:
-            self.store.set_live(w.version, w.path, w.sha256)
-            await self.bus.publish(WeightsPromoted(weights=w, candidate_score=cand_score, live_score=live_score,
-                                                   previous=live["version"], trace_id=ev.trace_id),
-                                   weights_version=w.version)
-            self.weights_version = w.version
-            self.promoted += 1
-            self.store.prune(self.settings.gate.keep_versions, protect={w.version, live["version"], BASE_VERSION})
-            self.log.info("weights.promoted", version=w.version, candidate=cand_score, live=live_score)
-        else:
-            await self.bus.publish(WeightsRejected(weights=w, candidate_score=cand_score, live_score=live_score,
-                                                   reason=f"held-out {cand_score:.3f} < live {live_score:.3f} - {tol}",
-                                                   trace_id=ev.trace_id), weights_version=live["version"])
-            self.rejected += 1
-            self.log.info("weights.rejected", version=w.version, candidate=cand_score, live=live_score)
+        self.refs[w.version] = w.model_dump()
+        if ev.force:
+            if w.version != self.live_version():
+                await self._go_live(w.version, f"forced by an operator{': ' + ev.reason if ev.reason else ''}", {})
+            return
+        if self.status.get(w.version) is not None:
+            return  # known already (a redelivery)
+        if version_number(w.version) <= version_number(self.live_version()):
+            self.log.info("candidate.stale", version=w.version, live=self.live_version())
+            return
+        await self._set(w.version, S.STAGED, f"published by the learner (step {w.step}, parent {w.parent})")
+
+    async def handle_feedback(self, ev: Feedback, msg):
+        version = ev.interaction.weights_version if ev.interaction else ev.weights_version
+        rows = self.feedback.setdefault(version, [])
+        rows.append([_ts(ev.occurred_at), float(ev.score)])
+        del rows[:-FEEDBACK_KEPT]
+        self._dirty = True
+
+    async def handle_weights_swapped(self, ev: WeightsSwapped, msg):
+        self.replicas[ev.replica] = {"version": ev.version, "canary": ev.canary, "swap_ms": round(ev.swap_ms, 1),
+                                     "reason": ev.reason, "at": _ts(ev.occurred_at)}
+        self._dirty = True
+
+    def _scores(self, version: str, since: float = 0.0) -> list[float]:
+        return [s for t, s in self.feedback.get(version, []) if t >= since]
+
+    # ------------------------------------------------------------------ the lifecycle
+    async def tick(self) -> None:
+        if self.canary:
+            await self._check_canary()
+        elif not await self._watch_live():
+            staged = sorted((v for v, st in self.status.items() if st == S.STAGED), key=version_number)
+            if staged:
+                await self._evaluate(staged)
+        if self._dirty:
+            self._save()
+
+    def _score(self, version: str) -> dict:
+        if version not in self.scores:
+            ref = self._ref(version)
+            self.engine.load_weights(ref.path, version)
+            s = self.settings
+            self.scores[version] = evaluate_version(self.engine, self.envs, self.heldout, self.pairs,
+                                                    max_new_tokens=s.rollout.max_new_tokens,
+                                                    call_prefix=s.rollout.call_prefix)
+            atomic_write_bytes(self.cache_file, json.dumps(self.scores).encode())
+        return self.scores[version]
+
+    async def _evaluate(self, staged: list[str]) -> None:
+        newest = staged[-1]
+        for v in staged[:-1]:
+            await self._set(v, S.SUPERSEDED, f"{newest} was staged before it was evaluated")
+        await self._set(newest, S.EVALUATING, f"held-out gate against live {self.live_version()}")
+        live = self.live_version()
+        live_s = await asyncio.to_thread(self._score, live)
+        cand_s = await asyncio.to_thread(self._score, newest)
+        g = self.settings.gate
+        ok, why = gate(cand_s, live_s, g.tolerance, g.nll_tolerance)
+        metrics = {**{f"candidate_{k}": v for k, v in cand_s.items()}, **{f"live_{k}": v for k, v in live_s.items()}}
+        ref = self._ref(newest)
+        if not ok:
+            await self._set(newest, S.REJECTED, why, metrics)
+            await self.bus.publish(WeightsRejected(weights=ref, candidate_score=cand_s["success"],
+                                                   live_score=live_s["success"], reason=why,
+                                                   candidate_nll=cand_s.get("nll"), live_nll=live_s.get("nll")),
+                                   weights_version=live)
+            self.counts["rejected"] += 1
+            self._prune()
+            return
+        if g.canary_share <= 0:
+            await self._go_live(newest, why, metrics, cand_s, live_s)
+            return
+        await self._set(newest, S.CANARY, why, metrics)
+        self.canary = {"version": newest, "baseline": live, "started": time.time()}
+        live_ref = self._ref(live)
+        self.store.set_live(live, live_ref.path, live_ref.sha256,
+                            canary={"version": newest, "path": ref.path, "sha256": ref.sha256, "share": g.canary_share})
+        await self.bus.publish(WeightsPromoted(weights=ref, candidate_score=cand_s["success"], live_score=live_s["success"],
+                                               previous=live, stage="canary", canary_share=g.canary_share,
+                                               candidate_nll=cand_s.get("nll"), live_nll=live_s.get("nll"), reason=why),
+                               weights_version=live)
+        self._save()
+
+    async def _go_live(self, version: str, reason: str, metrics: dict, cand_s: dict | None = None,
+                       live_s: dict | None = None) -> None:
+        old = self.live_version()
+        if self.canary and self.canary["version"] != version:
+            await self._set(self.canary["version"], S.RETIRED, f"{version} went live during its canary")
+        self.canary = None
+        if old != version and self.status.get(old) == S.LIVE:
+            await self._set(old, S.RETIRED, f"replaced by {version}")
+        if self.status.get(version) != S.LIVE:
+            await self._set(version, S.LIVE, reason, metrics)
+        ref = self._ref(version)
+        self.store.set_live(version, ref.path, ref.sha256)
+        self.history.append(version)
+        self.weights_version = version
+        self.counts["promoted"] += 1
+        await self.bus.publish(WeightsPromoted(weights=ref, candidate_score=(cand_s or {}).get("success", -1.0),
+                                               live_score=(live_s or {}).get("success", -1.0), previous=old,
+                                               stage="live", candidate_nll=(cand_s or {}).get("nll"),
+                                               live_nll=(live_s or {}).get("nll"), reason=reason),
+                               weights_version=version)
+        self._prune()
+        self._save()
+        self.log.info("weights.live", version=version, previous=old, reason=reason[:200])
+
+    async def _check_canary(self) -> None:
+        c, g = self.canary, self.settings.gate
+        verdict, why = canary_verdict(self._scores(c["version"], c["started"]), self._scores(c["baseline"], c["started"]),
+                                      min_feedback=g.canary_min_feedback, margin=g.rollback_margin,
+                                      elapsed_s=time.time() - c["started"], max_s=g.canary_max_s)
+        if verdict == "live":
+            await self._go_live(c["version"], why, {})
+        elif verdict == "rollback":
+            await self._rollback(c["version"], c["baseline"], why)
+
+    async def _watch_live(self) -> bool:
+        if len(self.history) < 2:
+            return False
+        live, prev = self.history[-1], self.history[-2]
+        if live != self.live_version():
+            return False
+        g = self.settings.gate
+        roll, why = watch_verdict(self._scores(live), self._scores(prev), window=g.watch_feedback,
+                                  margin=g.rollback_margin)
+        if roll:
+            await self._rollback(live, prev, why)
+        return roll
+
+    async def _rollback(self, version: str, to: str, reason: str) -> None:
+        was_canary = bool(self.canary and self.canary["version"] == version)
+        await self._set(version, S.ROLLED_BACK, reason)
+        self.canary = None
+        if not was_canary:
+            self.history = [v for v in self.history if v != version]
+            if self.status.get(to) != S.LIVE:
+                await self._set(to, S.LIVE, f"rollback from {version}")
+            self.history.append(to)
+        ref = self._ref(to)
+        self.store.set_live(to, ref.path, ref.sha256)
+        self.weights_version = to
+        self.counts["rolled_back"] += 1
+        for v, st in list(self.status.items()):  # candidates trained from the bad version are not evaluated
+            if st == S.STAGED and version in self.store.ancestors(v, 1000):
+                await self._set(v, S.SUPERSEDED, f"descends from {version}, which was rolled back")
+        await self.bus.publish(WeightsRolledBack(from_version=version, to=ref, reason=reason), weights_version=to)
+        self._save()
+        self.log.warning("weights.rolled_back", version=version, to=to, reason=reason[:200])
+
+    def _prune(self) -> None:
+        protect = {BASE_VERSION, self.live_version(), *self.history[-3:],
+                   *(v for v, st in self.status.items() if st in (S.STAGED, S.EVALUATING, S.CANARY))}
+        self.store.prune(self.settings.gate.keep_versions, protect=protect)
 
     def health(self) -> dict:
-        return {**super().health(), "promoted": getattr(self, "promoted", 0), "rejected": getattr(self, "rejected", 0),
-                "scores": getattr(self, "scores", {})}
-
+        return {**super().health(), **getattr(self, "counts", {}), "canary": getattr(self, "canary", None),
+                "history": getattr(self, "history", [])[-5:], "replicas": getattr(self, "replicas", {}),
+                "scores": {v: {k: round(x, 3) for k, x in s.items()} for v, s in list(getattr(self, "scores", {}).items())[-5:]}}

@@ -13,6 +13,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from policies.lifecycle import WeightsState
+
 SCHEMA_VERSION = 1
 _STRICT = os.environ.get("KAIZEN_STRICT_EVENTS") == "1"
 
@@ -173,6 +175,8 @@ class Judgement(Event):
     step_labels: list[list[Literal["GOOD", "BAD"]]]
     judge: str = "env"
     source_event_ids: list[str] = []
+    behaviour_versions: list[str] = Field([], description="weights version that generated each sample, when they "
+                                          "differ (pooled live groups); empty = the envelope's weights_version")
     judge_labels: list[list[str]] | None = Field(None, description="the judge's own labels (None: not judged)")
     judge_scores: list[float] = Field([], description="reference-based outcome score per sample, 0..100")
     agreement: float | None = Field(None, description="share of steps where judge and environment agree")
@@ -221,14 +225,24 @@ class WeightsRef(Wire):
 class WeightsPublished(Event):
     kind: Literal["weights_published"] = "weights_published"
     weights: WeightsRef
+    force: bool = Field(False, description="operator-forced: skip the gate and the canary (live monitoring and "
+                        "automatic rollback still apply)")
+    reason: str = ""
 
 
 class WeightsPromoted(Event):
+    """A version passed the gate: `stage` canary (serves `canary_share` of requests) or live (all of them)."""
+
     kind: Literal["weights_promoted"] = "weights_promoted"
     weights: WeightsRef
     candidate_score: float
     live_score: float
     previous: str
+    stage: Literal["canary", "live"] = "live"
+    canary_share: float = 0.0
+    candidate_nll: float | None = Field(None, description="per-token NLL of held-out reference actions")
+    live_nll: float | None = None
+    reason: str = ""
 
 
 class WeightsRejected(Event):
@@ -237,6 +251,8 @@ class WeightsRejected(Event):
     candidate_score: float
     live_score: float
     reason: str
+    candidate_nll: float | None = None
+    live_nll: float | None = None
 
 
 class WeightsRolledBack(Event):
@@ -246,13 +262,26 @@ class WeightsRolledBack(Event):
     reason: str
 
 
+class WeightsStatus(Event):
+    """One change in a weights version's lifecycle (`policies/lifecycle.py`), published by the broadcaster."""
+
+    kind: Literal["weights_status"] = "weights_status"
+    version: str
+    status: WeightsState
+    previous_status: WeightsState | None = None
+    reason: str = ""
+    metrics: dict[str, float] = {}
+
+
 class WeightsSwapped(Event):
-    """A serving replica reports the version it now serves."""
+    """A serving replica reports what it serves: the live version, and the canary it also holds, if any."""
 
     kind: Literal["weights_swapped"] = "weights_swapped"
     replica: str
     version: str
     swap_ms: float
+    canary: str | None = Field(None, description="the canary version the replica also serves, if any")
+    reason: str = Field("", description="joined | promoted | rolled_back | canary | canary_ended")
 
 
 class DeadLetter(Event):
@@ -267,7 +296,7 @@ class DeadLetter(Event):
 AnyEvent = Annotated[
     Union[
         Interaction, Feedback, Task, TaskStatus, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
-        WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsSwapped, DeadLetter,
+        WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsStatus, WeightsSwapped, DeadLetter,
     ],
     Field(discriminator="kind"),
 ]
@@ -275,7 +304,7 @@ _ADAPTER: TypeAdapter = TypeAdapter(AnyEvent)
 KINDS: tuple[str, ...] = tuple(
     m.model_fields["kind"].default
     for m in (Interaction, Feedback, Task, TaskStatus, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
-              WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsSwapped, DeadLetter)
+              WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsStatus, WeightsSwapped, DeadLetter)
 )
 
 

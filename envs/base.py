@@ -23,6 +23,15 @@ def split_of(entry_id: str, heldout_fraction: float, seed: str = "kaizen-split-v
 
 
 @dataclass
+class Reference:
+    """A known-good first action for an entry, in context: what the promotion gate scores by likelihood."""
+
+    messages: list[ChatMessage]  # system + first user turn
+    tools: list[ToolSpec]
+    action: ChatMessage  # the reference assistant message
+
+
+@dataclass
 class StepResult:
     observations: list[ChatMessage]
     signal: float  # -1 (harmful / invalid) .. +1 (moved the state toward the goal)
@@ -70,3 +79,5 @@ class Environment(Protocol):
     def query_of(self, entry_id: str) -> str: ...
 
     def category_of(self, entry_id: str) -> str: ...
+
+    def reference_action(self, entry_id: str) -> Reference | None: ...

@@ -17,8 +17,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from actors.events import ChatMessage, ToolSpec
-from envs.base import Split, StepResult, split_of
+from actors.events import ChatMessage, ToolCall, ToolSpec
+from envs.base import Reference, Split, StepResult, split_of
 from envs.tool_calls import CallError, ParsedCall, parse_json_call, parse_python_call
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
@@ -324,6 +324,22 @@ class BfclEnvironment:
 
     def category_of(self, entry_id: str) -> str:
         return self._index[entry_id]
+
+    def reference_action(self, entry_id: str) -> Reference | None:
+        """The first ground-truth call of the first turn (None when that turn needs no call or uses
+        positional arguments)."""
+        ep = self.episode(entry_id)
+        user = ep.next_user_message()
+        truth = ep.truth[0] if ep.truth else []
+        if not user or not truth:
+            return None
+        call = parse_python_call(truth[0])
+        if call.args:
+            return None
+        action = ChatMessage(role="assistant", tool_calls=[ToolCall(id="ref", name=call.name,
+                                                                    arguments=json.dumps(call.kwargs))])
+        return Reference([ChatMessage(role="system", content=ep.system_prompt), ChatMessage(role="user", content=user)],
+                         ep.tools, action)
 
     def query_of(self, entry_id: str) -> str:
         entries, _ = load_category(self._index[entry_id])

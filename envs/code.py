@@ -13,7 +13,7 @@ import random
 import re
 
 from actors.events import ChatMessage, ToolSpec
-from envs.base import Split, StepResult, split_of
+from envs.base import Reference, Split, StepResult, split_of
 from envs.sandbox import Limits, run_python
 
 SYSTEM = ("You are an assistant that solves problems by writing Python. Call the python tool with code that "
@@ -173,3 +173,10 @@ class CodeEnvironment:
 
     def category_of(self, entry_id: str) -> str:
         return entry_id.split("_")[1]
+
+    def reference_action(self, entry_id: str) -> Reference:
+        """The checked answer, stated directly."""
+        ep = self.episode(entry_id)
+        return Reference([ChatMessage(role="system", content=ep.system_prompt),
+                          ChatMessage(role="user", content=ep.question)], ep.tools,
+                         ChatMessage(role="assistant", content=f"The answer is {ep.answer}."))

@@ -81,7 +81,8 @@ def tools_block(tools: list[ToolSpec], experiences: list[str] | None = None) -> 
     return "\n\n".join(out)
 
 
-def _assistant_text(m: ChatMessage) -> str:
+def assistant_text(m: ChatMessage) -> str:
+    """The content of an assistant turn as the model writes it (tool calls in their tags)."""
     if not m.tool_calls:
         return m.content
     calls = [{"name": c.name, "arguments": _json_or_text(c.arguments)} for c in m.tool_calls]
@@ -109,7 +110,7 @@ def render(messages: list[ChatMessage], tools: list[ToolSpec] | None = None, exp
         if i == 0 and extra:
             content = f"{content}\n\n{extra}"
         elif m.role == "assistant":
-            content = _assistant_text(m)
+            content = assistant_text(m)
         elif m.role == "tool":
             content = f"<tool_response>{m.content}</tool_response>"
         parts.append(f"<|im_start|>{m.role}\n{content}<|im_end|>\n")

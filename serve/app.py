@@ -5,9 +5,13 @@ POST /v1/feedback, GET /healthz, GET /readyz. Every /v1 route needs `Authorizati
 Bodies are size-checked and validated before the model runs; bad input is a 4xx with a message.
 
 Each replica retrieves experiences from the navigator for the live request (the fast loop),
-publishes `evo.interaction` (and `evo.feedback`), and follows weight promotions: it swaps the
-promoted safetensors file into its engine between requests (the engine lock) and reports
-`evo.weights_swapped`. On start it loads the live version before it takes traffic.
+publishes `evo.interaction` (and `evo.feedback`), and follows the LIVE pointer the broadcaster
+writes: a new live version is copied into the engine in place between requests (the engine lock),
+and during a canary a second engine holds the candidate and answers `canary_share` of the requests
+(chosen by a hash of the interaction id); when the canary goes live the two engines swap roles, so
+nothing is loaded and no request waits. Every interaction records the version that answered it,
+and the replica reports what it serves (`evo.weights_swapped`: on start, and after each change).
+On start it loads the live version (and the canary) before it takes traffic.
 """
 import asyncio
 import hashlib
@@ -31,7 +35,8 @@ from config import telemetry
 from config.settings import Settings
 from policies.chat import CALL_PREFIX, call_opening, parse_assistant, render, tool_choice_prefix
 from policies.engine import make_engine
-from policies.model_store import WeightsStore, ensure_base_model, sha256_file
+from policies.model_store import WeightsStore, ensure_base_model
+from serve.engines import EngineSet
 from serve.schemas import ChatRequest, FeedbackRequest
 
 app = FastAPI(title="Kaizen", docs_url=None, redoc_url=None, openapi_url=None)
@@ -106,16 +111,16 @@ class KaizenServer:
         self.log = telemetry.log(actor="serve", replica=self.replica)
         self.tracer = telemetry.tracer("kaizen.serve")
         self.store = WeightsStore(self.s.state)
-        base = ensure_base_model(self.s.state, self.s.model.source, self.s.model.path, progress=False)
-        self.engine = make_engine(self.s, base)
-        live = self.store.live()
-        if live["path"]:  # synced to the live version before taking traffic
-            self.engine.load_weights(live["path"], live["version"])
+        self.base = ensure_base_model(self.s.state, self.s.model.source, self.s.model.path, progress=False)
+        self.engines = EngineSet(make_engine(self.s, self.base), lambda: make_engine(self.s, self.base, role="canary"),
+                                 self.base, self.log)
+        self._sync_lock = asyncio.Lock()
         self.interactions = InteractionLog(self.s.state / "serve" / "interactions.db")
         self.bus: Bus | None = None
         self._watcher: asyncio.Task | None = None
         self.swaps: list[float] = []
         self.served = 0
+        self.engines.sync(self.store.live())  # synced to the live version (and canary) before taking traffic
 
     # ------------------------------------------------------------------ plumbing
 
@@ -133,13 +138,14 @@ class KaizenServer:
             raise RuntimeError(f"weight watcher died: {self._watcher.exception()!r}")
 
     async def _watch_weights(self) -> None:
-        """Swap to the live version when promoted (event) or when the LIVE pointer moved (poll fallback)."""
+        """Follow the LIVE pointer: on promotion / rollback / lifecycle events, with a poll as fallback."""
         wake = asyncio.Event()
 
         async def on_msg(_msg):
             wake.set()
-        for kind in ("weights_promoted", "weights_rolled_back"):
+        for kind in ("weights_promoted", "weights_rolled_back", "weights_status"):
             await self.bus.nc.subscribe(subject_for(kind, self.s.nats.subject_prefix), cb=on_msg)
+        await self._report(0.0, "joined")
         while True:
             try:
                 await asyncio.wait_for(wake.wait(), timeout=5.0)
@@ -151,21 +157,27 @@ class KaizenServer:
             except Exception:
                 self.log.exception("swap.failed")
 
+    @property
+    def engine(self):
+        return self.engines.live
+
     async def _sync_live(self) -> None:
-        live = self.store.live()
-        if not live["path"] or live["version"] == self.engine.version:
-            return
-        ok = await asyncio.to_thread(lambda: sha256_file(live["path"]) == live["sha256"])
-        if not ok:
-            self.log.error("swap.sha_mismatch", version=live["version"])
-            return
-        t0 = time.perf_counter()
-        load_ms = await asyncio.to_thread(self.engine.load_weights, live["path"], live["version"])
-        total_ms = (time.perf_counter() - t0) * 1000
-        self.swaps.append(total_ms)
-        self.log.info("swap.done", version=live["version"], load_ms=round(load_ms, 1), total_ms=round(total_ms, 1))
-        await self.bus.publish(WeightsSwapped(replica=self.replica, version=live["version"], swap_ms=total_ms),
-                               weights_version=live["version"])
+        async with self._sync_lock:
+            t0 = time.perf_counter()
+            changed = await asyncio.to_thread(self.engines.sync, self.store.live())
+            if changed:
+                total_ms = (time.perf_counter() - t0) * 1000
+                self.swaps.append(total_ms)
+                canary = self.engines.canary
+                self.log.info("swap.done", version=self.engine.version, canary=canary and canary.version,
+                              changed=changed, total_ms=round(total_ms, 1))
+                await self._report(total_ms, ",".join(changed))
+
+    async def _report(self, swap_ms: float, reason: str) -> None:
+        canary = self.engines.canary
+        await self.bus.publish(WeightsSwapped(replica=self.replica, version=self.engine.version, swap_ms=swap_ms,
+                                              canary=canary.version if canary else None, reason=reason),
+                               weights_version=self.engine.version)
 
     def _authorized(self, request: Request) -> bool:
         h = request.headers.get("authorization", "")
@@ -206,14 +218,19 @@ class KaizenServer:
             await self._ensure_bus()
         except Exception as exc:
             return _error(503, f"event bus not reachable: {exc}", "unavailable")
-        return {"status": "ready", "weights_version": self.engine.version, "replica": self.replica}
+        return {"status": "ready", "weights_version": self.engine.version, "replica": self.replica,
+                "canary": self.engines.canary.version if self.engines.canary else None,
+                "canary_share": self.engines.share}
 
     @app.get("/v1/models")
     async def models(self, request: Request):
         if not self._authorized(request):
             return _error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error")
         return {"object": "list", "data": [{"id": self.s.model.name, "object": "model", "owned_by": "kaizen",
-                                            "created": 0, "weights_version": self.engine.version}]}
+                                            "created": 0, "weights_version": self.engine.version,
+                                            "canary_version": self.engines.canary.version if self.engines.canary
+                                            else None,
+                                            "replica": self.replica}]}
 
     @app.post("/v1/feedback")
     async def feedback(self, request: Request):
@@ -256,30 +273,32 @@ class KaizenServer:
         except ValueError as exc:
             return _error(400, str(exc))
         query = next((m.content for m in reversed(messages) if m.role == "user"), "")
+        iid = f"chatcmpl-{uuid.uuid4().hex}"
+        engine = self.engines.pick(iid)  # this request is answered by one engine from start to end
         with self.tracer.start_as_current_span("serve.chat") as span:
             mem = await self._retrieve(query) if req.memory else RetrieveReply()
             exps = [e.text for e in mem.experiences]
             prompt = render(messages, tools, exps)
-            if forced == CALL_PREFIX and hasattr(self.engine, "choose"):  # required: one of the declared names
-                name = await asyncio.to_thread(self.engine.choose, prompt + CALL_PREFIX,
+            if forced == CALL_PREFIX and hasattr(engine, "choose"):  # required: one of the declared names
+                name = await asyncio.to_thread(engine.choose, prompt + CALL_PREFIX,
                                                [t.function["name"] + '"' for t in tools], req.temperature)
                 forced = call_opening(next(t for t in tools if t.function["name"] + '"' == name))
             prompt += forced
-            n_prompt = await asyncio.to_thread(self.engine.count_tokens, prompt)
+            n_prompt = await asyncio.to_thread(engine.count_tokens, prompt)
             if n_prompt > self.s.serve.max_prompt_tokens:
                 return _error(400, f"prompt is {n_prompt} tokens; the limit is {self.s.serve.max_prompt_tokens}")
             max_new = min(req.max_completion_tokens or req.max_tokens or self.s.serve.max_new_tokens,
                           self.s.serve.max_new_tokens)
-            iid = f"chatcmpl-{uuid.uuid4().hex}"
             span.set_attribute("kaizen.interaction_id", iid)
             trace_id = telemetry.current_trace_id()
             trace_headers = telemetry.inject_headers({})
             ctx = dict(req=req, messages=messages, tools=tools, exps=mem, prompt=prompt, forced=forced, max_new=max_new,
-                       iid=iid, trace_id=trace_id, trace_headers=trace_headers, request=request, t0=time.perf_counter())
+                       iid=iid, trace_id=trace_id, trace_headers=trace_headers, request=request, t0=time.perf_counter(),
+                       engine=engine)
             if req.stream:
                 return StreamingResponse(self._stream(ctx), media_type="text/event-stream")
-            gen = (await asyncio.to_thread(self.engine.generate, [prompt], max_new, req.temperature, req.top_p))[0]
-            version = self.engine.version
+            gen = (await asyncio.to_thread(engine.generate, [prompt], max_new, req.temperature, req.top_p))[0]
+            version = gen.version or engine.version
             answer = (parse_assistant(forced + gen.text) if tools
                       else ChatMessage(role="assistant", content=gen.text.strip()))
             await self._record(ctx, answer, version)
@@ -295,9 +314,10 @@ class KaizenServer:
             if plain:
                 loop.call_soon_threadsafe(q.put_nowait, piece)
 
-        task = asyncio.create_task(asyncio.to_thread(self.engine.generate, [ctx["prompt"]], ctx["max_new"],
+        engine = ctx["engine"]
+        task = asyncio.create_task(asyncio.to_thread(engine.generate, [ctx["prompt"]], ctx["max_new"],
                                                      req.temperature, req.top_p, on_text))
-        version = self.engine.version
+        version = engine.version  # the fingerprint of the first chunk; the record uses what really answered
         created = int(time.time())
 
         def chunk(delta: dict, finish=None) -> str:
@@ -313,6 +333,7 @@ class KaizenServer:
             except asyncio.TimeoutError:
                 continue
         gen = task.result()[0]
+        version = gen.version or version
         answer = (parse_assistant(ctx["forced"] + gen.text) if not plain
                   else ChatMessage(role="assistant", content=gen.text.strip()))
         if not plain:
@@ -347,7 +368,8 @@ class KaizenServer:
 
 def build_app(settings: Settings, api_key: str):
     s = settings.serve
-    return KaizenServer.options(num_replicas=s.replicas, ray_actor_options={"num_cpus": s.replica_cpus}).bind(
+    return KaizenServer.options(num_replicas=s.replicas, ray_actor_options={"num_cpus": s.replica_cpus,
+                                                                           "num_gpus": s.replica_gpus}).bind(
         settings.model_dump_json(), api_key)
 
 

@@ -1,0 +1,124 @@
+"""What the broadcaster decides with: the held-out promotion gate, and the canary / live checks on
+users' feedback. Pure functions plus the held-out evaluation of one version.
+
+Gate (before any user sees a candidate), on fixed held-out entries:
+  success = mean over environments of avg@1 (greedy) on the first `gate.heldout_tasks` entries;
+  nll     = mean per-token negative log-likelihood of the reference first action of the first
+            `gate.nll_entries` entries of each environment (`Environment.reference_action`).
+  promote  iff  success_c >= success_live - gate.tolerance  and  nll_c <= nll_live + gate.nll_tolerance.
+Success on a handful of tasks is coarse (one task flips it by 1/n); the likelihood of known-good
+actions is continuous, so damaged weights fail the gate even when neither version solves a task.
+
+Canary and live watch (after promotion), on feedback scores in [-1, 1] grouped by the weights
+version that answered. A version is rolled back when its mean is below the baseline's by at least
+`gate.rollback_margin` and the drop is significant (one-sided Welch z >= 1.645, i.e. 95%), so a
+few unlucky ratings do not roll back a good version, while a broken one (all negative) is caught.
+  canary: after `canary_min_feedback` rated requests on both sides of the split since the canary
+          started -> rolled back if worse, else live; after `canary_max_s` without enough
+          feedback -> live (it passed the gate).
+  watch:  the last `watch_feedback` ratings of the live version against the last as many of the
+          version it replaced, while that one was live -> rolled back if worse.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from policies.chat import assistant_text, render
+
+Z_95 = 1.645
+
+
+# ---------------------------------------------------------------------------- held-out evaluation
+def reference_pairs(envs: dict, n: int) -> list[tuple[str, str]]:
+    """(prompt, reference completion) for the first `n` held-out entries of each environment that has
+    reference actions."""
+    pairs = []
+    for env in envs.values():
+        ref_of = getattr(env, "reference_action", None)
+        if ref_of is None:
+            continue
+        got = 0
+        for eid in env.entries("heldout"):
+            if got >= n:
+                break
+            ref = ref_of(eid)
+            if ref is None:
+                continue
+            pairs.append((render(ref.messages, ref.tools), assistant_text(ref.action) + "<|im_end|>"))
+            got += 1
+    return pairs
+
+
+def reference_nll(engine, pairs: list[tuple[str, str]]) -> float:
+    """Mean per-token NLL of the reference completions (lower is better)."""
+    scored = engine.sequence_logprobs(pairs)
+    tokens = sum(n for _, n in scored)
+    return -sum(lp for lp, _ in scored) / max(1, tokens)
+
+
+def evaluate_version(engine, envs: dict, heldout: dict[str, list[str]], pairs, *, max_new_tokens: int,
+                     call_prefix: bool) -> dict[str, float]:
+    from policies.rollout import evaluate
+
+    per_env = {name: evaluate(engine, envs[name], entries, k=1, max_new_tokens=max_new_tokens,
+                              call_prefix=call_prefix)["avg"] for name, entries in heldout.items()}
+    out = {"success": sum(per_env.values()) / max(1, len(per_env)), **{f"success_{k}": v for k, v in per_env.items()}}
+    if pairs:
+        out["nll"] = reference_nll(engine, pairs)
+    return out
+
+
+def gate(cand: dict, live: dict, tolerance: float, nll_tolerance: float) -> tuple[bool, str]:
+    """(promote?, reason) from two `evaluate_version` results."""
+    why = []
+    if cand["success"] + tolerance < live["success"]:
+        why.append(f"held-out success {cand['success']:.3f} < live {live['success']:.3f} - {tolerance}")
+    if "nll" in cand and "nll" in live and cand["nll"] > live["nll"] + nll_tolerance:
+        why.append(f"reference NLL {cand['nll']:.3f} > live {live['nll']:.3f} + {nll_tolerance}")
+    if why:
+        return False, "; ".join(why)
+    nll = f", reference NLL {cand['nll']:.3f} vs {live['nll']:.3f}" if "nll" in cand and "nll" in live else ""
+    return True, f"held-out success {cand['success']:.3f} vs live {live['success']:.3f}{nll}"
+
+
+# ---------------------------------------------------------------------------- feedback checks
+@dataclass
+class Drop:
+    worse: bool
+    reason: str
+
+
+def _mean_var(xs: list[float]) -> tuple[float, float]:
+    m = sum(xs) / len(xs)
+    return m, sum((x - m) ** 2 for x in xs) / max(1, len(xs) - 1)
+
+
+def significant_drop(version: list[float], baseline: list[float], margin: float) -> Drop:
+    """Is `version`'s mean below `baseline`'s by >= margin, with a one-sided Welch z >= 1.645?"""
+    mv, vv = _mean_var(version)
+    mb, vb = _mean_var(baseline)
+    diff = mb - mv
+    se = math.sqrt(vv / len(version) + vb / len(baseline))
+    z = diff / se if se > 0 else (math.inf if diff > 0 else 0.0)
+    stats = f"mean {mv:.2f} (n={len(version)}) vs {mb:.2f} (n={len(baseline)}), z={z:.2f}"
+    return Drop(diff >= margin and z >= Z_95, stats)
+
+
+def canary_verdict(canary: list[float], baseline: list[float], *, min_feedback: int, margin: float,
+                   elapsed_s: float, max_s: float) -> tuple[str, str]:
+    """("wait" | "live" | "rollback", reason) for a running canary."""
+    if len(canary) >= min_feedback and len(baseline) >= min_feedback:
+        d = significant_drop(canary, baseline, margin)
+        return ("rollback", f"canary feedback worse: {d.reason}") if d.worse else ("live", f"canary feedback {d.reason}")
+    if elapsed_s >= max_s:
+        return "live", f"no feedback evidence after {elapsed_s:.0f}s ({len(canary)} canary / {len(baseline)} live ratings)"
+    return "wait", ""
+
+
+def watch_verdict(live: list[float], previous: list[float], *, window: int, margin: float) -> tuple[bool, str]:
+    """(roll back?, reason) for the live version against the version it replaced."""
+    if len(live) < window or len(previous) < window:
+        return False, ""
+    d = significant_drop(live[-window:], previous[-window:], margin)
+    return d.worse, f"live feedback dropped: {d.reason}" if d.worse else d.reason
