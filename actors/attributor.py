@@ -65,7 +65,7 @@ class Attributor(EventActor):
 
             self.weights = WeightsStore(s.state)
             base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
-            self.engine = await asyncio.to_thread(make_engine, s, base)
+            self.engine = await asyncio.to_thread(make_engine, s, base, role="judge")
             await self._sync_live()
         self.judge = make_judge(s, self.engine)
         self.budget = Budget(s.judge.calls_per_minute)

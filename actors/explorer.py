@@ -41,7 +41,7 @@ class Explorer(EventActor):
             self.envs = {n: PooledEnvironment(e, workers, s.env.max_concurrent) for n, e in self.envs.items()}
         self.weights = WeightsStore(s.state)
         base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
-        self.engine = await asyncio.to_thread(make_engine, s, base)
+        self.engine = await asyncio.to_thread(make_engine, s, base, role="explorer")
         await self._sync_live()
         self.groups = 0
 

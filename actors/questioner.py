@@ -100,7 +100,7 @@ class Questioner(EventActor):
 
             self.weights = WeightsStore(s.state)
             base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
-            self.engine = make_engine(s, base)
+            self.engine = make_engine(s, base, role="questioner")
             self.weights_version = self.weights.sync(self.engine)
         self._gen = make_generator(s, self.engine)
 

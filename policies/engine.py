@@ -1,9 +1,10 @@
 """One inference-engine interface, chosen by injection.
 
 `Engine` is what serving replicas, the explorer and the broadcaster's evaluator use:
-`generate`, `load_weights`, `pause`, `resume`, `health`. `TransformersEngine` runs on CPU or
-GPU. A vLLM engine (GPU, `gpu` extra) will implement the same protocol and be imported only by
-`make_engine()` when configured, so the CPU path never imports vllm (a test pins that).
+`generate`, `load_weights`, `pause`, `resume`, `health` (plus the scoring helpers the judge and
+the gate use). `TransformersEngine` runs on CPU or GPU; `VllmEngine` (`policies/vllm_engine.py`,
+GPU, `gpu` extra) implements the same protocol and is imported only by `make_engine()` for the
+roles configured in `model.vllm_roles`, so the CPU path never imports vllm (a test pins that).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class Generation:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str  # "stop" | "length"
+    version: str = ""  # the weights version that produced it (read under the engine lock)
 
 
 class Engine(Protocol):
@@ -33,6 +35,8 @@ class Engine(Protocol):
     def choice_logprobs(self, prompts: list[str], choices: list[str]) -> list[list[float]]: ...
 
     def choose(self, prompt: str, options: list[str], temperature: float = 0.0) -> str: ...
+
+    def sequence_logprobs(self, pairs: list[tuple[str, str]]) -> list[tuple[float, int]]: ...
 
     def load_weights(self, path: str | Path, version: str) -> float: ...
 
@@ -85,6 +89,7 @@ class TransformersEngine:
             if stream_cb is not None:
                 kwargs["streamer"] = _CallbackStreamer(self.tok, stream_cb)
             out = self.model.generate(**enc, **kwargs)
+            version = self.version
         n_prompt = enc["input_ids"].shape[1]
         gens = []
         for i in range(len(prompts)):
@@ -96,7 +101,7 @@ class TransformersEngine:
             ids = [t for t in ids if t != self.tok.pad_token_id]
             self.generated_tokens += len(ids)
             gens.append(Generation(self.tok.decode(ids, skip_special_tokens=True), int(enc["attention_mask"][i].sum()),
-                                   len(ids), finish))
+                                   len(ids), finish, version))
         return gens
 
     def choice_logprobs(self, prompts: list[str], choices: list[str]) -> list[list[float]]:
@@ -117,6 +122,23 @@ class TransformersEngine:
                 logits = self.model(**enc).logits[:, -1, :].float()
                 lp = torch.log_softmax(logits, dim=-1)[:, first]
                 out.extend(lp.tolist())
+        return out
+
+    def sequence_logprobs(self, pairs: list[tuple[str, str]]) -> list[tuple[float, int]]:
+        """(sum of log P(continuation tokens | prompt), number of continuation tokens) per (prompt,
+        continuation) pair. The promotion gate scores held-out reference actions with it: a continuous
+        measure that damage to the weights moves at once, where task success on a few tasks is coarse."""
+        torch = self.torch
+        self._paused.wait()
+        out = []
+        with self._lock, torch.inference_mode():
+            for prompt, cont in pairs:
+                p = self.tok(prompt, add_special_tokens=False)["input_ids"]
+                c = self.tok(cont, add_special_tokens=False)["input_ids"]
+                ids = torch.tensor([p + c], device=self.device)
+                logits = self.model(input_ids=ids).logits[0, len(p) - 1:-1].float()
+                lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c, device=self.device).unsqueeze(-1))
+                out.append((float(lp.sum()), len(c)))
         return out
 
     def choose(self, prompt: str, options: list[str], temperature: float = 0.0) -> str:
@@ -201,6 +223,18 @@ class _CallbackStreamer:
         pass
 
 
-def make_engine(settings, model_dir: str | Path, version: str = "w-000000") -> Engine:
+ROLES = ("serve", "canary", "explorer", "gate", "judge", "questioner", "eval")
+
+
+def make_engine(settings, model_dir: str | Path, version: str = "w-000000", role: str = "serve") -> Engine:
+    """The engine for one role: vLLM when `model.engine` is vllm and the role is in `model.vllm_roles`
+    (vLLM engines reserve GPU memory each, so only the high-throughput roles get one), else transformers."""
+    if role not in ROLES:
+        raise ValueError(f"unknown engine role {role!r}; known: {ROLES}")
     m = settings.model
+    if m.engine == "vllm" and role in m.vllm_roles:
+        from policies.vllm_engine import VllmEngine
+
+        return VllmEngine(model_dir, dtype=m.serve_dtype, gpu_memory_utilization=m.gpu_memory_utilization,
+                          max_model_len=m.max_model_len, enforce_eager=m.enforce_eager, version=version)
     return TransformersEngine(model_dir, dtype=m.serve_dtype, device=m.device, threads=m.torch_threads, version=version)

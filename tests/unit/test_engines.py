@@ -1,0 +1,171 @@
+"""A replica's engines (live, canary, role swap, routing) and the vLLM adapter's weight-update protocol,
+with stand-in engines (the real vLLM path runs in tests/gpu)."""
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from policies.model_store import sha256_file
+from serve.engines import EngineSet
+
+
+class FakeEngine:
+    made = 0
+
+    def __init__(self, version="w-000000"):
+        self.version, self.loads = version, []
+        FakeEngine.made += 1
+
+    def load_weights(self, path, version):
+        self.loads.append(version)
+        self.version = version
+        return 1.0
+
+
+def _ref(tmp_path, version, **extra):
+    p = tmp_path / f"{version}.safetensors"
+    p.write_bytes(version.encode())
+    return {"version": version, "path": str(p), "sha256": sha256_file(p), **extra}
+
+
+def test_engine_set_follows_the_live_pointer(tmp_path):
+    FakeEngine.made = 0
+    es = EngineSet(FakeEngine(), FakeEngine, tmp_path)
+    live = es.live
+    assert es.sync({"version": "w-000000", "canary": None}) == []
+    v1 = _ref(tmp_path, "w-000001")
+    assert es.sync({**_ref(tmp_path, "w-000000"), "canary": {**v1, "share": 0.25}}) == ["canary"]
+    assert es.canary.version == "w-000001" and es.live is live and FakeEngine.made == 2
+    picks = [es.pick(f"chatcmpl-{i}") for i in range(2000)]
+    share = sum(p is es.canary for p in picks) / len(picks)
+    assert 0.2 < share < 0.3 and es.pick("chatcmpl-7") is es.pick("chatcmpl-7")  # stable per interaction
+    canary = es.canary
+    assert es.sync({**v1, "canary": None}) == ["promoted"]  # the canary went live: roles swap, nothing loads
+    assert es.live is canary and es.canary is None and es.spare is live and canary.loads == ["w-000001"]
+    assert es.pick("x") is es.live
+    v2 = _ref(tmp_path, "w-000002")
+    assert es.sync({**v1, "canary": {**v2, "share": 0.5}}) == ["canary"]
+    assert es.canary is live and FakeEngine.made == 2  # the spare is reused
+    assert es.sync({**v1, "canary": None}) == ["canary_ended"]  # rolled back: the canary is set aside
+    assert es.canary is None and es.spare is live
+    v3 = _ref(tmp_path, "w-000003")
+    assert es.sync({**v3, "canary": None}) == ["live"] and es.live.loads[-1] == "w-000003"  # in place
+
+
+def test_engine_set_refuses_a_file_that_does_not_match(tmp_path):
+    es = EngineSet(FakeEngine(), FakeEngine, tmp_path)
+    bad = {**_ref(tmp_path, "w-000001"), "sha256": "0" * 64}
+    assert es.sync({**bad, "canary": None}) == [] and es.live.version == "w-000000"
+    assert es.sync({"version": "w-000002", "path": str(tmp_path / "missing"), "sha256": None, "canary": None}) == []
+
+
+# ---------------------------------------------------------------------------- the vLLM adapter
+
+
+class FakeAsyncLLM:
+    """Stand-in with AsyncLLM's coroutine methods; generations take `delay` seconds."""
+
+    def __init__(self, delay=0.2, reset_ok=True):
+        self.calls, self.delay, self.reset_ok, self.paused = [], delay, reset_ok, False
+
+    async def generate(self, prompt, params, request_id):
+        self.calls.append(("generate", params))
+        while self.paused:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(self.delay)
+        if isinstance(prompt, dict):  # token prompt: scoring or constrained choice
+            ids = prompt["prompt_token_ids"]
+            lps = [None] + [{t: SimpleNamespace(logprob=-0.5)} for t in ids[1:]]
+            allowed = params.get("allowed_token_ids") or [7]
+            yield SimpleNamespace(prompt_token_ids=ids, prompt_logprobs=lps,
+                                  outputs=[SimpleNamespace(text="", token_ids=[allowed[-1]], finish_reason="length")])
+            return
+        yield SimpleNamespace(prompt_token_ids=[1, 2, 3], prompt_logprobs=None,
+                              outputs=[SimpleNamespace(text="hel", token_ids=[4], finish_reason=None)])
+        yield SimpleNamespace(prompt_token_ids=[1, 2, 3], prompt_logprobs=None,
+                              outputs=[SimpleNamespace(text="hello", token_ids=[4, 5], finish_reason="stop")])
+
+    async def pause_generation(self, mode="abort", clear_cache=True):
+        self.calls.append(("pause", mode, clear_cache))
+        self.paused = True
+
+    async def collective_rpc(self, method, args=()):
+        self.calls.append(("rpc", method, args))
+        return [1]
+
+    async def reset_prefix_cache(self, reset_running_requests=False):
+        self.calls.append(("reset", reset_running_requests))
+        return self.reset_ok
+
+    async def resume_generation(self):
+        self.calls.append(("resume",))
+        self.paused = False
+
+
+class FakeTokenizer:
+    eos_token_id = 2
+
+    def convert_tokens_to_ids(self, t):
+        return 3
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [10 + (ord(c) % 50) for c in text]}
+
+
+def _engine(**kw):
+    from policies.vllm_engine import VllmEngine
+
+    return VllmEngine("unused", engine=FakeAsyncLLM(**kw), tokenizer=FakeTokenizer(), sampling_params=dict)
+
+
+def test_vllm_update_is_pause_keep_load_reset_resume_with_requests_in_flight():
+    eng = _engine(delay=0.3)
+    results = {}
+    t = threading.Thread(target=lambda: results.update(g=eng.generate(["p1", "p2"], 8, temperature=0.7)))
+    t.start()
+    time.sleep(0.1)  # both requests are running
+    ms = eng.load_weights("/weights/w-000001.safetensors", "w-000001")
+    t.join(5)
+    ops = [c[0] for c in eng.llm.calls if c[0] != "generate"]
+    assert ops == ["pause", "rpc", "reset", "resume"] and ms > 0
+    assert ("pause", "keep", False) in eng.llm.calls and ("reset", True) in eng.llm.calls
+    assert ("rpc", "kaizen_load_weights", ("/weights/w-000001.safetensors",)) in eng.llm.calls
+    g = results["g"]
+    assert [x.text for x in g] == ["hello", "hello"] and all(x.finish_reason == "stop" for x in g)
+    assert eng.version == "w-000001" and {x.version for x in g} == {"w-000001"}  # finished after the swap
+    params = eng.llm.calls[0][1]
+    assert params["stop_token_ids"] and params["temperature"] == 0.7
+
+
+def test_vllm_update_that_cannot_reset_the_prefix_cache_fails_and_resumes():
+    eng = _engine(reset_ok=False)
+    with pytest.raises(RuntimeError, match="prefix cache"):
+        eng.load_weights("/w.safetensors", "w-000009")
+    assert eng.version == "w-000000" and eng.llm.calls[-1] == ("resume",) and not eng.llm.paused
+
+
+def test_vllm_scoring_choice_and_streaming():
+    eng = _engine(delay=0.0)
+    (lp, n), = eng.sequence_logprobs([("ab", "cd")])
+    assert n == 2 and lp == pytest.approx(-1.0)
+    assert eng.choose("q", ["x", "y"]) in ("x", "y")
+    pieces = []
+    eng.generate(["p"], 8, stream_cb=pieces.append)
+    assert "".join(pieces) == "hello"
+
+
+def test_vllm_worker_extension_loads_a_file_in_place(tmp_path):
+    from safetensors.torch import save_file
+
+    from policies.vllm_worker import WeightLoader
+
+    save_file({"model.layers.0.w": torch.ones(2), "model.norm.weight": torch.zeros(3)}, str(tmp_path / "w.safetensors"))
+    seen = {}
+    model = SimpleNamespace(load_weights=lambda weights: seen.update({k: v.clone() for k, v in weights}))
+    worker = WeightLoader()
+    worker.model_runner, worker.device = SimpleNamespace(model=model), "cpu"
+    assert worker.kaizen_load_weights(str(tmp_path / "w.safetensors")) == 2
+    assert sorted(seen) == ["model.layers.0.w", "model.norm.weight"] and float(seen["model.layers.0.w"].sum()) == 2
