@@ -107,7 +107,7 @@ class Broadcaster(EventActor):
             self.log.error("lifecycle.illegal", version=version, error=str(exc))
             return
         self.status[version] = new
-        n = sum(1 for _ in self.history)  # distinguishes a version going live a second time
+        n = len(self.history)  # distinguishes a version going live a second time
         ev = WeightsStatus(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:weights_status:{version}:{new}:{old}:{n}")),
                            version=version, status=new, previous_status=old, reason=reason[:1000],
                            metrics={k: float(v) for k, v in (metrics or {}).items()})
@@ -196,11 +196,11 @@ class Broadcaster(EventActor):
         if g.canary_share <= 0:
             await self._go_live(newest, why, metrics, cand_s, live_s)
             return
-        await self._set(newest, S.CANARY, why, metrics)
-        self.canary = {"version": newest, "baseline": live, "started": time.time()}
-        live_ref = self._ref(live)
+        live_ref = self._ref(live)  # the pointer first: whoever reacts to the events below reads the new one
         self.store.set_live(live, live_ref.path, live_ref.sha256,
                             canary={"version": newest, "path": ref.path, "sha256": ref.sha256, "share": g.canary_share})
+        self.canary = {"version": newest, "baseline": live, "started": time.time()}
+        await self._set(newest, S.CANARY, why, metrics)
         await self.bus.publish(WeightsPromoted(weights=ref, candidate_score=cand_s["success"], live_score=live_s["success"],
                                                previous=live, stage="canary", canary_share=g.canary_share,
                                                candidate_nll=cand_s.get("nll"), live_nll=live_s.get("nll"), reason=why),
@@ -210,6 +210,8 @@ class Broadcaster(EventActor):
     async def _go_live(self, version: str, reason: str, metrics: dict, cand_s: dict | None = None,
                        live_s: dict | None = None) -> None:
         old = self.live_version()
+        ref = self._ref(version)
+        self.store.set_live(version, ref.path, ref.sha256)  # the pointer first (see _evaluate)
         if self.canary and self.canary["version"] != version:
             await self._set(self.canary["version"], S.RETIRED, f"{version} went live during its canary")
         self.canary = None
@@ -217,8 +219,6 @@ class Broadcaster(EventActor):
             await self._set(old, S.RETIRED, f"replaced by {version}")
         if self.status.get(version) != S.LIVE:
             await self._set(version, S.LIVE, reason, metrics)
-        ref = self._ref(version)
-        self.store.set_live(version, ref.path, ref.sha256)
         self.history.append(version)
         self.weights_version = version
         self.counts["promoted"] += 1
@@ -256,15 +256,16 @@ class Broadcaster(EventActor):
 
     async def _rollback(self, version: str, to: str, reason: str) -> None:
         was_canary = bool(self.canary and self.canary["version"] == version)
+        ref = self._ref(to)
+        self.store.set_live(to, ref.path, ref.sha256)  # the pointer first (see _evaluate)
         await self._set(version, S.ROLLED_BACK, reason)
         self.canary = None
         if not was_canary:
             self.history = [v for v in self.history if v != version]
             if self.status.get(to) != S.LIVE:
                 await self._set(to, S.LIVE, f"rollback from {version}")
-            self.history.append(to)
-        ref = self._ref(to)
-        self.store.set_live(to, ref.path, ref.sha256)
+            if not self.history or self.history[-1] != to:
+                self.history.append(to)
         self.weights_version = to
         self.counts["rolled_back"] += 1
         for v, st in list(self.status.items()):  # candidates trained from the bad version are not evaluated

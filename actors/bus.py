@@ -182,7 +182,7 @@ class EventActor:
             self.bus = await Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix,
                                  producer=self.name, dedup_window_s=n.dedup_window_s).connect()
         if self.kinds:
-            self._sub = await self.bus.pull(self.name, list(self.kinds), ack_wait_s=60.0,
+            self._sub = await self.bus.pull(self.name, list(self.kinds), ack_wait_s=self.settings.nats.ack_wait_s,
                                             max_deliver=self.settings.nats.max_deliver)
 
     async def run(self) -> None:

@@ -26,7 +26,8 @@ class NatsSettings(_Section):
     stream: str = Field("EVO", description="JetStream stream that holds every evo.* event")
     subject_prefix: str = Field("evo", description="Subject prefix of the evolution events")
     max_deliver: int = Field(5, description="Deliveries of one event before it is dead-lettered")
-    ack_wait_s: float = Field(600.0, description="Seconds before an unacked event is redelivered")
+    ack_wait_s: float = Field(60.0, description="Seconds before an event a crashed actor held is redelivered "
+                              "(long work sends in-progress heartbeats; set when the durable consumer is created)")
     dedup_window_s: float = Field(120.0, description="JetStream duplicate window for Nats-Msg-Id")
 
 

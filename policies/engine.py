@@ -8,6 +8,7 @@ roles configured in `model.vllm_roles`, so the CPU path never imports vllm (a te
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -48,10 +49,15 @@ class Engine(Protocol):
 
 
 class TransformersEngine:
-    """HF transformers generation with a lock: swaps happen between generate calls."""
+    """HF transformers generation, one call at a time (the engine lock).
+
+    Weight updates are copied in place between calls; or, with `standby=True` (serving replicas), into a
+    second copy of the model while calls run, after which the model pointer flips: calls already running
+    finish on the weights they started with, new calls get the new ones, and nobody waits for the copy.
+    A reference count keeps the next update from overwriting a copy that a call still uses."""
 
     def __init__(self, model_dir: str | Path, dtype: str = "bfloat16", device: str = "cpu", threads: int = 1,
-                 version: str = "w-000000"):
+                 version: str = "w-000000", standby: bool = False):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -66,7 +72,10 @@ class TransformersEngine:
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).to(device)
         self.model.eval()
         self.version = version
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one model call at a time
+        self._cv = threading.Condition()  # guards model/version/_users and the flip
+        self._users: dict[int, int] = {}  # id(model) -> calls using it
+        self.standby, self._standby, self._swapping = standby, None, threading.Lock()
         self._paused = threading.Event()
         self._paused.set()  # set = running
         self.generated_tokens = 0
@@ -75,10 +84,24 @@ class TransformersEngine:
     def count_tokens(self, text: str) -> int:
         return len(self.tok(text, add_special_tokens=False)["input_ids"])
 
+    @contextlib.contextmanager
+    def _using(self):
+        """(model, version) for one call, held until it ends."""
+        self._paused.wait()
+        with self._lock:
+            with self._cv:
+                model, version = self.model, self.version
+                self._users[id(model)] = self._users.get(id(model), 0) + 1
+            try:
+                yield model, version
+            finally:
+                with self._cv:
+                    self._users[id(model)] -= 1
+                    self._cv.notify_all()
+
     def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None):
         torch = self.torch
-        self._paused.wait()
-        with self._lock, torch.inference_mode():
+        with self._using() as (model, version), torch.inference_mode():
             enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
             kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=self.tok.pad_token_id,
                           eos_token_id=[self.im_end, self.tok.eos_token_id])
@@ -88,8 +111,7 @@ class TransformersEngine:
                 kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
             if stream_cb is not None:
                 kwargs["streamer"] = _CallbackStreamer(self.tok, stream_cb)
-            out = self.model.generate(**enc, **kwargs)
-            version = self.version
+            out = model.generate(**enc, **kwargs)
         n_prompt = enc["input_ids"].shape[1]
         gens = []
         for i in range(len(prompts)):
@@ -113,13 +135,12 @@ class TransformersEngine:
         first = [self.tok(c, add_special_tokens=False)["input_ids"][0] for c in choices]
         if len(set(first)) != len(first):
             raise ValueError(f"choices {choices!r} share their first token")
-        self._paused.wait()
         out: list[list[float]] = []
-        with self._lock, torch.inference_mode():
+        with self._using() as (model, _), torch.inference_mode():
             for i in range(0, len(prompts), 4):  # small batches keep CPU memory flat on long prompts
                 enc = self.tok(prompts[i:i + 4], return_tensors="pt", padding=True,
                                add_special_tokens=False).to(self.device)
-                logits = self.model(**enc).logits[:, -1, :].float()
+                logits = model(**enc).logits[:, -1, :].float()
                 lp = torch.log_softmax(logits, dim=-1)[:, first]
                 out.extend(lp.tolist())
         return out
@@ -129,14 +150,13 @@ class TransformersEngine:
         continuation) pair. The promotion gate scores held-out reference actions with it: a continuous
         measure that damage to the weights moves at once, where task success on a few tasks is coarse."""
         torch = self.torch
-        self._paused.wait()
         out = []
-        with self._lock, torch.inference_mode():
+        with self._using() as (model, _), torch.inference_mode():
             for prompt, cont in pairs:
                 p = self.tok(prompt, add_special_tokens=False)["input_ids"]
                 c = self.tok(cont, add_special_tokens=False)["input_ids"]
                 ids = torch.tensor([p + c], device=self.device)
-                logits = self.model(input_ids=ids).logits[0, len(p) - 1:-1].float()
+                logits = model(input_ids=ids).logits[0, len(p) - 1:-1].float()
                 lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c, device=self.device).unsqueeze(-1))
                 out.append((float(lp.sum()), len(c)))
         return out
@@ -149,10 +169,9 @@ class TransformersEngine:
         seqs = {o: self.tok(o, add_special_tokens=False)["input_ids"] for o in dict.fromkeys(options)}
         if not seqs:
             raise ValueError("no options to choose from")
-        self._paused.wait()
-        with self._lock, torch.inference_mode():
+        with self._using() as (model, _), torch.inference_mode():
             ids = self.tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(self.device)
-            out = self.model(input_ids=ids, use_cache=True)
+            out = model(input_ids=ids, use_cache=True)
             past, chosen = out.past_key_values, []
             logits = out.logits[0, -1].float()
             while True:
@@ -168,20 +187,37 @@ class TransformersEngine:
                 else:
                     t = int(allowed[int(torch.argmax(sub))])
                 chosen.append(t)
-                out = self.model(input_ids=torch.tensor([[t]], device=self.device), past_key_values=past, use_cache=True)
+                out = model(input_ids=torch.tensor([[t]], device=self.device), past_key_values=past, use_cache=True)
                 past, logits = out.past_key_values, out.logits[0, -1].float()
 
     def load_state_dict(self, sd: dict, version: str) -> None:
-        torch = self.torch
-        with self._lock, torch.no_grad():
-            params = self.model.state_dict()  # tensors share storage with the live parameters
+        with self._swapping:
+            if not self.standby:
+                with self._lock:
+                    self._copy_into(self.model, sd)
+                    with self._cv:
+                        self.version = version
+                return
+            with self._cv:  # the standby copy may still serve a call that started before the last flip
+                target = self._standby
+                self._cv.wait_for(lambda: target is None or self._users.get(id(target), 0) == 0)
+            if target is None:
+                import copy
+
+                target = copy.deepcopy(self.model)
+            self._copy_into(target, sd)
+            with self._cv:
+                self._standby, self.model, self.version = self.model, target, version
+
+    def _copy_into(self, model, sd: dict) -> None:
+        with self.torch.no_grad():
+            params = model.state_dict()  # tensors share storage with the live parameters
             missing = [k for k in params if k not in sd and not k.endswith("lm_head.weight")]
             if missing:
                 raise ValueError(f"weights file lacks {len(missing)} tensors, e.g. {missing[:3]}")
             for k, v in sd.items():
                 if k in params:
                     params[k].copy_(v.to(params[k].dtype))
-            self.version = version
 
     def load_weights(self, path, version) -> float:
         """Copy a safetensors file into the live model in place; returns milliseconds."""
@@ -237,4 +273,5 @@ def make_engine(settings, model_dir: str | Path, version: str = "w-000000", role
 
         return VllmEngine(model_dir, dtype=m.serve_dtype, gpu_memory_utilization=m.gpu_memory_utilization,
                           max_model_len=m.max_model_len, enforce_eager=m.enforce_eager, version=version)
-    return TransformersEngine(model_dir, dtype=m.serve_dtype, device=m.device, threads=m.torch_threads, version=version)
+    return TransformersEngine(model_dir, dtype=m.serve_dtype, device=m.device, threads=m.torch_threads, version=version,
+                              standby=role in ("serve", "canary"))

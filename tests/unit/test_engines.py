@@ -169,3 +169,31 @@ def test_vllm_worker_extension_loads_a_file_in_place(tmp_path):
     worker.model_runner, worker.device = SimpleNamespace(model=model), "cpu"
     assert worker.kaizen_load_weights(str(tmp_path / "w.safetensors")) == 2
     assert sorted(seen) == ["model.layers.0.w", "model.norm.weight"] and float(seen["model.layers.0.w"].sum()) == 2
+
+
+def test_standby_engine_swaps_without_waiting_for_a_running_generation(model_dir):
+    from safetensors.torch import load_file
+
+    from actors.events import ChatMessage
+    from policies.chat import render
+    from policies.engine import TransformersEngine
+
+    eng = TransformersEngine(model_dir, standby=True)
+    prompt = render([ChatMessage(role="user", content="Tell me about Paris.")])
+    greedy = eng.generate([prompt], 12)[0]
+    base = load_file(str(model_dir / "model.safetensors"))
+    torch.manual_seed(0)
+    other = {k: v * (1 + 0.05 * torch.randn_like(v)) for k, v in base.items()}
+    running, done = {}, threading.Event()
+    t = threading.Thread(target=lambda: (running.update(g=eng.generate([prompt], 96, temperature=0.0)[0]), done.set()))
+    t.start()
+    time.sleep(0.3)
+    t0 = time.perf_counter()
+    eng.load_state_dict(other, "w-000001")
+    swap_s = time.perf_counter() - t0
+    assert not done.is_set(), "the swap waited for the running generation"
+    t.join(120)
+    assert running["g"].version == "w-000000" and eng.version == "w-000001"  # it finished on its own weights
+    assert eng.generate([prompt], 12)[0].version == "w-000001" and swap_s < 30
+    eng.load_state_dict(base, "w-000000")  # into the previous copy: the original answer comes back
+    assert eng.generate([prompt], 12)[0].text == greedy.text
