@@ -90,7 +90,8 @@ class Explorer(EventActor):
             res = await asyncio.to_thread(
                 run_group, self.engine, env, task.entry_id, r.group_size, max_new_tokens=r.max_new_tokens,
                 temperature=r.temperature, top_p=r.top_p, experiences=exps, guided=guided,
-                experience_ids=[e.experience_id for e in mem.experiences], call_prefix=r.call_prefix, spec=spec)
+                experience_ids=[e.experience_id for e in mem.experiences], call_prefix=r.call_prefix, spec=spec,
+                choose_names=r.choose_name)
         event = Rollout(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:rollout:{task.event_id}")),
                         task=task, group_id=task.event_id, samples=res.samples, duration_s=res.duration_s,
                         trace_id=task.trace_id)

@@ -98,6 +98,8 @@ class RolloutSettings(_Section):
     max_tasks_in_flight: int = Field(2, description="Tasks the questioner keeps outstanding")
     call_prefix: bool = Field(True, description="Start each turn's first action with a forced tool call "
                               "(tool_choice=required); helps small policies explore the tools")
+    choose_name: bool = Field(True, description="In training rollouts, that forced call also gets one of the "
+                              "declared function names, sampled by constrained decoding (the gate does not)")
 
 
 class MemorySettings(_Section):
@@ -153,6 +155,8 @@ class LearnerSettings(_Section):
     kl_coef: float = Field(0.001, description="Weight of the KL penalty to the reference (base) policy; 0 disables")
     kl_type: str = Field("low_var_kl", description="verl KL estimator (low_var_kl = k3)")
     micro_batch_size: int = Field(1, description="Samples per forward/backward; gradients accumulate over the batch")
+    bf16: bool = Field(True, description="Run the transformer body under bfloat16 autocast (master weights, "
+                       "gradients and log-softmax stay float32)")
     device: str = Field("cpu", description="torch device of the learner")
     checkpoints_kept: int = Field(2, description="Learner checkpoints kept (the newest verified one is resumed)")
 

@@ -117,9 +117,16 @@ def kl_loss(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: t
     return agg_loss(kl_penalty(log_prob, ref_log_prob, kind), response_mask.float(), "token-mean")
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] log-probs of each token given its prefix (position 0 gets 0)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, bf16: bool = False) -> torch.Tensor:
+    """[B, T] log-probs of each token given its prefix (position 0 gets 0). With `bf16`, the transformer
+    body runs under bfloat16 autocast (about 1.5x faster on CPUs with AVX512-BF16) while the output
+    projection and the log-softmax stay in float32, so log-probs keep their precision."""
+    if bf16 and hasattr(model, "lm_head") and hasattr(model, "model"):
+        with torch.autocast(input_ids.device.type, dtype=torch.bfloat16):
+            h = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = model.lm_head(h[:, :-1].float()).float()
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
 

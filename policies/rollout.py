@@ -15,12 +15,17 @@ from envs.base import Environment
 from policies.chat import CALL_PREFIX, call_opening, parse_assistant, render
 
 
-def forced_prefix(tools) -> str:
+def forced_prefix(tools, engine=None, prompt: str = "", temperature: float = 0.0) -> str:
     """The start of a forced tool call (tool_choice="required"); with a single tool its name and first
-    required argument are forced too. (Choosing among several names by constrained decoding, as Serve
-    does for tool_choice="required", is not used here yet: it changes what the gate measures.)"""
+    required argument are forced too. Given an engine, the name is chosen among the declared ones by
+    constrained decoding (sampled at `temperature`), as Serve does for tool_choice="required": the
+    explorer uses this so the samples of a group try different functions. The held-out gate and
+    `main.py eval` do not (they measure the policy's own choice of name)."""
     if len(tools) == 1:
         return call_opening(tools[0])
+    if engine is not None and tools and hasattr(engine, "choose"):
+        names = {t.function["name"] + '"': t for t in tools}
+        return call_opening(names[engine.choose(prompt + CALL_PREFIX, list(names), temperature)])
     return CALL_PREFIX
 
 
@@ -34,19 +39,20 @@ class GroupResult:
 def run_group(engine, env: Environment, entry_id: str, n: int, *, max_new_tokens: int, temperature: float,
               top_p: float = 1.0, experiences: list[str] | None = None, guided: int = 0,
               experience_ids: list[str] | None = None, on_step=None, call_prefix: bool = False,
-              spec: dict | None = None) -> GroupResult:
+              spec: dict | None = None, choose_names: bool = False) -> GroupResult:
     """Roll out `n` episodes of one entry; the first `guided` get `experiences` in their context.
 
     With `call_prefix`, the first action of each turn starts from `<tool_call>[{"name": "` (a forced
     tool call, like tool_choice="required"), so that a small policy explores the tools at all.
-    `spec` describes a synthetic task (see the environment's `episode()`)."""
+    With `choose_names` that forced call also gets one of the declared function names, sampled by
+    constrained decoding. `spec` describes a synthetic task (see the environment's `episode()`)."""
     t0 = time.monotonic()
     eps = []
     try:
         for _ in range(n):
             eps.append(env.episode(entry_id, spec))
         return _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, guided, experience_ids,
-                    on_step, call_prefix)
+                    on_step, call_prefix, choose_names)
     finally:
         for ep in eps:  # pooled episodes hold a slot and remote state until released
             release = getattr(ep, "release", None)
@@ -55,7 +61,7 @@ def run_group(engine, env: Environment, entry_id: str, n: int, *, max_new_tokens
 
 
 def _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, guided, experience_ids, on_step,
-         call_prefix) -> GroupResult:
+         call_prefix, choose_names=False) -> GroupResult:
     msgs = [[ChatMessage(role="system", content=ep.system_prompt)] for ep in eps]
     steps: list[list[int]] = [[] for _ in eps]
     signals: list[list[float]] = [[] for _ in eps]
@@ -71,8 +77,10 @@ def _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, gu
         first = True
         while open_:
             idx = sorted(open_)
-            prefixes = {i: forced_prefix(eps[i].tools) if (call_prefix and first) else "" for i in idx}
-            prompts = [render(msgs[i], eps[i].tools, experiences if i < guided else None) + prefixes[i] for i in idx]
+            contexts = {i: render(msgs[i], eps[i].tools, experiences if i < guided else None) for i in idx}
+            prefixes = {i: forced_prefix(eps[i].tools, engine if choose_names else None, contexts[i], temperature)
+                        if (call_prefix and first) else "" for i in idx}
+            prompts = [contexts[i] + prefixes[i] for i in idx]
             gens = engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
             first = False
             for i, g in zip(idx, gens):

@@ -109,3 +109,28 @@ def test_a_valid_call_followed_by_junk_or_missing_its_bracket_still_parses(tail)
 
     msg = parse_assistant('<tool_call>[{"name": "get_weather", "arguments": {"city": "' + tail)
     assert [(c.name, c.arguments) for c in msg.tool_calls][:1] == [("get_weather", '{"city": "Paris"}')]
+
+
+class _Chooser:
+    """Records what the constrained choice was asked and picks the second option."""
+
+    def __init__(self):
+        self.asked = []
+
+    def choose(self, prompt, options, temperature=0.0):
+        self.asked.append((prompt, options, temperature))
+        return options[1]
+
+
+def test_forced_prefix_chooses_a_declared_name_only_when_given_an_engine():
+    from actors.events import ToolSpec
+    from policies.chat import CALL_PREFIX
+    from policies.rollout import forced_prefix
+    tools = [ToolSpec(function={"name": "ls", "parameters": {"type": "object", "properties": {}}}),
+             ToolSpec(function={"name": "cd", "parameters": {"type": "object", "required": ["folder"],
+                                                             "properties": {"folder": {"type": "string"}}}})]
+    assert forced_prefix(tools) == CALL_PREFIX  # the gate measures the policy's own choice
+    eng = _Chooser()
+    got = forced_prefix(tools, eng, "PROMPT", 0.7)
+    assert got == '<tool_call>[{"name": "cd", "arguments": {"folder": "'
+    assert eng.asked == [("PROMPT" + CALL_PREFIX, ['ls"', 'cd"'], 0.7)]

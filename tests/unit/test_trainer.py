@@ -83,7 +83,8 @@ def test_micro_batches_accumulate_the_same_gradient(tmp_path, tiny_dir):
 
     grads = []
     for mb in (1, 3):
-        t = Trainer(_settings(tmp_path / str(mb), lr=0.0, grad_clip=1e9, micro_batch_size=mb, kl_coef=0.01), tiny_dir)
+        t = Trainer(_settings(tmp_path / str(mb), lr=0.0, grad_clip=1e9, micro_batch_size=mb, kl_coef=0.01, bf16=False),
+                    tiny_dir)
         stats = t.train_step([_group()])
         assert stats["micro_batches"] == (4 if mb == 1 else 2)
         grads.append({n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None})

@@ -1,0 +1,111 @@
+"""vLLM weight swaps with requests in flight (GPU): swap p50 / p99, failed requests, and generation
+throughput with and without swaps, side by side in one run. Needs CUDA and the `gpu` extra.
+
+The engine is the system's `VllmEngine` (pause keep -> every worker loads the safetensors file ->
+prefix-cache reset -> resume). Two weights files are swapped in turn while `--clients` threads keep
+generating. Default: the converted SmolLM2-135M. `--config DIR` takes a Hugging Face config folder
+(config.json + tokenizer files, e.g. a Qwen2-7B config) instead: the engine starts with vLLM's dummy
+weights and random weights files of the right names and shapes are written for the swaps.
+
+    python tests/benchmarks/bench_vllm_swap.py [--swaps 20] [--clients 8] [--config DIR] [--out FILE]
+"""
+import argparse
+import json
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from _common import pct  # noqa: E402  (also puts the repository on sys.path)
+
+
+def random_weights(config_dir: Path, out: Path, seed: int) -> None:
+    """A safetensors file with the model's Hugging Face parameter names and shapes, random bf16 values."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(str(config_dir))
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in AutoModelForCausalLM.from_config(cfg).state_dict().items()}
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    sd = {k: (torch.randn(s, generator=g, device="cuda", dtype=torch.bfloat16) * 0.02).cpu() for k, s in shapes.items()}
+    save_file(sd, str(out))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--swaps", type=int, default=20)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--config", help="HF config folder for a dummy-weights model (e.g. 7B-shaped)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    import torch
+
+    from policies.vllm_engine import VllmEngine
+
+    tmp = Path(tempfile.mkdtemp(prefix="kz-vllm-"))
+    if a.config:
+        model_dir = Path(a.config)
+        files = [tmp / "a.safetensors", tmp / "b.safetensors"]
+        for i, f in enumerate(files):
+            random_weights(model_dir, f, i)
+        eng = VllmEngine(model_dir, gpu_memory_utilization=a.gpu_memory_utilization, load_format="dummy")
+    else:
+        from safetensors.torch import load_file, save_file
+
+        from policies.model_store import ensure_base_model
+
+        model_dir = ensure_base_model(Path(".kaizen") if Path(".kaizen/model").exists() else tmp)
+        base = load_file(str(model_dir / "model.safetensors"))
+        torch.manual_seed(0)
+        files = [model_dir / "model.safetensors", tmp / "b.safetensors"]
+        save_file({k: v * (1 + 0.01 * torch.randn_like(v.float()).to(v.dtype)) for k, v in base.items()}, str(files[1]))
+        eng = VllmEngine(model_dir, gpu_memory_utilization=a.gpu_memory_utilization)
+    prompt = "<|im_start|>user\nTell me a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
+    eng.generate([prompt], 8)  # warm
+    stop, records = threading.Event(), []  # (start, end, tokens, ok)
+
+    def client():
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                g = eng.generate([prompt], a.max_tokens, temperature=0.8)[0]
+                records.append((t0, time.perf_counter(), g.completion_tokens, True))
+            except Exception as exc:  # noqa: BLE001 - every failure counts
+                records.append((t0, time.perf_counter(), 0, False))
+                print("request failed:", repr(exc)[:200])
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(a.clients)]
+    for t in threads:
+        t.start()
+    time.sleep(10)
+    t_base = time.perf_counter()
+    time.sleep(30)  # a window without swaps
+    t_swap = time.perf_counter()
+    swap_ms = []
+    for i in range(a.swaps):
+        swap_ms.append(eng.load_weights(files[(i + 1) % 2], f"w-{i + 1:06d}"))
+        time.sleep(1.5)
+    t_end = time.perf_counter()
+    stop.set()
+    for t in threads:
+        t.join(300)
+
+    def window(t0, t1):
+        rs = [r for r in records if t0 <= r[0] < t1]
+        lat = [(e - s) * 1000 for s, e, _, ok in rs if ok]
+        return {"requests": len(rs), "failed": sum(not r[3] for r in rs), "tokens_per_s": sum(r[2] for r in rs) / (t1 - t0),
+                "p50_ms": statistics.median(lat), "p99_ms": pct(lat, .99)}
+    res = {"model": str(model_dir), "clients": a.clients, "swaps": a.swaps, "swap_ms_p50": statistics.median(swap_ms),
+           "swap_ms_p99": pct(swap_ms, .99), "no_swaps": window(t_base, t_swap), "swapping": window(t_swap, t_end)}
+    print(json.dumps(res, indent=1))
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=1))
+    eng.shutdown()
+
+
+if __name__ == "__main__":
+    main()
