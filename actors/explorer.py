@@ -1,10 +1,12 @@
-"""Explorer: turns each task into a group of multi-turn rollouts with the live weights.
+"""Explorer: turns each task into a group of multi-turn rollouts with the newest weights.
 
 For every `evo.task` it runs `rollout.group_size` episodes against the real environment in
 lockstep (batched generation). The first `guided_share` of the group gets experiences retrieved
 from the navigator (NATS request/reply); the training view strips them. Emits one `evo.rollout`
-per group (groups stay intact). Follows `evo.weights_promoted` / `_rolled_back` to sample with
-the served version.
+per group (groups stay intact). With `rollout.weights: published` (default) it samples with the
+learner's newest published version (`evo.weights_published`), so its groups stay within the learner's
+staleness bound however long the gate takes; a rejected or rolled-back version sends it back to live,
+as it does the learner. With `live` it follows `evo.weights_promoted` / `_rolled_back` only.
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import math
 import uuid
 
 from actors.bus import EventActor, Poison, heartbeat
-from actors.events import RetrieveReply, RetrieveRequest, Rollout, Task, WeightsPromoted, WeightsRolledBack
+from actors.events import (RetrieveReply, RetrieveRequest, Rollout, Task, WeightsPromoted, WeightsPublished,
+                           WeightsRejected, WeightsRolledBack)
 from envs.registry import make_envs
 from envs.tool_calls import CallError, parse_python_call
 from policies.engine import make_engine
@@ -23,12 +26,13 @@ from policies.rollout import run_group
 
 class Explorer(EventActor):
     name = "explorer"
-    kinds = ("task", "weights_promoted", "weights_rolled_back")
+    kinds = ("task", "weights_published", "weights_promoted", "weights_rejected", "weights_rolled_back")
     batch = 1
 
     def __init__(self, settings, bus=None):
         super().__init__(settings, bus)
         self._train_sets: dict[str, set[str]] = {}
+        self._target: dict | None = None  # newest published version to sample with; None = live
 
     async def start(self) -> None:
         await super().start()
@@ -46,7 +50,25 @@ class Explorer(EventActor):
         self.groups = 0
 
     async def _sync_live(self) -> None:
+        self._target = None
         self.weights_version = await asyncio.to_thread(self.weights.sync, self.engine)
+
+    def _load_target(self) -> str:
+        t = self._target
+        if t and t["version"] != self.engine.version:
+            if not self.weights.verify(t["path"], t["sha256"]):  # pruned or damaged: fall back to live
+                self.log.warning("weights.target_unusable", version=t["version"])
+                self._target = None
+                return self.weights.sync(self.engine)
+            self.engine.load_weights(t["path"], t["version"])
+        return self.engine.version
+
+    async def _follow(self) -> None:
+        """Before a group: load the version to sample with, if it changed since the last group."""
+        if self._target is None:
+            await self._sync_live()
+        else:
+            self.weights_version = await asyncio.to_thread(self._load_target)
 
     def _train(self, env_name: str) -> set[str]:
         if env_name not in self._train_sets:
@@ -85,8 +107,9 @@ class Explorer(EventActor):
         mem = await self.retrieve(task.query)
         exps = [e.text for e in mem.experiences]
         guided = math.ceil(r.group_size * r.guided_share) if exps else 0
-        version = self.engine.version
         async with heartbeat([msg]):
+            await self._follow()
+            version = self.engine.version
             res = await asyncio.to_thread(
                 run_group, self.engine, env, task.entry_id, r.group_size, max_new_tokens=r.max_new_tokens,
                 temperature=r.temperature, top_p=r.top_p, experiences=exps, guided=guided,
@@ -100,11 +123,28 @@ class Explorer(EventActor):
         self.log.info("rollout.done", task_id=task.task_id, outcomes=[round(s.outcome, 2) for s in res.samples],
                       guided=guided, seconds=round(res.duration_s, 1), tokens=res.tokens)
 
+    async def handle_weights_published(self, ev: WeightsPublished, msg):
+        if self.settings.rollout.weights == "published" and not ev.force:
+            self._target = {"version": ev.weights.version, "path": ev.weights.path, "sha256": ev.weights.sha256}
+
     async def handle_weights_promoted(self, ev: WeightsPromoted, msg):
-        await self._sync_live()
+        if self._target is None:
+            await self._sync_live()
+
+    async def handle_weights_rejected(self, ev: WeightsRejected, msg):
+        await self._drop_branch(ev.weights.version)
 
     async def handle_weights_rolled_back(self, ev: WeightsRolledBack, msg):
-        await self._sync_live()
+        await self._drop_branch(ev.from_version)
+        if self._target is None:
+            await self._sync_live()
+
+    async def _drop_branch(self, bad: str) -> None:
+        """Like the learner: a target that is or descends from a rejected or rolled-back version is
+        dropped for live (the learner's next version descends from live)."""
+        if self._target and bad in self.weights.ancestors(self._target["version"], 1000):
+            self._target = None
 
     def health(self) -> dict:
-        return {**super().health(), "groups": getattr(self, "groups", 0)}
+        return {**super().health(), "groups": getattr(self, "groups", 0),
+                "sampling_with": getattr(getattr(self, "engine", None), "version", None)}

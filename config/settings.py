@@ -100,6 +100,10 @@ class RolloutSettings(_Section):
                               "(tool_choice=required); helps small policies explore the tools")
     choose_name: bool = Field(True, description="In training rollouts, that forced call also gets one of the "
                               "declared function names, sampled by constrained decoding (the gate does not)")
+    weights: Literal["published", "live"] = Field(
+        "published", description="Weights the explorer samples training rollouts with: the learner's newest "
+        "published version (keeps them within the staleness bound while the gate is still evaluating, as "
+        "asynchronous RL systems do; users never see these answers) or the live one")
 
 
 class MemorySettings(_Section):

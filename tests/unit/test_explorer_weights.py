@@ -1,0 +1,89 @@
+"""Which weights the explorer samples training rollouts with (handlers called directly, no bus)."""
+import asyncio
+
+import pytest
+
+from actors.events import WeightsPublished, WeightsRef, WeightsRejected, WeightsRolledBack
+from actors.explorer import Explorer
+from config.settings import load_settings
+from policies.model_store import WeightsStore
+
+
+class FakeEngine:
+    def __init__(self):
+        self.version = "w-000000"
+        self.loads = []
+
+    def load_weights(self, path, version):
+        self.loads.append(version)
+        self.version = version
+
+
+def _publish(store: WeightsStore, n: int, parent: str) -> WeightsRef:
+    import torch
+
+    v = f"w-{n:06d}"
+    path, sha = store.save({"w": torch.full((2,), float(n))}, v, {"parent": parent, "step": n})
+    return WeightsRef(version=v, path=str(path), sha256=sha, parent=parent, step=n)
+
+
+@pytest.fixture
+def explorer(tmp_path):
+    s = load_settings(None, state_dir=str(tmp_path))
+    x = Explorer(s)
+    x.weights, x.engine = WeightsStore(s.state), FakeEngine()
+    return x
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_explorer_follows_published_versions_and_drops_a_rejected_branch(explorer):
+    x, store = explorer, explorer.weights
+    r1 = _publish(store, 1, "w-000000")
+    r2 = _publish(store, 2, "w-000001")
+    run(x.handle_weights_published(WeightsPublished(weights=r1), None))
+    run(x.handle_weights_published(WeightsPublished(weights=r2), None))
+    run(x._follow())
+    assert x.engine.version == "w-000002" and x.engine.loads == ["w-000002"]  # only the newest is loaded
+    run(x._follow())
+    assert x.engine.loads == ["w-000002"]  # unchanged target: no reload
+    # w-000001 rejected: w-000002 descends from it, so sampling goes back to live (the base model here)
+    run(x.handle_weights_rejected(WeightsRejected(weights=r1, candidate_score=0, live_score=0, reason="r"), None))
+    assert x._target is None
+    store.set_live(r1.version, r1.path, r1.sha256)  # (pretend live moved, to see the live sync happen)
+    run(x._follow())
+    assert x.engine.version == "w-000001"
+
+
+def test_rejecting_an_unrelated_version_keeps_the_target(explorer):
+    x, store = explorer, explorer.weights
+    r1 = _publish(store, 1, "w-000000")
+    r2 = _publish(store, 2, "w-000000")  # a sibling branch (the learner was reset to live)
+    run(x.handle_weights_published(WeightsPublished(weights=r2), None))
+    run(x.handle_weights_rejected(WeightsRejected(weights=r1, candidate_score=0, live_score=0, reason="r"), None))
+    assert x._target["version"] == "w-000002"
+    run(x.handle_weights_rolled_back(WeightsRolledBack(from_version="w-000002", to=r1, reason="drop"), None))
+    assert x._target is None
+
+
+def test_forced_and_live_mode_publications_are_not_followed(tmp_path):
+    s = load_settings(None, state_dir=str(tmp_path), **{"rollout.weights": "live"})
+    x = Explorer(s)
+    x.weights, x.engine = WeightsStore(s.state), FakeEngine()
+    run(x.handle_weights_published(WeightsPublished(weights=_publish(x.weights, 1, "w-000000")), None))
+    assert x._target is None
+    y = Explorer(load_settings(None, state_dir=str(tmp_path / "b")))
+    y.weights, y.engine = WeightsStore(y.settings.state), FakeEngine()
+    run(y.handle_weights_published(WeightsPublished(weights=_publish(y.weights, 1, "w-000000"), force=True), None))
+    assert y._target is None
+
+
+def test_a_pruned_target_falls_back_to_live(explorer):
+    x, store = explorer, explorer.weights
+    r1 = _publish(store, 1, "w-000000")
+    run(x.handle_weights_published(WeightsPublished(weights=r1), None))
+    store.path("w-000001").unlink()
+    run(x._follow())
+    assert x._target is None and x.engine.version == "w-000000" and x.engine.loads == []
