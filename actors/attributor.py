@@ -64,7 +64,7 @@ class Attributor(EventActor):
             from policies.model_store import WeightsStore, ensure_base_model
 
             self.weights = WeightsStore(s.state)
-            base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
+            self.base = base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
             self.engine = await asyncio.to_thread(make_engine, s, base, role="judge")
             await self._sync_live()
         self.judge = make_judge(s, self.engine)
@@ -73,7 +73,7 @@ class Attributor(EventActor):
         self.stats = {"judged": 0, "fallback_budget": 0, "fallback_error": 0, "fallback_malformed": 0, "screened": 0}
 
     async def _sync_live(self) -> None:
-        self.weights_version = await asyncio.to_thread(self.weights.sync, self.engine)
+        self.weights_version = await asyncio.to_thread(self.weights.sync, self.engine, self.base)
 
     async def handle_weights_promoted(self, ev: WeightsPromoted, msg):
         if self.engine is not None:

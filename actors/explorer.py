@@ -44,14 +44,14 @@ class Explorer(EventActor):
             workers = await asyncio.to_thread(start_workers, s, s.env.pool_workers)
             self.envs = {n: PooledEnvironment(e, workers, s.env.max_concurrent) for n, e in self.envs.items()}
         self.weights = WeightsStore(s.state)
-        base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
+        self.base = base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
         self.engine = await asyncio.to_thread(make_engine, s, base, role="explorer")
         await self._sync_live()
         self.groups = 0
 
     async def _sync_live(self) -> None:
         self._target = None
-        self.weights_version = await asyncio.to_thread(self.weights.sync, self.engine)
+        self.weights_version = await asyncio.to_thread(self.weights.sync, self.engine, self.base)
 
     def _load_target(self) -> str:
         t = self._target
@@ -59,7 +59,7 @@ class Explorer(EventActor):
             if not self.weights.verify(t["path"], t["sha256"]):  # pruned or damaged: fall back to live
                 self.log.warning("weights.target_unusable", version=t["version"])
                 self._target = None
-                return self.weights.sync(self.engine)
+                return self.weights.sync(self.engine, self.base)
             self.engine.load_weights(t["path"], t["version"])
         return self.engine.version
 

@@ -99,14 +99,14 @@ class Questioner(EventActor):
             from policies.model_store import WeightsStore, ensure_base_model
 
             self.weights = WeightsStore(s.state)
-            base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
+            self.base = base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
             self.engine = make_engine(s, base, role="questioner")
-            self.weights_version = self.weights.sync(self.engine)
+            self.weights_version = self.weights.sync(self.engine, self.base)
         self._gen = make_generator(s, self.engine)
 
     async def handle_weights_promoted(self, ev, msg):
         if self.engine is not None:
-            self.weights_version = await asyncio.to_thread(self.weights.sync, self.engine)
+            self.weights_version = await asyncio.to_thread(self.weights.sync, self.engine, self.base)
 
     handle_weights_rolled_back = handle_weights_promoted
 

@@ -142,12 +142,19 @@ class WeightsStore:
             out.append(parent)
         return out
 
-    def sync(self, engine) -> str:
+    def sync(self, engine, base: Path | None = None) -> str:
         """Load the LIVE version into `engine` if it serves another one; returns the version it serves.
-        (Actors that generate with the served policy follow promotions and rollbacks with this.)"""
+        (Actors that generate with the served policy follow promotions and rollbacks with this.) Going
+        back to the base model (no weights file of ours) loads `base`/model.safetensors."""
         live = self.live()
-        if live["path"] and live["version"] != engine.version:
-            engine.load_weights(live["path"], live["version"])
+        if live["version"] == engine.version:
+            return engine.version
+        path = live["path"]
+        if path is None and base is not None and (Path(base) / "model.safetensors").exists():
+            path = Path(base) / "model.safetensors"
+        if path is None:
+            raise FileNotFoundError(f"cannot load {live['version']}: no weights file (base folder {base})")
+        engine.load_weights(path, live["version"])
         return engine.version
 
     def set_live(self, version: str, path: str | None, sha256: str | None, canary: dict | None = None) -> None:

@@ -31,8 +31,17 @@ def _publish(store: WeightsStore, n: int, parent: str) -> WeightsRef:
 def explorer(tmp_path):
     s = load_settings(None, state_dir=str(tmp_path))
     x = Explorer(s)
-    x.weights, x.engine = WeightsStore(s.state), FakeEngine()
+    x.weights, x.engine, x.base = WeightsStore(s.state), FakeEngine(), _base(tmp_path)
     return x
+
+
+def _base(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    (tmp_path / "base").mkdir(exist_ok=True)
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "base" / "model.safetensors"))
+    return tmp_path / "base"
 
 
 def run(coro):
@@ -49,12 +58,11 @@ def test_explorer_follows_published_versions_and_drops_a_rejected_branch(explore
     assert x.engine.version == "w-000002" and x.engine.loads == ["w-000002"]  # only the newest is loaded
     run(x._follow())
     assert x.engine.loads == ["w-000002"]  # unchanged target: no reload
-    # w-000001 rejected: w-000002 descends from it, so sampling goes back to live (the base model here)
+    # w-000001 rejected: w-000002 descends from it, so sampling goes back to live, the base model
     run(x.handle_weights_rejected(WeightsRejected(weights=r1, candidate_score=0, live_score=0, reason="r"), None))
     assert x._target is None
-    store.set_live(r1.version, r1.path, r1.sha256)  # (pretend live moved, to see the live sync happen)
     run(x._follow())
-    assert x.engine.version == "w-000001"
+    assert x.engine.version == "w-000000" and x.engine.loads == ["w-000002", "w-000000"]
 
 
 def test_rejecting_an_unrelated_version_keeps_the_target(explorer):
@@ -71,11 +79,11 @@ def test_rejecting_an_unrelated_version_keeps_the_target(explorer):
 def test_forced_and_live_mode_publications_are_not_followed(tmp_path):
     s = load_settings(None, state_dir=str(tmp_path), **{"rollout.weights": "live"})
     x = Explorer(s)
-    x.weights, x.engine = WeightsStore(s.state), FakeEngine()
+    x.weights, x.engine, x.base = WeightsStore(s.state), FakeEngine(), _base(tmp_path)
     run(x.handle_weights_published(WeightsPublished(weights=_publish(x.weights, 1, "w-000000")), None))
     assert x._target is None
     y = Explorer(load_settings(None, state_dir=str(tmp_path / "b")))
-    y.weights, y.engine = WeightsStore(y.settings.state), FakeEngine()
+    y.weights, y.engine, y.base = WeightsStore(y.settings.state), FakeEngine(), _base(tmp_path)
     run(y.handle_weights_published(WeightsPublished(weights=_publish(y.weights, 1, "w-000000"), force=True), None))
     assert y._target is None
 
