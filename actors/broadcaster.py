@@ -90,7 +90,7 @@ class Broadcaster(EventActor):
         if version in self.refs:
             return WeightsRef(**self.refs[version])
         if version == BASE_VERSION:
-            path = self.base_path / "model.safetensors"
+            path = self.store.file(version, self.base_path)
             ref = WeightsRef(version=version, path=str(path), sha256=sha256_file(path), parent="", step=0)
         else:
             man = self.store.manifest(version) or {}

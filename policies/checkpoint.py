@@ -15,17 +15,9 @@ import os
 import time
 from pathlib import Path
 
-from policies.model_store import atomic_write_bytes, sha256_file
+from policies.model_store import atomic_write_bytes, fsync_dir, sha256_file
 
 MANIFEST, PREVIOUS = "checkpoint.json", "checkpoint.prev.json"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class CheckpointStore:
@@ -53,7 +45,7 @@ class CheckpointStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         man = {"step": step, "version": version, "file": final.name, "sha256": sha256_file(final),
                "bytes": final.stat().st_size, "created": time.time()}
         current = self.dir / MANIFEST

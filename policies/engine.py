@@ -48,6 +48,14 @@ class Engine(Protocol):
     def health(self) -> dict: ...
 
 
+def trie_step(seqs: dict[str, list[int]], chosen: list[int]) -> tuple[list[str], list[int]]:
+    """One step of constrained decoding over the options' tokenisations `seqs`, after the tokens
+    `chosen`: the options already complete, and the tokens that may come next."""
+    live = {o: s for o, s in seqs.items() if s[: len(chosen)] == chosen}
+    done = [o for o, s in live.items() if len(s) == len(chosen)]
+    return done, sorted({s[len(chosen)] for s in live.values() if len(s) > len(chosen)})
+
+
 class TransformersEngine:
     """HF transformers generation, one call at a time (the engine lock).
 
@@ -175,9 +183,7 @@ class TransformersEngine:
             past, chosen = out.past_key_values, []
             logits = out.logits[0, -1].float()
             while True:
-                live = {o: s for o, s in seqs.items() if s[: len(chosen)] == chosen}
-                done = [o for o, s in live.items() if len(s) == len(chosen)]
-                nxt = sorted({s[len(chosen)] for s in live.values() if len(s) > len(chosen)})
+                done, nxt = trie_step(seqs, chosen)
                 if done and not nxt:
                     return done[0]
                 allowed = torch.tensor(nxt, device=logits.device)

@@ -86,11 +86,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename in `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(dfd)
+        os.fsync(fd)
     finally:
-        os.close(dfd)
+        os.close(fd)
 
 
 class WeightsStore:
@@ -119,6 +124,14 @@ class WeightsStore:
     def manifest(self, version: str) -> dict | None:
         p = self.dir / f"{version}.json"
         return json.loads(p.read_text()) if p.exists() else None
+
+    def file(self, version: str, base: Path | None = None) -> Path | None:
+        """The weights file of `version`: ours from its manifest; for the base version, the base model
+        folder's model.safetensors (when `base` is given)."""
+        if version == BASE_VERSION:
+            return Path(base) / "model.safetensors" if base is not None else None
+        man = self.manifest(version)
+        return Path(man["path"]) if man and man.get("path") else None
 
     def verify(self, path: str | Path, sha256: str) -> bool:
         return Path(path).exists() and sha256_file(Path(path)) == sha256
@@ -149,9 +162,7 @@ class WeightsStore:
         live = self.live()
         if live["version"] == engine.version:
             return engine.version
-        path = live["path"]
-        if path is None and base is not None and (Path(base) / "model.safetensors").exists():
-            path = Path(base) / "model.safetensors"
+        path = live["path"] or self.file(live["version"], base)
         if path is None:
             raise FileNotFoundError(f"cannot load {live['version']}: no weights file (base folder {base})")
         engine.load_weights(path, live["version"])

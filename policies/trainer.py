@@ -66,11 +66,9 @@ class Trainer:
     def _weights(self, version: str, path: str | None = None) -> dict:
         from safetensors.torch import load_file
 
-        path = path or (None if version == BASE_VERSION else (self.store.manifest(version) or {}).get("path"))
+        path = path or self.store.file(version, self.base_dir)
         if path is None:
-            if version != BASE_VERSION:
-                raise FileNotFoundError(f"weights of {version} are not in the store")
-            return load_file(str(self.base_dir / "model.safetensors"))
+            raise FileNotFoundError(f"weights of {version} are not in the store")
         return load_file(str(path))
 
     def reset_to(self, weights_path: str | None, version: str) -> None:

@@ -23,7 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
-from policies.engine import Generation
+from policies.engine import Generation, trie_step
 
 
 class VllmEngine:
@@ -142,9 +142,7 @@ class VllmEngine:
         async def walk():
             chosen: list[int] = []
             while True:
-                live = {o: s for o, s in seqs.items() if s[: len(chosen)] == chosen}
-                done = [o for o, s in live.items() if len(s) == len(chosen)]
-                nxt = sorted({s[len(chosen)] for s in live.values() if len(s) > len(chosen)})
+                done, nxt = trie_step(seqs, chosen)
                 if done and not nxt:
                     return done[0]
                 params = self._params(max_tokens=1, temperature=temperature or 0.0, allowed_token_ids=nxt)
