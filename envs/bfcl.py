@@ -341,6 +341,24 @@ class BfclEnvironment:
         return Reference([ChatMessage(role="system", content=ep.system_prompt), ChatMessage(role="user", content=user)],
                          ep.tools, action)
 
+    def reference_solution(self, entry_id: str, spec: dict | None = None) -> list[list[ChatMessage]] | None:
+        """A known-good trajectory, per turn: the ground-truth calls of the turn in one action (a synthetic
+        task's reference calls), then a short text answer. None when a call uses positional arguments
+        (they have no JSON form)."""
+        ep = self.episode(entry_id, spec)
+        turns = []
+        for k, calls in enumerate(ep.truth[: len(ep.turns)]):
+            parsed = [parse_python_call(c) for c in calls]
+            if any(c.args for c in parsed):
+                return None
+            actions = []
+            if parsed:
+                actions.append(ChatMessage(role="assistant", tool_calls=[
+                    ToolCall(id=f"ref-{k}-{i}", name=c.name, arguments=json.dumps(c.kwargs)) for i, c in enumerate(parsed)]))
+            actions.append(ChatMessage(role="assistant", content="Done."))
+            turns.append(actions)
+        return turns
+
     def query_of(self, entry_id: str) -> str:
         entries, _ = load_category(self._index[entry_id])
         return entries[entry_id]["question"][0][0]["content"]

@@ -1,7 +1,11 @@
 """A code-interpreter environment (Agent0-style): reason -> run Python -> read the result -> answer.
 
 Tasks are generated deterministically from an entry id (`code_<family>_<n>`), each with a
-reference answer computed here, so they are verifiable offline. The agent has one tool,
+reference answer and a reference program computed here, so they are verifiable offline. The
+families form a ladder (`LEVELS`): level 0 is one `python` call that prints a sum, level 1 a
+product plus a term, level 2 modular arithmetic, level 3 loops (primes, Fibonacci, digit sums,
+Collatz). The questioner climbs it; the explorer replays a reference program as an off-policy
+sample when a whole group fails (`reference_solution`). The agent has one tool,
 `python(code)`, executed in the `envs.sandbox` subprocess sandbox (time, memory, process, output
 limits, no network). A turn ends when the agent answers in text; the outcome is 1.0 when the last
 number in the answer equals the reference, else 0.0.
@@ -12,14 +16,14 @@ import json
 import random
 import re
 
-from actors.events import ChatMessage, ToolSpec
+from actors.events import ChatMessage, ToolCall, ToolSpec
 from envs.base import Reference, Split, StepResult, split_of
 from envs.sandbox import Limits, run_python
 
 SYSTEM = ("You are an assistant that solves problems by writing Python. Call the python tool with code that "
-          "prints the result, read the output, then give the final answer as a number.")
+          "prints the result (or ends with an expression), read the output, then give the final answer as a number.")
 PYTHON_TOOL = ToolSpec(function={
-    "name": "python", "description": "Run Python 3 code in a sandbox and return what it prints.",
+    "name": "python", "description": "Run Python 3 code in a sandbox; returns what it prints, or the value of its last expression.",
     "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "Python source"}},
                    "required": ["code"]}})
 ENTRIES_PER_FAMILY = 100
@@ -35,35 +39,67 @@ def _primes_below(n: int) -> list[int]:
     return [i for i in range(n) if sieve[i]]
 
 
-def _task(family: str, n: int) -> tuple[str, str]:
-    """(question, reference answer) for one entry; deterministic in (family, n)."""
+def _task(family: str, n: int) -> tuple[str, str, str]:
+    """(question, reference answer, reference program) for one entry; deterministic in (family, n)."""
     r = random.Random(f"{family}:{n}")
+    if family == "add":
+        a, b = r.randint(100, 99999), r.randint(100, 99999)
+        return f"What is {a} + {b}?", str(a + b), f"print({a} + {b})"
+    if family == "muladd":
+        a, b, c = r.randint(11, 999), r.randint(11, 999), r.randint(1, 999)
+        return f"What is {a} * {b} + {c}?", str(a * b + c), f"print({a} * {b} + {c})"
     if family == "arith":
         a, b, c = r.randint(1000, 99999), r.randint(1000, 99999), r.randint(2, 99)
-        return f"What is ({a} * {b}) mod {c} + {a}?", str((a * b) % c + a)
+        return f"What is ({a} * {b}) mod {c} + {a}?", str((a * b) % c + a), f"print(({a} * {b}) % {c} + {a})"
     if family == "primes":
         m = r.randint(100, 5000)
-        return f"What is the sum of all prime numbers below {m}?", str(sum(_primes_below(m)))
+        return (f"What is the sum of all prime numbers below {m}?", str(sum(_primes_below(m))),
+                f"print(sum(p for p in range(2, {m}) if all(p % d for d in range(2, int(p ** 0.5) + 1))))")
     if family == "fib":
         k, m = r.randint(20, 200), r.randint(7, 997)
         a, b = 0, 1
         for _ in range(k):
             a, b = b, a + b
-        return f"What is the {k}-th Fibonacci number (F(0)=0, F(1)=1) modulo {m}?", str(a % m)
+        return (f"What is the {k}-th Fibonacci number (F(0)=0, F(1)=1) modulo {m}?", str(a % m),
+                f"a, b = 0, 1\nfor _ in range({k}):\n    a, b = b, a + b\nprint(a % {m})")
     if family == "digits":
         k = r.randint(10, 60)
-        return f"What is the sum of the digits of 2 to the power {k}?", str(sum(int(d) for d in str(2 ** k)))
+        return (f"What is the sum of the digits of 2 to the power {k}?", str(sum(int(d) for d in str(2 ** k))),
+                f"print(sum(int(d) for d in str(2 ** {k})))")
     if family == "collatz":
         x = r.randint(10, 10_000)
         steps, y = 0, x
         while y != 1:
             y = y // 2 if y % 2 == 0 else 3 * y + 1
             steps += 1
-        return f"How many steps does the Collatz sequence starting at {x} take to reach 1?", str(steps)
+        return (f"How many steps does the Collatz sequence starting at {x} take to reach 1?", str(steps),
+                f"y, n = {x}, 0\nwhile y != 1:\n    y = y // 2 if y % 2 == 0 else 3 * y + 1\n    n += 1\nprint(n)")
     raise KeyError(family)
 
 
-FAMILIES = ("arith", "primes", "fib", "digits", "collatz")
+LEVELS: dict[str, int] = {"add": 0, "muladd": 1, "arith": 2, "primes": 3, "fib": 3, "digits": 3, "collatz": 3}
+FAMILIES = tuple(LEVELS)
+
+
+def notebook_cell(code: str) -> str:
+    """Like a notebook cell, the value of a final bare expression is shown (printed when not None), so
+    `40265 + 63807` answers as `print(40265 + 63807)` does. Code that does not parse runs unchanged and
+    reports its own SyntaxError."""
+    import ast
+
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return code
+    last = tree.body[-1] if tree.body else None
+    if not isinstance(last, ast.Expr):
+        return code
+    if isinstance(last.value, ast.Call) and getattr(last.value.func, "id", None) == "print":
+        return code
+    show = ast.parse("__kaizen_value = None\nif __kaizen_value is not None:\n    print(__kaizen_value)").body
+    show[0].value = last.value
+    tree.body[-1:] = show
+    return ast.unparse(ast.fix_missing_locations(tree))
 
 
 def last_number(text: str) -> str | None:
@@ -75,7 +111,7 @@ class CodeEpisode:
     def __init__(self, entry_id: str, max_steps: int, limits: Limits, max_obs_chars: int):
         _, family, n = entry_id.split("_")
         self.entry_id, self.category = entry_id, family
-        self.question, self.answer = _task(family, int(n))
+        self.question, self.answer, self.program = _task(family, int(n))
         self.max_steps, self.limits, self.max_obs = max_steps, limits, max_obs_chars
         self.system_prompt = SYSTEM
         self.tools = [PYTHON_TOOL]
@@ -108,7 +144,7 @@ class CodeEpisode:
                 signals.append(-0.8)
                 errors.append("bad python arguments")
                 continue
-            res = run_python(code, self.limits)
+            res = run_python(notebook_cell(code), self.limits)
             if res.ok:
                 text, sig = res.stdout or "(no output)", 0.3
                 if _same(last_number(res.stdout) or "", self.answer):
@@ -171,12 +207,23 @@ class CodeEnvironment:
         _, family, n = entry_id.split("_")
         return _task(family, int(n))[0]
 
+    def level_of(self, entry_id: str) -> int:
+        """Rung of the difficulty ladder (0 = one call that prints a sum)."""
+        return LEVELS[self.category_of(entry_id)]
+
     def category_of(self, entry_id: str) -> str:
         return entry_id.split("_")[1]
 
     def reference_action(self, entry_id: str) -> Reference:
-        """The checked answer, stated directly."""
+        """The first action of the reference solution: the python call that prints the answer."""
         ep = self.episode(entry_id)
         return Reference([ChatMessage(role="system", content=ep.system_prompt),
                           ChatMessage(role="user", content=ep.question)], ep.tools,
-                         ChatMessage(role="assistant", content=f"The answer is {ep.answer}."))
+                         self.reference_solution(entry_id)[0][0])
+
+    def reference_solution(self, entry_id: str, spec: dict | None = None) -> list[list[ChatMessage]]:
+        """A known-good trajectory, per turn: run the reference program, then state its result."""
+        ep = self.episode(entry_id, spec)
+        call = ToolCall(id="ref-0", name="python", arguments=json.dumps({"code": ep.program}))
+        return [[ChatMessage(role="assistant", tool_calls=[call]),
+                 ChatMessage(role="assistant", content=f"The answer is {ep.answer}.")]]

@@ -69,7 +69,7 @@ def test_code_env_reference_answers_verify(family):
     env = CodeEnvironment(limits=FAST)
     eid = f"code_{family}_3"
     ep = env.episode(eid)
-    question, answer = _task(family, 3)
+    question, answer, _ = _task(family, 3)
     assert ep.next_user_message() == question
     r = ep.step(_call(f"print({answer})"))
     assert r.signal == 1.0 and r.observations[0].content.strip() == answer
@@ -95,4 +95,23 @@ def test_code_env_wrong_answer_and_bad_calls():
 def test_code_env_split_is_fixed_and_disjoint():
     env = CodeEnvironment()
     train, held = set(env.entries("train")), set(env.entries("heldout"))
-    assert train and held and not train & held and len(train) + len(held) == 500
+    assert train and held and not train & held and len(train) + len(held) == 700
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_code_env_reference_solution_replays_and_passes(family):
+    from envs.base import replay
+
+    env = CodeEnvironment(limits=FAST)
+    for n in (0, 7):
+        eid = f"code_{family}_{n}"
+        ep = replay(env, eid, env.reference_solution(eid))
+        assert ep.passed(), (eid, ep.program)
+
+
+def test_code_env_ladder_levels():
+    env = CodeEnvironment()
+    assert env.level_of("code_add_1") == 0 and env.level_of("code_muladd_1") == 1
+    assert env.level_of("code_arith_1") == 2 and env.level_of("code_collatz_1") == 3
+    q, a, prog = _task("add", 5)
+    assert q.startswith("What is ") and "+" in q and prog.startswith("print(")
