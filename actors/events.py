@@ -69,6 +69,8 @@ class Sample(Wire):
     experience_ids: list[str] = []
     experiences: list[str] = Field([], description="experience text a guided sample saw (not in `messages`)")
     error: str | None = None
+    off_policy: bool = Field(False, description="a verified reference trajectory replayed in the environment, not "
+                             "sampled from any weights version (mixed-policy GRPO); never counts as the policy's own")
 
 
 # ----------------------------------------------------------------------------- request / reply (not events)

@@ -3,10 +3,13 @@
 For every `evo.task` it runs `rollout.group_size` episodes against the real environment in
 lockstep (batched generation). The first `guided_share` of the group gets experiences retrieved
 from the navigator (NATS request/reply); the training view strips them. Emits one `evo.rollout`
-per group (groups stay intact). With `rollout.weights: published` (default) it samples with the
-learner's newest published version (`evo.weights_published`), so its groups stay within the learner's
-staleness bound however long the gate takes; a rejected or rolled-back version sends it back to live,
-as it does the learner. With `live` it follows `evo.weights_promoted` / `_rolled_back` only.
+per group (groups stay intact). When no sample of a group solves its task (`rollout.reference_on_failure`),
+the environment's reference trajectory, replayed and verified in a fresh episode, joins the group as an
+off-policy sample (mixed-policy GRPO: the learner trains it with LUFFY's shaped objective), so a
+policy at the floor of a task still gets a direction to move in.
+With `rollout.weights: published` (default) it samples with the learner's newest published version
+(`evo.weights_published`), so its groups stay within the learner's staleness bound however long the
+gate takes; a rejected or rolled-back version sends it back to live, as it does the learner. With `live` it follows `evo.weights_promoted` / `_rolled_back` only.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from envs.registry import make_envs
 from envs.tool_calls import CallError, parse_python_call
 from policies.engine import make_engine
 from policies.model_store import WeightsStore, ensure_base_model
-from policies.rollout import run_group
+from policies.rollout import reference_sample, run_group
 
 
 class Explorer(EventActor):
@@ -115,12 +118,18 @@ class Explorer(EventActor):
                 temperature=r.temperature, top_p=r.top_p, experiences=exps, guided=guided,
                 experience_ids=[e.experience_id for e in mem.experiences], call_prefix=r.call_prefix, spec=spec,
                 choose_names=r.choose_name)
+            samples = list(res.samples)
+            if r.reference_on_failure and max(s.outcome for s in samples) < 1.0:  # learning from the floor
+                ref = await asyncio.to_thread(reference_sample, env, task.entry_id, spec)
+                if ref is not None:
+                    samples.append(ref)
         event = Rollout(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:rollout:{task.event_id}")),
-                        task=task, group_id=task.event_id, samples=res.samples, duration_s=res.duration_s,
+                        task=task, group_id=task.event_id, samples=samples, duration_s=res.duration_s,
                         trace_id=task.trace_id)
         await self.bus.publish(event, weights_version=version)
         self.groups += 1
         self.log.info("rollout.done", task_id=task.task_id, outcomes=[round(s.outcome, 2) for s in res.samples],
+                      reference=len(samples) > len(res.samples),
                       guided=guided, seconds=round(res.duration_s, 1), tokens=res.tokens)
 
     async def handle_weights_published(self, ev: WeightsPublished, msg):

@@ -44,9 +44,25 @@ def informative(j: Judgement, alpha: float) -> bool:
                              for a in adv)
 
 
+def at_floor(j: Judgement, alpha: float) -> Judgement:
+    """A reference sample stays in a group only where the policy's own samples teach nothing (no spread in
+    their scores, no step credit): mixed into a group that has its own signal, the reference's outlier score
+    would squash the differences between the policy's samples into one shared negative advantage."""
+    own = [i for i, s in enumerate(j.samples) if not s.off_policy]
+    if len(own) == len(j.samples):
+        return j
+    pick = lambda xs: [xs[i] for i in own] if xs else xs  # noqa: E731
+    mine = j.model_copy(update={"samples": pick(j.samples), "outcomes": pick(j.outcomes),
+                                "step_labels": pick(j.step_labels), "behaviour_versions": pick(j.behaviour_versions)})
+    return mine if informative(mine, alpha) else j
+
+
 def staleness(store: WeightsStore, training: str, version: str, max_staleness: int) -> int | None:
     """Learner steps from `version` to `training` along the manifests' parent links; None when `version` is not
-    an ancestor within `max_staleness` steps, or its weights file is gone (it cannot be corrected then)."""
+    an ancestor within `max_staleness` steps, or its weights file is gone (it cannot be corrected then).
+    A reference sample has no behaviour version and never goes stale."""
+    if version == REFERENCE:
+        return 0
     lineage = store.ancestors(training, max_staleness)
     if version not in lineage:
         return None
@@ -55,8 +71,12 @@ def staleness(store: WeightsStore, training: str, version: str, max_staleness: i
     return lineage.index(version)
 
 
+REFERENCE = "reference"  # behaviour of an off-policy reference sample: no weights version generated it
+
+
 def behaviour_of(j: Judgement) -> list[str]:
-    return list(j.behaviour_versions) if j.behaviour_versions else [j.weights_version] * len(j.samples)
+    versions = list(j.behaviour_versions) if j.behaviour_versions else [j.weights_version] * len(j.samples)
+    return [REFERENCE if s.off_policy else v for s, v in zip(j.samples, versions)]
 
 
 class Learner(EventActor):
@@ -90,6 +110,8 @@ class Learner(EventActor):
         self.held: dict[str, object] = {}  # event_id -> unacked message
         self._last_beat = time.monotonic()
         self.steps_done = self.dropped_stale = 0
+        # rollout groups seen; with outcome variance among the policy's own samples; with no signal at all
+        self.groups_seen = self.groups_own_signal = self.groups_no_signal = 0
         await self._finish_commit()
 
     def _restore_committed(self) -> None:
@@ -137,7 +159,11 @@ class Learner(EventActor):
                 else:
                     await self._ack([x.event_id for x in pooled])
             return HOLD
+        j = at_floor(j, alpha)
+        self.groups_seen += 1
+        self.groups_own_signal += not any(s.off_policy for s in j.samples) and informative(j, alpha)
         if not informative(j, alpha):
+            self.groups_no_signal += 1
             self.log.info("group.skipped_no_signal", group_id=j.group_id, outcome=j.outcomes[:1])
             return None
         self.held[j.event_id] = msg
@@ -214,6 +240,7 @@ class Learner(EventActor):
                     grad_norm=stats["grad_norm"], duration_s=stats["seconds"], source_event_ids=ids,
                     metrics={**{k: float(v) for k, v in stats.items() if isinstance(v, (int, float))},
                              "dropped_stale_groups": float(self.dropped_stale),
+                             **self._signal_shares(),
                              **{f"groups_{o}": float(sum(g.origin == o for g in groups))
                                 for o in ("env", "synthetic", "live")}}),
                     weights_version=version)
@@ -246,8 +273,17 @@ class Learner(EventActor):
             await asyncio.to_thread(self.trainer.reset_to, live["path"], live["version"])
             self.log.info("learner.reset_to_live", rejected=ev.weights.version, live=live["version"])
 
+    def _signal_shares(self) -> dict[str, float]:
+        """Share of rollout groups the policy's own samples made informative (reward variance > 0), and share
+        that taught anything once references joined unsolved groups."""
+        n = max(1, getattr(self, "groups_seen", 0))
+        return {"rollout_groups": float(getattr(self, "groups_seen", 0)),
+                "informative_own_share": getattr(self, "groups_own_signal", 0) / n,
+                "informative_share": 1.0 - getattr(self, "groups_no_signal", 0) / n}
+
     def health(self) -> dict:
         t = getattr(self, "trainer", None)
         return {**super().health(), "step": t.step if t else 0, "training": t.version if t else None,
                 "held_groups": len(getattr(self, "ready", [])), "held_live": len(getattr(self, "live", [])),
-                "held_messages": len(getattr(self, "held", {})), "dropped_stale": getattr(self, "dropped_stale", 0)}
+                "held_messages": len(getattr(self, "held", {})), "dropped_stale": getattr(self, "dropped_stale", 0),
+                **self._signal_shares()}

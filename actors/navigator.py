@@ -103,7 +103,7 @@ def retrieval_key(e: Experience) -> str:
 def guided_helped(j: Judgement) -> dict[str, bool]:
     """Experience id -> did its guided samples beat the unguided ones of the same group?"""
     g = [o for s, o in zip(j.samples, j.outcomes) if s.guided]
-    u = [o for s, o in zip(j.samples, j.outcomes) if not s.guided]
+    u = [o for s, o in zip(j.samples, j.outcomes) if not s.guided and not s.off_policy]
     if not g or not u:
         return {}
     helped = sum(g) / len(g) > sum(u) / len(u)

@@ -36,6 +36,10 @@ class RaySettings(_Section):
     num_cpus: float = Field(8, description="Logical CPUs declared to local Ray (actors take fractions)")
     actor_cpus: float = Field(0.5, description="Logical CPUs reserved by each evolution actor")
     actor_gpus: dict[str, float] = Field({}, description="GPUs per evolution actor by name, e.g. {learner: 0.3}")
+    actor_nice: dict[str, int] = Field({"explorer": 10, "questioner": 10}, description="OS niceness added to an "
+                                       "actor's process: work off the path from an interaction to served weights "
+                                       "(exploration, task writing) yields the CPU to the judge, the learner, the "
+                                       "gate and the serving replicas")
 
 
 class ServeSettings(_Section):
@@ -100,6 +104,9 @@ class RolloutSettings(_Section):
                               "(tool_choice=required); helps small policies explore the tools")
     choose_name: bool = Field(True, description="In training rollouts, that forced call also gets one of the "
                               "declared function names, sampled by constrained decoding (the gate does not)")
+    reference_on_failure: bool = Field(True, description="When no sample of a group solves its task, add the "
+                                       "environment's verified reference trajectory as an off-policy sample "
+                                       "(mixed-policy GRPO, LUFFY), so groups at the floor still teach")
     weights: Literal["published", "live"] = Field(
         "published", description="Weights the explorer samples training rollouts with: the learner's newest "
         "published version (keeps them within the staleness bound while the gate is still evaluating, as "
@@ -157,6 +164,11 @@ class LearnerSettings(_Section):
     is_threshold: float = Field(2.0, description="Upper bound of the truncated importance ratio pi_train / "
                                 "pi_behaviour that corrects stale samples (verl's token-level TIS)")
     kl_coef: float = Field(0.001, description="Weight of the KL penalty to the reference (base) policy; 0 disables")
+    off_policy_gamma: float = Field(0.1, description="LUFFY's policy-shaping constant for reference (off-policy) "
+                                    "tokens: f(pi) = pi / (pi + gamma)")
+    floor_negative_scale: float = Field(0.0, description="In a group none of the policy's samples solved and a "
+                                        "reference joined, scale of the failures' negative advantages (0: the "
+                                        "group teaches by the reference alone)")
     kl_type: str = Field("low_var_kl", description="verl KL estimator (low_var_kl = k3)")
     micro_batch_size: int = Field(1, description="Samples per forward/backward; gradients accumulate over the batch")
     bf16: bool = Field(True, description="Run the transformer body under bfloat16 autocast (master weights, "

@@ -153,6 +153,14 @@ class PooledEnvironment:
     def category_of(self, entry_id):
         return self.local.category_of(entry_id)
 
+    def reference_solution(self, entry_id, spec=None):
+        solve = getattr(self.local, "reference_solution", None)
+        return solve(entry_id, spec) if solve else None
+
+    def level_of(self, entry_id):
+        level = getattr(self.local, "level_of", None)
+        return level(entry_id) if level else 0
+
     def episode(self, entry_id: str, spec: dict | None = None) -> RemoteEpisode:
         if not self.slots.acquire(timeout=self.slot_timeout_s):
             raise TimeoutError(f"no environment slot free within {self.slot_timeout_s} s")

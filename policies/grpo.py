@@ -9,6 +9,8 @@ Pure functions the learner calls:
   (clip_ratio_low / clip_ratio_high as in DAPO / AgentEvolver), optionally weighted per token by
 - `is_weights()`: verl's truncated importance weights min(pi_prox / pi_behav, C) for samples that
   older weights generated (token-level TIS), and
+- `off_policy_loss()`: LUFFY's mixed-policy term for verified reference trajectories (no verl
+  counterpart): the shaped probability f(pi) = pi / (pi + gamma), unclipped,
 - `kl_loss()`: verl's KL estimator to the reference policy, token-mean aggregated.
 - `token_logprobs()`: log p(token_t | prefix) for every position.
 Nothing here re-implements what verl provides.
@@ -107,6 +109,21 @@ def is_weights(prox_log_prob: torch.Tensor, behav_log_prob: torch.Tensor, respon
     w, metrics = compute_rollout_correction_weights(prox_log_prob - behav_log_prob, response_mask.float(),
                                                     rollout_is="token", rollout_is_threshold=threshold)
     return w.detach(), {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+
+
+def off_policy_loss(log_prob: torch.Tensor, adv: torch.Tensor, response_mask: torch.Tensor, gamma: float = 0.1,
+                    loss_agg_mode: str = "token-mean") -> torch.Tensor:
+    """Mixed-policy GRPO for off-policy reference tokens (LUFFY, arXiv 2504.14945, eq. 6):
+        loss_t = -A_t * f(pi_theta(y_t)),   f(x) = x / (x + gamma)
+    The reference came from no policy we can score, so its behaviour probability is taken as 1 and the
+    importance ratio is pi_theta itself; there is no clip (the ratio is already in [0, 1]). The shaping's
+    gradient, gamma * pi / (pi + gamma)^2 * grad log pi, peaks at pi = gamma: tokens the policy finds
+    unlikely but not hopeless get the most weight, where a plain ratio (gradient pi * grad log pi) would
+    ignore them and SFT (weight 1) would let them dominate. Aggregated like the on-policy loss."""
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    p = log_prob.exp()
+    return agg_loss(-adv * p / (p + gamma), response_mask.float(), loss_agg_mode)
 
 
 def kl_loss(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor,

@@ -109,6 +109,45 @@ def _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, gu
     return GroupResult(samples, time.monotonic() - t0, tokens)
 
 
+def reference_sample(env: Environment, entry_id: str, spec: dict | None = None) -> Sample | None:
+    """The environment's reference solution replayed in a fresh episode, as an off-policy sample
+    (`off_policy=True`) in the same training view as the policy's own samples; None when the
+    environment has no reference for the entry or the replay does not fully succeed (only verified
+    trajectories are ever trained on)."""
+    solve = getattr(env, "reference_solution", None)
+    turns = solve(entry_id, spec) if solve else None
+    if not turns:
+        return None
+    ep = env.episode(entry_id, spec)
+    try:
+        msgs = [ChatMessage(role="system", content=ep.system_prompt)]
+        steps, signals = [], []
+        for actions in turns:
+            user = ep.next_user_message()
+            if user is None:
+                break
+            msgs.append(ChatMessage(role="user", content=user))
+            for action in actions:
+                steps.append(len(msgs))
+                msgs.append(action)
+                r = ep.step(action)
+                signals.append(r.signal)
+                msgs.extend(r.observations)
+                if r.turn_done:
+                    break
+        while ep.next_user_message() is not None:  # close the last turn so it is scored
+            pass
+        outcome = ep.outcome()
+        if outcome < 1.0:
+            return None
+        return Sample(sample_id=str(uuid.uuid4()), messages=msgs, tools=ep.tools, step_indices=steps,
+                      step_signals=signals, outcome=outcome, off_policy=True)
+    finally:
+        release = getattr(ep, "release", None)
+        if release:
+            release()
+
+
 def evaluate(engine, env: Environment, entry_ids: list[str], k: int = 1, max_new_tokens: int = 96,
              temperature: float = 0.0, progress=None, call_prefix: bool = False) -> dict:
     """avg@k and best@k over entries (k samples each; greedy when temperature == 0)."""

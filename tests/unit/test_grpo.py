@@ -1,6 +1,7 @@
 """Pins the GRPO maths (verl's estimator and loss) to hand-computed values."""
 import math
 
+import pytest
 import torch
 
 from actors.events import ChatMessage, Sample
@@ -83,3 +84,29 @@ def test_selective_boosting_only_for_guided_positive_samples():
     assert grpo.sample_clip_high(0.28, False, 0.5, 0.6) == 0.28
     assert grpo.sample_clip_high(0.28, True, 0.5, 0.0) == 0.28  # disabled
     assert grpo.sample_clip_high(0.3, True, 0.0, 0.6) == 0.3  # zero advantage is not positive
+
+
+def test_off_policy_loss_matches_luffy_by_hand():
+    """loss_t = -A f(pi), f(x) = x / (x + gamma); d loss / d log pi = -A gamma pi / (pi + gamma)^2."""
+    import math
+
+    lp = torch.tensor([[0.0, math.log(0.1), math.log(0.9)]], requires_grad=True)
+    adv = torch.tensor([[2.0, 2.0, -1.0]])
+    mask = torch.tensor([[0, 1, 1]])
+    loss = grpo.off_policy_loss(lp, adv, mask, gamma=0.1)
+    # token 1: pi 0.1 -> f 0.5 -> -2 * 0.5 = -1.0; token 2: pi 0.9 -> f 0.9 -> +0.9; token-mean over 2 tokens
+    assert float(loss) == pytest.approx((-1.0 + 0.9) / 2)
+    loss.backward()
+    g = lp.grad[0]
+    assert float(g[0]) == 0.0  # masked
+    assert float(g[1]) == pytest.approx(-2.0 * 0.1 * 0.1 / 0.2 ** 2 / 2)  # -0.25
+    assert float(g[2]) == pytest.approx(1.0 * 0.1 * 0.9 / 1.0 ** 2 / 2)  # +0.045
+
+
+def test_a_reference_in_an_all_failed_group_gets_the_only_positive_advantage():
+    """Mixed-policy group normalisation (LUFFY): four failures and one verified reference."""
+    from policies import adca
+
+    adv = adca.step_advantages([["BAD"]] * 4 + [["GOOD"]], [0.0] * 4 + [1.0], alpha=0.0)
+    # outcomes mean 0.2, population std 0.4 -> failures -0.5, reference +2.0
+    assert [a[0] for a in adv] == pytest.approx([-0.5] * 4 + [2.0])

@@ -110,3 +110,62 @@ def test_staleness_follows_the_lineage(tmp_path):
     assert staleness(store, "w-000002", "w-000000", 4) == 2  # the base model has no file in the store
     (tmp_path / "weights" / "w-000003.json").unlink()  # pruned
     assert staleness(store, "w-000007", "w-000003", 4) is None
+
+
+def test_reference_samples_train_off_policy_without_behaviour_weights(tmp_path, tiny_dir):
+    """A verified reference added to a failed group (mixed-policy GRPO): it needs no behaviour version's
+    file, is counted apart, raises its own likelihood, and does not count towards ADPO's consistency."""
+    from actors.learner import REFERENCE, behaviour_of
+    from policies import grpo
+    from policies.trainer import Trainer
+
+    s = _settings(tmp_path, lr=1e-3, kl_coef=0.0, adca_alpha=0.0, bf16=False)
+    t = Trainer(s, tiny_dir)
+    failed = [Sample(sample_id=f"f{i}", step_indices=[2], messages=[
+        ChatMessage(role="system", content="You call functions."), ChatMessage(role="user", content="Make a folder."),
+        ChatMessage(role="assistant", content="I cannot do that" + "!" * i)]) for i in range(3)]
+    ref = _sample(9).model_copy(update={"off_policy": True})
+    g = Judgement(group_id="g", source="rollout", task_id="t", samples=failed + [ref], outcomes=[0.0, 0.0, 0.0, 1.0],
+                  step_labels=[["BAD"]] * 3 + [["GOOD", "GOOD"]], weights_version="w-000123")
+    versions = behaviour_of(g)
+    assert versions == ["w-000123"] * 3 + [REFERENCE]  # w-000123 has no file: only on-policy rows may name it
+
+    def ref_logprob():
+        tk = grpo.tokenize_sample(t.tok, ref, 2048)
+        ids = torch.tensor([tk.input_ids])
+        lp = grpo.token_logprobs(t.model, ids, torch.ones_like(ids))
+        m = torch.tensor([tk.response_mask]).bool()
+        return float(lp[m].mean())
+
+    before = ref_logprob()
+    stats = t.train_step([g], [[t.version] * 3 + [REFERENCE]])
+    assert stats["off_policy_samples"] == 1 and stats["stale_samples"] == 0
+    assert ref_logprob() > before  # the reference's tokens became more likely
+
+
+def test_floor_groups_teach_by_the_reference_alone():
+    from policies.trainer import floor_scales
+
+    fail = [Sample(sample_id=str(i), messages=[], outcome=0.0) for i in range(3)]
+    ref = Sample(sample_id="r", messages=[], outcome=1.0, off_policy=True)
+    solved = [Sample(sample_id="s", messages=[], outcome=1.0), Sample(sample_id="t", messages=[], outcome=0.0)]
+    floor = Judgement(group_id="f", source="rollout", task_id="t", samples=fail + [ref], outcomes=[0, 0, 0, 1],
+                      step_labels=[[]] * 4)
+    band = Judgement(group_id="b", source="rollout", task_id="t", samples=solved, outcomes=[1, 0], step_labels=[[]] * 2)
+    adv = torch.tensor([[-0.5], [-0.5], [-0.5], [2.0], [1.0], [-1.0]])
+    assert floor_scales([floor, band], adv, 0.0) == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    assert floor_scales([floor, band], adv, 0.25) == [0.25, 0.25, 0.25, 1.0, 1.0, 1.0]
+
+
+def test_reference_is_kept_only_where_the_policy_alone_teaches_nothing():
+    from actors.learner import at_floor
+
+    ref = Sample(sample_id="r", messages=[], outcome=1.0, off_policy=True)
+    own = [Sample(sample_id=str(i), messages=[], outcome=0.0) for i in range(3)]
+    flat = Judgement(group_id="f", source="rollout", task_id="t", samples=own + [ref], outcomes=[0.2, 0.2, 0.2, 1.5],
+                     step_labels=[["BAD"]] * 3 + [["GOOD"]])
+    assert at_floor(flat, 0.0) is flat  # nothing to learn from the policy alone: the reference stays
+    spread = flat.model_copy(update={"outcomes": [0.2, -0.3, 0.2, 1.5]})
+    kept = at_floor(spread, 0.0)
+    assert [s.sample_id for s in kept.samples] == ["0", "1", "2"] and kept.outcomes == [0.2, -0.3, 0.2]
+    assert at_floor(flat, 0.1) is flat  # equal step labels give no step credit either
