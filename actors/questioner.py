@@ -2,9 +2,11 @@
 
 Two sources, mixed by `questioner.synthetic_share`, paced by the explorer's backlog (its durable
 consumer's pending + unacked count) so the stream never floods:
-- dataset tasks: the environments' train pools in a fixed shuffled order; the position is
-  persisted and task event ids derive from (entry, round), so a restart republishes nothing
-  new (JetStream drops the duplicate). Held-out entries are never proposed.
+- dataset tasks: the environments take turns; each one's train pool goes in a fixed shuffled order
+  whose position is persisted, and task event ids derive from (entry, round), so a restart
+  republishes nothing new (JetStream drops the duplicate). Held-out entries are never proposed.
+  An environment with difficulty levels (the code env) issues only entries of its current rung
+  (`policies/curriculum.py`): the lowest level whose recent groups the policy has not mastered.
 - synthetic tasks (`policies/synthesis.py`): curiosity-guided exploration of a train entry's
   functions with the served policy (or a configured generator endpoint), a request written for
   the calls that worked, conditioned on recent live requests (they also steer which entries are
@@ -28,6 +30,7 @@ from actors.bus import EventActor
 from actors.events import Interaction, Judgement, Task, TaskStatus
 from envs.registry import make_envs
 from policies.adca import self_consistency
+from policies.curriculum import Ladder
 from policies.model_store import atomic_write_bytes
 
 
@@ -72,7 +75,7 @@ class Questioner(EventActor):
         self.pool = train_pool(self.envs)
         self.state_file = s.state / "actors" / "questioner.json"
         st = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
-        self.cursor = st.get("cursor") or {"round": st.get("round", 0), "pos": st.get("pos", 0)}
+        self._init_pools(st)
         self.synth: dict[str, dict] = st.get("synth", {})  # task_id -> record
         self.sigs: set[str] = set(st.get("sigs", []))
         self.visits = Counter(st.get("visits", {}))
@@ -85,6 +88,16 @@ class Questioner(EventActor):
         self._entry_vecs: dict[str, tuple[list[str], object]] = {}
         if s.questioner.synthetic_share > 0 and self.synth_envs:
             await asyncio.to_thread(self._load_models)
+
+    def _init_pools(self, st: dict) -> None:
+        """Per-environment train pools, cursors and the ladder (from the persisted state `st`)."""
+        self.pools = {name: sorted(env.entries("train")) for name, env in self.envs.items()}
+        self.pools = {name: pool for name, pool in self.pools.items() if pool}
+        self.cursors: dict[str, dict] = st.get("cursors", {})  # env -> {"round", "pos"}
+        self.turn = st.get("turn", 0)
+        self.levels = {name: sorted({env.level_of(e) for e in self.pools[name]}) if hasattr(env, "level_of") else [0]
+                       for name, env in self.envs.items() if name in self.pools}
+        self.ladder = Ladder(mastery=self.settings.questioner.band_high, state=st.get("ladder"))
 
     def _load_models(self) -> None:
         from policies.embedder import Embedder
@@ -115,7 +128,7 @@ class Questioner(EventActor):
         for t in done[: max(0, len(done) - 500)]:  # the stream keeps the history; the file keeps recent ones
             del self.synth[t]
         atomic_write_bytes(self.state_file, json.dumps({
-            "cursor": self.cursor, "synth": self.synth, "sigs": sorted(self.sigs), "visits": dict(self.visits),
+            "cursors": self.cursors, "turn": self.turn, "ladder": self.ladder.state(), "synth": self.synth, "sigs": sorted(self.sigs), "visits": dict(self.visits),
             "mix": self.mix}).encode())
 
     # ------------------------------------------------------------------ inputs
@@ -125,10 +138,12 @@ class Questioner(EventActor):
             self.live_queries.append(users[-1][:500])
 
     async def handle_judgement(self, j: Judgement, msg):
+        if j.source == "rollout" and j.origin == "env":
+            self._climb(j)
         rec = self.synth.get(j.task_id)
         if j.origin != "synthetic" or rec is None or rec["status"] != "active":
             return
-        p, reason = band_decision([s.outcome for s in j.samples], self.settings.questioner.band_low,
+        p, reason = band_decision([s.outcome for s in j.samples if not s.off_policy], self.settings.questioner.band_low,
                                   self.settings.questioner.band_high)
         rec["consistency"] = p
         rec["judged"] = rec.get("judged", 0) + 1
@@ -139,6 +154,17 @@ class Questioner(EventActor):
         else:
             rec["status"] = "retired"
             await self._status(j.task_id, rec, "retired", reason)
+        self._save()
+
+    def _climb(self, j: Judgement) -> None:
+        """Record the policy's own success on a dataset task's rung (task ids are `env:entry:round`)."""
+        env_name, _, rest = j.task_id.partition(":")
+        entry = rest.rpartition(":")[0]
+        env = self.envs.get(env_name)
+        if env is None or not entry:
+            return
+        level = env.level_of(entry) if hasattr(env, "level_of") else 0
+        self.ladder.record(env_name, level, [s.outcome for s in j.samples if not s.off_policy])
         self._save()
 
     # ------------------------------------------------------------------ outputs
@@ -159,12 +185,25 @@ class Questioner(EventActor):
         return int(info.num_pending) + int(info.num_ack_pending)
 
     def next_entry(self) -> tuple[str, int]:
-        r, p = self.cursor["round"], self.cursor["pos"]
-        if p >= len(self.pool):
-            r, p = r + 1, 0
-        entry = ordered_pool(self.pool, r)[p]
-        self.cursor = {"round": r, "pos": p + 1}
-        return entry, r
+        """("env<TAB>entry", round): environments take turns; a laddered one skips entries off its rung."""
+        names = sorted(self.pools)
+        name = names[self.turn % len(names)]
+        self.turn += 1
+        env, pool = self.envs[name], self.pools[name]
+        rung = self.ladder.rung(name, self.levels[name])
+        cur = self.cursors.get(name, {"round": 0, "pos": 0})
+        r, p = cur["round"], cur["pos"]
+        order = ordered_pool(pool, r)
+        for _ in range(2 * len(pool)):  # at most two passes: every rung has entries
+            if p >= len(pool):
+                r, p = r + 1, 0
+                order = ordered_pool(pool, r)
+            entry = order[p]
+            p += 1
+            if not hasattr(env, "level_of") or env.level_of(entry) == rung:
+                break
+        self.cursors[name] = {"round": r, "pos": p}
+        return f"{name}\t{entry}", r
 
     def _want_synthetic(self) -> bool:
         share = self.settings.questioner.synthetic_share
@@ -310,5 +349,6 @@ class Questioner(EventActor):
 
     def health(self) -> dict:
         counts = Counter(r["status"] for r in getattr(self, "synth", {}).values())
-        return {**super().health(), "proposed": self.proposed, "cursor": getattr(self, "cursor", None),
+        ladder = self.ladder.summary(self.levels) if hasattr(self, "ladder") else {}
+        return {**super().health(), "proposed": self.proposed, "cursors": getattr(self, "cursors", None), "ladder": ladder,
                 "synthetic": dict(counts), "mix": getattr(self, "mix", None)}

@@ -37,3 +37,29 @@ def test_explorer_dead_letters_a_heldout_task(envs, tmp_path):
         asyncio.run(ex.handle_task(sneaky, None))
     with pytest.raises(Poison, match="unknown environment"):
         asyncio.run(ex.handle_task(Task(task_id="t", env="nope", entry_id="x"), None))
+
+
+def test_questioner_alternates_envs_and_climbs_the_code_ladder(envs, tmp_path):
+    from actors.events import Judgement, Sample
+    from actors.questioner import Questioner
+
+    s = load_settings(None)
+    s.state_dir = str(tmp_path)
+    q = Questioner(s, bus=object())
+    q.envs = envs
+    q._init_pools({})
+    q._save, q.synth, q.proposed = (lambda: None), {}, 0
+    code, train = envs["code"], {n: set(e.entries("train")) for n, e in envs.items()}
+    picks = [q.next_entry()[0].split("\t") for _ in range(8)]
+    assert [n for n, _ in picks] == ["bfcl", "code"] * 4
+    assert all(e in train[n] for n, e in picks)  # never a held-out entry
+    assert {code.level_of(e) for n, e in picks if n == "code"} == {0}  # the lowest rung first
+    for i in range(4):  # the policy now solves rung 0 (a reference sample does not count as its own)
+        smp = [Sample(sample_id=str(k), messages=[], outcome=1.0) for k in range(4)]
+        ref = Sample(sample_id="r", messages=[], outcome=1.0, off_policy=True)
+        asyncio.run(q.handle_judgement(Judgement(group_id=str(i), source="rollout", task_id=f"code:code_add_{i}:0",
+                                                 samples=smp + [ref], outcomes=[1.0] * 5, step_labels=[[]] * 5), None))
+    assert q.ladder.mastered("code", 0)
+    nxt = [q.next_entry()[0].split("\t") for _ in range(4)]
+    assert {code.level_of(e) for n, e in nxt if n == "code"} == {1}
+    assert q.health()["ladder"]["code"]["rung"] == 1
