@@ -22,6 +22,7 @@ atomically; evaluations are cached per version.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 import uuid
@@ -32,7 +33,8 @@ from actors.events import (Feedback, WeightsPromoted, WeightsPublished, WeightsR
                            WeightsRolledBack, WeightsStatus, WeightsSwapped)
 from envs.registry import make_envs
 from policies.engine import make_engine
-from policies.gate import canary_verdict, evaluate_version, gate, reference_pairs, watch_verdict
+from policies.gate import (canary_verdict, clearly_worse, gate, heldout_success, reference_nll, reference_pairs,
+                           watch_verdict)
 from policies.lifecycle import IllegalTransition, WeightsState as S, transition
 from policies.model_store import (BASE_VERSION, WeightsStore, atomic_write_bytes, ensure_base_model, sha256_file,
                                   version_number)
@@ -66,7 +68,11 @@ class Broadcaster(EventActor):
         d.mkdir(parents=True, exist_ok=True)
         self.cache_file, self.state_file = d / "evals.json", d / "state.json"
         cached = json.loads(self.cache_file.read_text()) if self.cache_file.exists() else {}
-        self.scores: dict[str, dict] = {v: x for v, x in cached.items() if isinstance(x, dict)}
+        # cached scores hold only for the same suite (entries, reference actions, decoding settings)
+        self.suite = hashlib.sha256(json.dumps([self.heldout, self.pairs, s.rollout.max_new_tokens,
+                                                s.rollout.call_prefix]).encode()).hexdigest()[:16]
+        fresh = cached.get("_suite") == self.suite
+        self.scores: dict[str, dict] = {v: x for v, x in cached.items() if isinstance(x, dict) and fresh}
         st = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
         live = self.store.live()["version"]
         self.status: dict[str, str] = st.get("status", {live: S.LIVE})
@@ -161,16 +167,22 @@ class Broadcaster(EventActor):
         if self._dirty:
             self._save()
 
-    def _score(self, version: str) -> dict:
-        if version not in self.scores:
-            ref = self._ref(version)
-            self.engine.load_weights(ref.path, version)
+    def _score(self, version: str, success: bool = True) -> dict:
+        """The version's gate scores, cached per version (the live version's never change, so a gate
+        evaluates only the candidate); `success=False` computes only the likelihood part."""
+        sc = self.scores.setdefault(version, {})
+        need_nll, need_success = bool(self.pairs) and "nll" not in sc, success and "success" not in sc
+        if need_nll or need_success:
+            if self.engine.version != version:
+                self.engine.load_weights(self._ref(version).path, version)
             s = self.settings
-            self.scores[version] = evaluate_version(self.engine, self.envs, self.heldout, self.pairs,
-                                                    max_new_tokens=s.rollout.max_new_tokens,
-                                                    call_prefix=s.rollout.call_prefix)
-            atomic_write_bytes(self.cache_file, json.dumps(self.scores).encode())
-        return self.scores[version]
+            if need_nll:
+                sc["nll"] = reference_nll(self.engine, self.pairs)
+            if need_success:
+                sc.update(heldout_success(self.engine, self.envs, self.heldout, max_new_tokens=s.rollout.max_new_tokens,
+                                          call_prefix=s.rollout.call_prefix))
+            atomic_write_bytes(self.cache_file, json.dumps({**self.scores, "_suite": self.suite}).encode())
+        return sc
 
     async def _evaluate(self, staged: list[str]) -> None:
         newest = staged[-1]
@@ -179,14 +191,19 @@ class Broadcaster(EventActor):
         await self._set(newest, S.EVALUATING, f"held-out gate against live {self.live_version()}")
         live = self.live_version()
         live_s = await asyncio.to_thread(self._score, live)
-        cand_s = await asyncio.to_thread(self._score, newest)
         g = self.settings.gate
-        ok, why = gate(cand_s, live_s, g.tolerance, g.nll_tolerance)
+        cand_s = await asyncio.to_thread(self._score, newest, False)  # the likelihood first: seconds
+        early = clearly_worse(cand_s, live_s, g.nll_tolerance)
+        if early is None:
+            cand_s = await asyncio.to_thread(self._score, newest)
+            ok, why = gate(cand_s, live_s, g.tolerance, g.nll_tolerance)
+        else:
+            ok, why = False, early
         metrics = {**{f"candidate_{k}": v for k, v in cand_s.items()}, **{f"live_{k}": v for k, v in live_s.items()}}
         ref = self._ref(newest)
         if not ok:
             await self._set(newest, S.REJECTED, why, metrics)
-            await self.bus.publish(WeightsRejected(weights=ref, candidate_score=cand_s["success"],
+            await self.bus.publish(WeightsRejected(weights=ref, candidate_score=cand_s.get("success", -1.0),
                                                    live_score=live_s["success"], reason=why,
                                                    candidate_nll=cand_s.get("nll"), live_nll=live_s.get("nll")),
                                    weights_version=live)

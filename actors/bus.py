@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -177,6 +178,9 @@ class EventActor:
     # -------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         """Connect, bind the durable consumer; subclasses extend (load models, open stores)."""
+        nice = self.settings.ray.actor_nice.get(self.name, 0)
+        if nice > 0 and self.bus is None:  # only in its own process (a test's in-process actor keeps its priority)
+            os.nice(nice)
         if self.bus is None:
             n = self.settings.nats
             self.bus = await Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix,

@@ -57,16 +57,30 @@ def reference_nll(engine, pairs: list[tuple[str, str]]) -> float:
     return -sum(lp for lp, _ in scored) / max(1, tokens)
 
 
-def evaluate_version(engine, envs: dict, heldout: dict[str, list[str]], pairs, *, max_new_tokens: int,
-                     call_prefix: bool) -> dict[str, float]:
+def heldout_success(engine, envs: dict, heldout: dict[str, list[str]], *, max_new_tokens: int,
+                    call_prefix: bool) -> dict[str, float]:
     from policies.rollout import evaluate
 
     per_env = {name: evaluate(engine, envs[name], entries, k=1, max_new_tokens=max_new_tokens,
                               call_prefix=call_prefix)["avg"] for name, entries in heldout.items()}
-    out = {"success": sum(per_env.values()) / max(1, len(per_env)), **{f"success_{k}": v for k, v in per_env.items()}}
+    return {"success": sum(per_env.values()) / max(1, len(per_env)), **{f"success_{k}": v for k, v in per_env.items()}}
+
+
+def evaluate_version(engine, envs: dict, heldout: dict[str, list[str]], pairs, *, max_new_tokens: int,
+                     call_prefix: bool) -> dict[str, float]:
+    out = heldout_success(engine, envs, heldout, max_new_tokens=max_new_tokens, call_prefix=call_prefix)
     if pairs:
         out["nll"] = reference_nll(engine, pairs)
     return out
+
+
+def clearly_worse(cand: dict, live: dict, nll_tolerance: float) -> str | None:
+    """Early stop: the likelihood check alone (seconds) already fails the candidate, so the greedy held-out
+    episodes (most of a gate's time) need not run. None when the full evaluation must decide."""
+    if "nll" in cand and "nll" in live and cand["nll"] > live["nll"] + nll_tolerance:
+        return (f"reference NLL {cand['nll']:.3f} > live {live['nll']:.3f} + {nll_tolerance} "
+                "(stopped early: held-out episodes not run)")
+    return None
 
 
 def gate(cand: dict, live: dict, tolerance: float, nll_tolerance: float) -> tuple[bool, str]:
