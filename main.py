@@ -226,6 +226,7 @@ def cmd_status(args) -> int:
     out.update(asyncio.run(_bus_status(s, run)))
     if not args.no_actors:
         out["actors"] = _actor_health(run, s.state)
+    out["heldout"] = _heldout_delta(s)
     if args.json:
         print(json.dumps(out, indent=1, default=str))
         return 0
@@ -252,7 +253,35 @@ def cmd_status(args) -> int:
               f"{g['steps']} steps; {json.dumps(a.get('judge_stats', {}))}")
     if q.get("synthetic") is not None:
         print(f"synthetic tasks {json.dumps(q['synthetic'])}; issued {json.dumps(q.get('mix'))}")
+    if q.get("ladder"):
+        print(f"ladder          {json.dumps(q['ladder'])}")
+    ln = out.get("actors", {}).get("learner", {})
+    if ln.get("rollout_groups"):
+        print(f"signal          {ln['informative_own_share']:.0%} of {int(ln['rollout_groups'])} rollout groups informative "
+              f"on their own, {ln['informative_share']:.0%} with references")
+    h = out["heldout"]
+    if h.get("version"):
+        print(f"held-out        {h['version']} vs base: " + "; ".join(
+            f"{env} {100 * d['avg']:.1f}% ({100 * d['delta']:+.1f} points, p={d['p_value']:.3f})"
+            for env, d in h["envs"].items()))
+    else:
+        print("held-out        no version scored yet (main.py report --eval)")
     return 0
+
+
+def _heldout_delta(s: Settings) -> dict:
+    """The newest version scored on the held-out suite against the base (paired), from the report's cache."""
+    from envs.registry import make_envs
+    from policies.model_store import BASE_VERSION, version_number
+
+    try:
+        cache = heldout_cache(s, make_envs(s.env), 4, 4)
+        scored = sorted((v for v in cache.versions if v != BASE_VERSION), key=version_number)
+        if not scored or cache.get(BASE_VERSION) is None:
+            return {}
+        return {"version": scored[-1], "envs": cache.versus(BASE_VERSION, scored[-1])}
+    except Exception as exc:  # status must answer whatever the cache holds
+        return {"error": repr(exc)[:200]}
 
 
 async def _bus_status(s: Settings, run: dict) -> dict:
@@ -383,6 +412,92 @@ def cmd_events(args) -> int:
     return 0
 
 
+async def read_events(s: Settings, run: dict, kinds: list[str]) -> list:
+    """Every stored event of these kinds, oldest first, as event models (unparseable ones are skipped)."""
+    from nats.js import api
+
+    from actors.events import parse_event
+
+    bus = await _connect(s, run)
+    out = []
+    try:
+        for kind in kinds:
+            subject = f"{s.nats.subject_prefix}.{kind}"
+            try:
+                total = (await bus.js.stream_info(s.nats.stream, subjects_filter=subject)).state.subjects or {}
+            except Exception:
+                total = {}
+            want = int(total.get(subject, 0))
+            if not want:
+                continue
+            sub = await bus.js.subscribe(subject, ordered_consumer=True,
+                                         config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
+            got = 0
+            while got < want:
+                try:
+                    m = await sub.next_msg(timeout=5.0)
+                except (TimeoutError, asyncio.TimeoutError):
+                    break
+                got += 1
+                try:
+                    out.append(parse_event(m.data))
+                except Exception:
+                    pass
+            await sub.unsubscribe()
+    finally:
+        await bus.close()
+    return sorted(out, key=lambda e: e.occurred_at)
+
+
+def heldout_cache(s: Settings, envs: dict, per_category: int, k: int):
+    from policies.heldout import HeldoutCache, suite
+
+    return HeldoutCache(s.state / "evals" / "heldout.json", suite(envs, per_category), k=k,
+                        temperature=s.rollout.temperature, max_new_tokens=s.rollout.max_new_tokens,
+                        call_prefix=s.rollout.call_prefix)
+
+
+def cmd_report(args) -> int:
+    """The lineage of weights versions with held-out scores against the base, and the curve as PNG."""
+    from envs.registry import make_envs
+    from policies import lineage
+    from policies.model_store import BASE_VERSION, WeightsStore
+
+    s = settings_from(args)
+    run = read_run(s)
+    kinds = ["judgement", "learner_step", "weights_published", "weights_status", "weights_promoted",
+             "weights_rolled_back"]
+    rows = lineage.lineage(asyncio.run(read_events(s, run, kinds)))
+    envs = make_envs(s.env)
+    cache = heldout_cache(s, envs, args.per_category, args.k)
+    served = [r["version"] for r in rows if r["gate"].startswith(("canary", "live"))]
+    if args.eval:
+        from policies.engine import make_engine
+        from policies.model_store import ensure_base_model
+
+        store = WeightsStore(s.state)
+        base = ensure_base_model(s.state, s.model.source, s.model.path, progress=True)
+        engine = make_engine(s, base, role="eval")
+        for v in [BASE_VERSION] + served:
+            path = store.file(v, base)
+            if cache.get(v) is None and path is not None and path.exists():
+                say(f"evaluating {v} on the held-out suite (k={args.k})")
+                engine.load_weights(path, v)
+                cache.evaluate(engine, envs, v)
+    base_scores = cache.get(BASE_VERSION)
+    held = {r["version"]: cache.versus(BASE_VERSION, r["version"]) for r in rows}
+    print(lineage.table(rows, held, base_scores))
+    if not base_scores:
+        print("(no held-out scores yet: `main.py report --eval` evaluates the base and every served version)")
+    out = s.state / "evals" / "lineage"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "heldout": held, "base": base_scores}, indent=1))
+    if base_scores:
+        lineage.curve(rows, held, base_scores, out.with_suffix(".png"))
+        print(f"written {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    return 0
+
+
 def cmd_down(args) -> int:
     s = settings_from(args)
     run = read_run(s)
@@ -497,11 +612,15 @@ def main(argv=None) -> int:
     pr.add_argument("--force", action="store_true", help="required: confirms skipping the gate")
     pr.add_argument("--reason", default="", help="recorded in the event")
     sub.add_parser("down", help="stop a detached up")
+    rp = sub.add_parser("report", help="lineage of weights versions with held-out scores vs the base; PNG curve")
+    rp.add_argument("--eval", action="store_true", help="evaluate the base and every served version not yet scored")
+    rp.add_argument("--k", type=int, default=4, help="samples per held-out entry")
+    rp.add_argument("--per-category", type=int, default=4, help="held-out entries per category (a ladder rung)")
     for sp in (st, ev, ea, pr, sub.choices["down"]):
         sp.add_argument("--config", help="YAML preset (default config/cpu.yaml)")
     args = p.parse_args(argv)
     return {"up": cmd_up, "status": cmd_status, "events": cmd_events, "eval": cmd_eval, "promote": cmd_promote,
-            "down": cmd_down}[args.cmd](args)
+            "down": cmd_down, "report": cmd_report}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,82 @@
+"""A fixed held-out suite and each version's scores on it, cached: what `main.py report`, `status` and the
+learning-curve benchmark show, so that every version is compared with the base on the same entries.
+
+The suite is the first `per_category` held-out entries of every category of every environment (a
+category of the code env is a rung of its ladder), scored avg@k with sampling (`temperature`), k >= 4
+by default. Scores are cached per version in `<state>/evals/heldout.json` under the suite's
+fingerprint (entries, k, temperature, token budget, forced call prefix): a different suite starts
+a new cache. The paired comparison with the base (`policies/stats.py`) uses the same entries.
+Held-out entries are only ever evaluated, never trained on (tests pin that).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from policies.model_store import atomic_write_bytes
+from policies.stats import paired_test
+
+
+def suite(envs: dict, per_category: int) -> dict[str, list[str]]:
+    out = {}
+    for name, env in envs.items():
+        by_cat: dict[str, list[str]] = {}
+        for e in env.entries("heldout"):
+            by_cat.setdefault(env.category_of(e), []).append(e)
+        out[name] = [e for cat in sorted(by_cat) for e in by_cat[cat][:per_category]]
+    return out
+
+
+class HeldoutCache:
+    def __init__(self, path: Path, entries: dict[str, list[str]], *, k: int, temperature: float, max_new_tokens: int,
+                 call_prefix: bool):
+        self.path, self.entries, self.k = Path(path), entries, k
+        self.opts = {"temperature": temperature, "max_new_tokens": max_new_tokens, "call_prefix": call_prefix}
+        self.fingerprint = hashlib.sha256(json.dumps([entries, k, self.opts], sort_keys=True).encode()).hexdigest()[:16]
+        data = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.versions: dict[str, dict] = data.get(self.fingerprint, {})
+        self._all = data
+
+    def get(self, version: str) -> dict | None:
+        return self.versions.get(version)
+
+    def evaluate(self, engine, envs: dict, version: str, seed: int = 0, progress=None) -> dict:
+        """Score the version the engine holds now (caller loads it) on the suite; cached."""
+        import torch
+
+        from policies.rollout import evaluate
+
+        torch.manual_seed(seed)  # every version draws from the same seed
+        out = {}
+        for name, entries in self.entries.items():
+            res = evaluate(engine, envs[name], entries, k=self.k, progress=progress, **self.opts)
+            per = [sum(res["entries"][e]) / self.k for e in entries]
+            out[name] = {"avg": sum(per) / max(1, len(per)), "per_entry": per,
+                         "categories": _by_category(envs[name], entries, per)}
+        self.versions[version] = out
+        self._all[self.fingerprint] = self.versions
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.path, json.dumps(self._all).encode())
+        return out
+
+    def versus(self, base: str, version: str) -> dict[str, dict]:
+        """env -> {"avg", "base_avg", "delta", "p_value", "wins", "losses"} (paired on the same entries)."""
+        a, b = self.get(base), self.get(version)
+        if not a or not b:
+            return {}
+        out = {}
+        for env in b:
+            if env not in a:
+                continue
+            t = paired_test(a[env]["per_entry"], b[env]["per_entry"])
+            out[env] = {"avg": b[env]["avg"], "base_avg": a[env]["avg"], "delta": t["mean_diff"],
+                        "p_value": t["p_value"], "wins": t["wins"], "losses": t["losses"]}
+        return out
+
+
+def _by_category(env, entries: list[str], per: list[float]) -> dict[str, float]:
+    cats: dict[str, list[float]] = {}
+    for e, s in zip(entries, per):
+        cats.setdefault(env.category_of(e), []).append(s)
+    return {c: sum(v) / len(v) for c, v in sorted(cats.items())}

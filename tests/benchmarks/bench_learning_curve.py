@@ -1,0 +1,203 @@
+"""The proof: does the served agent get better on held-out tasks while it runs? (CPU default, real `up`)
+
+Starts `main.py up --detach` on a fresh state dir with the default preset (`--config` to change it;
+the only override is `gate.keep_versions`, so that no served version's weights are pruned before they
+are scored), then runs scripted users for `--minutes`: a client asks arithmetic questions with the
+`python` tool declared, runs the tool calls it gets back in the sandbox (as an agent client would),
+and rates every answer by a verifiable rule (+1 when the number is right, -1 otherwise), so live
+traffic carries signal too. The questions are drawn fresh (not the environments' held-out entries).
+Then it stops `up` and scores the base and every version that was served (canary or live) on the
+same fixed held-out suite (`policies/heldout.py`: the first `--per-category` held-out entries of
+every category, avg@k with k = `--k`), each compared with the base by the paired sign-flip test.
+Writes JSON and a PNG curve (`--out`, default tests/benchmarks/results/learning_curve_cpu.*) and
+prints the lineage table (as `main.py report` does).
+
+    .venv/bin/python tests/benchmarks/bench_learning_curve.py [--minutes 60] [--k 4] [--per-category 3]
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
+
+PYTHON_TOOL = {"type": "function", "function": {
+    "name": "python", "description": "Run Python 3 code in a sandbox; returns what it prints, or the value of its last "
+    "expression.", "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}
+
+
+def question(rng: random.Random) -> tuple[str, int]:
+    a, b = rng.randint(100, 99999), rng.randint(100, 99999)
+    if rng.random() < 0.5:
+        return f"Please compute {a} + {b}.", a + b
+    c = rng.randint(1, 999)
+    a, b = a % 1000, b % 1000
+    return f"How much is {a} * {b} + {c}?", a * b + c
+
+
+def right(text: str, truth: int) -> bool:
+    nums = re.findall(r"-?\d+(?:\.\d+)?", (text or "").replace(",", ""))
+    try:
+        return bool(nums) and abs(float(nums[-1]) - truth) < 1e-6
+    except ValueError:
+        return False
+
+
+def users(run: dict, stop: threading.Event, stats: dict, pause_s: float, seed: int) -> None:
+    """One scripted agent client: ask, run the tool call it gets (sandboxed), rate every answer."""
+    import httpx
+    import openai
+
+    from envs.code import notebook_cell
+    from envs.sandbox import run_python
+
+    key = Path(run["api_key_file"]).read_text().strip()
+    c = openai.OpenAI(base_url=run["endpoint"], api_key=key, max_retries=0, timeout=300)
+    rng = random.Random(seed)
+
+    def rate(r, score):
+        httpx.post(run["endpoint"] + "/feedback", headers={"Authorization": f"Bearer {key}"},
+                   json={"interaction_id": r.id, "score": score}, timeout=60)
+        stats["rated"] += 1
+
+    while not stop.is_set():
+        q, truth = question(rng)
+        msgs = [{"role": "user", "content": q}]
+        try:
+            r = c.chat.completions.create(model="m", messages=msgs, tools=[PYTHON_TOOL], max_tokens=48)
+            stats["requests"] += 1
+            m = r.choices[0].message
+            if m.tool_calls:
+                tc = m.tool_calls[0]
+                try:
+                    code = json.loads(tc.function.arguments).get("code", "")
+                except (ValueError, AttributeError):
+                    code = ""
+                out = run_python(notebook_cell(code)).stdout if isinstance(code, str) and code else ""
+                rate(r, 1.0 if right(out, truth) else -1.0)
+                msgs += [m.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": tc.id, "content": out or "(no output)"}]
+                r = c.chat.completions.create(model="m", messages=msgs, tools=[PYTHON_TOOL], max_tokens=32)
+                stats["requests"] += 1
+            ok = right(r.choices[0].message.content, truth)
+            stats["right"] += ok
+            rate(r, 1.0 if ok else -1.0)
+        except Exception as exc:  # counted, never fatal: the benchmark measures learning, bench_load measures serving
+            stats["failed"] += 1
+            stats["last_error"] = repr(exc)[:200]
+        stop.wait(pause_s)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=60)
+    ap.add_argument("--config", default=str(ROOT / "config" / "cpu.yaml"))
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--per-category", type=int, default=3)
+    ap.add_argument("--max-versions", type=int, default=0, help="score at most this many served versions, evenly "
+                    "spaced, the newest always (0 = all)")
+    ap.add_argument("--user-pause-s", type=float, default=20.0)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--out", default=str(ROOT / "tests" / "benchmarks" / "results" / "learning_curve_cpu"))
+    a = ap.parse_args()
+    from config.settings import load_settings
+    from deploy.nats import free_port
+
+    root = Path(tempfile.mkdtemp(prefix="kz-curve-"))
+    state = root / "state"
+    cfg = yaml.safe_load(Path(a.config).read_text()) or {}
+    cfg.setdefault("gate", {})["keep_versions"] = 10_000
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg))
+    if (ROOT / ".kaizen" / "model").exists():  # reuse the one-time conversion
+        shutil.copytree(ROOT / ".kaizen" / "model", state / "model")
+    env = {**os.environ, "KAIZEN_STATE_DIR": str(state), "KAIZEN_SERVE_PORT": str(free_port())}
+    t_start = time.time()
+    up = subprocess.run([sys.executable, str(ROOT / "main.py"), "up", "--detach", "--config", str(root / "config.yaml")],
+                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert up.returncode == 0, up.stdout + up.stderr
+    run = json.loads((state / "run.json").read_text())
+    print(f"up in {time.time() - t_start:.0f}s; state {state}; scripted users for {a.minutes:.0f} min", flush=True)
+    stop, stats = threading.Event(), {"requests": 0, "rated": 0, "right": 0, "failed": 0}
+    th = threading.Thread(target=users, args=(run, stop, stats, a.user_pause_s, a.seed), daemon=True)
+    th.start()
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < a.minutes * 60:
+            time.sleep(60)
+            print(f"  {(time.monotonic() - t0) / 60:.0f} min: {json.dumps(stats)}", flush=True)
+        stop.set()
+        th.join(timeout=400)
+        sys.argv = ["main.py"]
+        import main as cli
+
+        s = load_settings(root / "config.yaml")
+        s.state_dir = str(state)
+        kinds = ["judgement", "learner_step", "weights_published", "weights_status", "weights_promoted",
+                 "weights_rolled_back"]
+        events = asyncio.run(cli.read_events(s, run, kinds))
+        learner = [e for e in events if e.kind == "learner_step"]
+    finally:
+        subprocess.run([sys.executable, str(ROOT / "main.py"), "down"], env=env, cwd=ROOT, capture_output=True,
+                       timeout=600)
+    report(a, s, state, events, learner, stats, time.time() - t_start)
+
+
+def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
+    import main as cli
+    from envs.registry import make_envs
+    from policies import lineage
+    from policies.engine import make_engine
+    from policies.model_store import BASE_VERSION, WeightsStore, ensure_base_model
+
+    rows = lineage.lineage(events)
+    served = [r for r in rows if r["gate"].startswith(("canary", "live"))]
+    if a.max_versions and len(served) > a.max_versions:
+        step = (len(served) - 1) / (a.max_versions - 1) if a.max_versions > 1 else 0
+        served = [served[round(i * step)] for i in range(a.max_versions - 1)] + [served[-1]]
+    envs = make_envs(s.env)
+    cache = cli.heldout_cache(s, envs, a.per_category, a.k)
+    store = WeightsStore(s.state)
+    base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
+    engine = make_engine(s, base, role="eval")
+    t0 = time.monotonic()
+    for v in [BASE_VERSION] + [r["version"] for r in served]:
+        path = store.file(v, base)
+        engine.load_weights(path, v)
+        cache.evaluate(engine, envs, v)
+        print(f"scored {v} in {time.monotonic() - t0:.0f}s: " + json.dumps(
+            {e: round(x["avg"], 3) for e, x in cache.get(v).items()}), flush=True)
+    held = {r["version"]: cache.versus(BASE_VERSION, r["version"]) for r in served}
+    base_scores = cache.get(BASE_VERSION)
+    print(lineage.table(rows, held, base_scores))
+    shares = learner[-1].metrics if learner else {}
+    newest = served[-1]["version"] if served else None
+    out = {"minutes": a.minutes, "k": a.k, "per_category": a.per_category, "suite": cache.entries,
+           "wall_s": round(wall_s), "users": stats, "learner_steps": len(learner),
+           "informative_own_share": shares.get("informative_own_share"),
+           "informative_share": shares.get("informative_share"), "rollout_groups": shares.get("rollout_groups"),
+           "lineage": rows, "base": base_scores, "scores": {v: cache.get(v) for v in held}, "versus_base": held,
+           "newest_served": newest, "newest_vs_base": held.get(newest, {})}
+    Path(a.out).with_suffix(".json").parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).with_suffix(".json").write_text(json.dumps(out, indent=1))
+    if base_scores:
+        lineage.curve(served, held, base_scores, Path(a.out).with_suffix(".png"))
+    print(f"learner steps {len(learner)}; served versions {len(served)}; informative groups own "
+          f"{shares.get('informative_own_share')}, with references {shares.get('informative_share')}")
+    for env, d in out["newest_vs_base"].items():
+        print(f"newest served {newest} vs base on {env}: {100 * d['base_avg']:.1f}% -> {100 * d['avg']:.1f}% "
+              f"({100 * d['delta']:+.1f} points, paired p={d['p_value']:.4f}, +{d['wins']}/-{d['losses']})")
+    print(f"written {Path(a.out).with_suffix('.json')} and .png")
+
+
+if __name__ == "__main__":
+    main()
