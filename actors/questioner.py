@@ -34,6 +34,9 @@ from policies.curriculum import Ladder
 from policies.model_store import atomic_write_bytes
 
 
+SYNTHETIC = "synthetic"  # the ladder of self-written tasks: rung n asks for n + 1 calls
+
+
 def task_event_id(entry_id: str, round_: int) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:task:{entry_id}:{round_}"))
 
@@ -143,6 +146,8 @@ class Questioner(EventActor):
         rec = self.synth.get(j.task_id)
         if j.origin != "synthetic" or rec is None or rec["status"] != "active":
             return
+        # synthetic tasks climb too: rung n = references of n + 1 calls (one explicit call first)
+        self.ladder.record(SYNTHETIC, len(rec["reference"]) - 1, [s.outcome for s in j.samples if not s.off_policy])
         p, reason = band_decision([s.outcome for s in j.samples if not s.off_policy], self.settings.questioner.band_low,
                                   self.settings.questioner.band_high)
         rec["consistency"] = p
@@ -289,7 +294,8 @@ class Questioner(EventActor):
         exp = syn.explore(self._gen, env, base, q.explore_steps, self.visits, self.rng)
         trace = [f"{s.call} -> {'ok' if s.ok else 'error'}: {s.result[:160]}" for s in exp.steps]
         self._record(env_name, base, trace)
-        exp.steps = [s for s in exp.steps if s.ok][: q.max_reference_calls]
+        calls = 1 + self.ladder.rung(SYNTHETIC, list(range(q.max_reference_calls)))
+        exp.steps = [s for s in exp.steps if s.ok][:calls]
         if not exp.reference:
             return {"outcome": "empty", "base": base, "tried": len(exp.steps)}
         probe = env.probe(base)
@@ -349,6 +355,7 @@ class Questioner(EventActor):
 
     def health(self) -> dict:
         counts = Counter(r["status"] for r in getattr(self, "synth", {}).values())
-        ladder = self.ladder.summary(self.levels) if hasattr(self, "ladder") else {}
+        ladder = self.ladder.summary({**self.levels, SYNTHETIC: list(range(self.settings.questioner.max_reference_calls))}
+                                     ) if hasattr(self, "ladder") else {}
         return {**super().health(), "proposed": self.proposed, "cursors": getattr(self, "cursors", None), "ladder": ladder,
                 "synthetic": dict(counts), "mix": getattr(self, "mix", None)}

@@ -147,6 +147,12 @@ def test_promoted_version_is_served_with_no_failed_request(system):
     lines = out.stdout.splitlines()
     assert any(" task_status " in ln and " verified" in ln for ln in lines), out.stdout[-3000:]
     assert any(" task " in ln and "origin=synthetic" in ln for ln in lines), out.stdout[-3000:]
+    # the user's view of evolution: the lineage names the promoted version, its parent and the gate's reason
+    rep = _cli(system["state"], "report", timeout=180)
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    row = next(ln for ln in rep.stdout.splitlines() if ln.startswith(r.system_fingerprint))
+    assert "w-0" in row.split()[1], rep.stdout  # its parent
+    assert any(ln.strip().startswith("gate: canary") or ln.strip().startswith("gate: live") for ln in rep.stdout.splitlines())
 
 
 def test_killed_actor_comes_back_and_endpoint_keeps_answering(system):

@@ -63,3 +63,26 @@ def test_questioner_alternates_envs_and_climbs_the_code_ladder(envs, tmp_path):
     nxt = [q.next_entry()[0].split("\t") for _ in range(4)]
     assert {code.level_of(e) for n, e in nxt if n == "code"} == {1}
     assert q.health()["ladder"]["code"]["rung"] == 1
+
+
+def test_synthetic_tasks_start_with_one_call_and_climb(envs, tmp_path):
+    from actors.events import Judgement, Sample
+    from actors.questioner import SYNTHETIC, Questioner
+
+    s = load_settings(None)
+    s.state_dir = str(tmp_path)
+    q = Questioner(s, bus=object())
+    q.envs = envs
+    q._init_pools({})
+    q._save = lambda: None
+
+    async def status(*a):
+        pass
+    q._status = status  # retiring a too-easy task publishes its status; no bus here
+    assert q.ladder.rung(SYNTHETIC, [0, 1]) == 0  # one explicit call first
+    for i in range(4):
+        q.synth = {f"t{i}": {"status": "active", "reference": ["ls()"], "issued": 1}}
+        smp = [Sample(sample_id=str(k), messages=[], outcome=1.0) for k in range(4)]
+        asyncio.run(q.handle_judgement(Judgement(group_id=str(i), source="rollout", task_id=f"t{i}", origin="synthetic",
+                                                 samples=smp, outcomes=[1.0] * 4, step_labels=[[]] * 4), None))
+    assert q.ladder.rung(SYNTHETIC, [0, 1]) == 1  # mastered single calls: two-call tasks next
