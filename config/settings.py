@@ -142,7 +142,7 @@ class QuestionerSettings(_Section):
 
 
 class LearnerSettings(_Section):
-    lr: float = Field(2e-5, description="AdamW learning rate")
+    lr: float = Field(1e-5, description="AdamW learning rate")
     groups_per_step: int = Field(2, description="Judged groups per learner step")
     clip_ratio_low: float = Field(0.2, description="PPO lower clip")
     clip_ratio_high: float = Field(0.28, description="PPO upper clip (decoupled, as AgentEvolver)")
