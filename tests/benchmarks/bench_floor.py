@@ -121,7 +121,8 @@ def main():
     fams = a.families.split(",")
     rng = random.Random(a.seed)
     train = [e for e in env.entries("train") if env.category_of(e) in fams]
-    heldout = sorted(e for e in env.entries("heldout") if env.category_of(e) in fams)[: a.heldout]
+    per = max(1, a.heldout // len(fams))  # the same number of held-out entries from each family
+    heldout = [e for f in fams for e in [x for x in env.entries("heldout") if env.category_of(x) == f][:per]]
     plan = [rng.choice(train) for _ in range(a.groups)]
     import torch
 
