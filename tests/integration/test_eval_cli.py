@@ -18,7 +18,9 @@ def test_eval_prints_table_and_writes_json_and_png(tmp_path, model_dir):
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [line.split() for line in r.stdout.splitlines()]
     rows = [x for x in lines if x and x[0] == "code"]
-    assert {x[1] for x in rows} == {"arith", "collatz", "digits", "fib", "primes", "all"}
+    from envs.code import FAMILIES
+
+    assert {x[1] for x in rows} == {*FAMILIES, "all"}  # every rung of the ladder
     report = json.loads((state / "evals" / "w-000000-k1.json").read_text())
     assert set(report["envs"]["code"]["entries"]) and 0.0 <= report["envs"]["code"]["avg"] <= 1.0
     assert (state / "evals" / "w-000000-k1.png").read_bytes()[:4] == b"\x89PNG"
