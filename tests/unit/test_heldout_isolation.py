@@ -39,8 +39,7 @@ def test_explorer_dead_letters_a_heldout_task(envs, tmp_path):
         asyncio.run(ex.handle_task(Task(task_id="t", env="nope", entry_id="x"), None))
 
 
-def test_questioner_alternates_envs_and_climbs_the_code_ladder(envs, tmp_path):
-    from actors.events import Judgement, Sample
+def _questioner(envs, tmp_path):
     from actors.questioner import Questioner
 
     s = load_settings(None)
@@ -48,6 +47,12 @@ def test_questioner_alternates_envs_and_climbs_the_code_ladder(envs, tmp_path):
     q = Questioner(s, bus=object())
     q.envs = envs
     q._init_pools({})
+    return q
+
+
+def test_questioner_alternates_envs_and_climbs_the_code_ladder(envs, tmp_path):
+    from actors.events import Judgement, Sample
+    q = _questioner(envs, tmp_path)
     q._save, q.synth, q.proposed = (lambda: None), {}, 0
     code, train = envs["code"], {n: set(e.entries("train")) for n, e in envs.items()}
     picks = [q.next_entry()[0].split("\t") for _ in range(8)]
@@ -67,13 +72,9 @@ def test_questioner_alternates_envs_and_climbs_the_code_ladder(envs, tmp_path):
 
 def test_synthetic_tasks_start_with_one_call_and_climb(envs, tmp_path):
     from actors.events import Judgement, Sample
-    from actors.questioner import SYNTHETIC, Questioner
+    from actors.questioner import SYNTHETIC
 
-    s = load_settings(None)
-    s.state_dir = str(tmp_path)
-    q = Questioner(s, bus=object())
-    q.envs = envs
-    q._init_pools({})
+    q = _questioner(envs, tmp_path)
     q._save = lambda: None
 
     async def status(*a):
