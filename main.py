@@ -449,10 +449,10 @@ async def read_events(s: Settings, run: dict, kinds: list[str]) -> list:
     return sorted(out, key=lambda e: e.occurred_at)
 
 
-def heldout_cache(s: Settings, envs: dict, per_category: int, k: int):
+def heldout_cache(s: Settings, envs: dict, per_category, k: int, categories: dict | None = None):
     from policies.heldout import HeldoutCache, suite
 
-    return HeldoutCache(s.state / "evals" / "heldout.json", suite(envs, per_category), k=k,
+    return HeldoutCache(s.state / "evals" / "heldout.json", suite(envs, per_category, categories), k=k,
                         temperature=s.rollout.temperature, max_new_tokens=s.rollout.max_new_tokens,
                         call_prefix=s.rollout.call_prefix)
 

@@ -211,7 +211,9 @@ class Learner(EventActor):
         await self._drop_stale()
         if len(self.ready) < n:
             return
-        groups = self.ready[:n]  # popped only after the step is committed
+        # the newest groups first: they are what the served version does now, and the cycle from an
+        # interaction to served weights does not wait behind a backlog (older ones go stale and are dropped)
+        groups = self.ready[-n:]  # popped only after the step is committed
         ids = sorted({i for g in groups for i in g.source_event_ids})
         async with heartbeat([self.held[i] for i in ids if i in self.held]):
             # the step links to the trace of every event it learned from: HTTP request -> weights version
@@ -245,7 +247,7 @@ class Learner(EventActor):
                                 for o in ("env", "synthetic", "live")}}),
                     weights_version=version)
                 await self._publish_weights(version, self.trainer.step)
-        self.ready = self.ready[n:]
+        self.ready = [g for g in self.ready if all(g is not x for x in groups)]  # others may have arrived meanwhile
         await self._ack(ids)
         self.steps_done += 1
         self.log.info("learner.step", version=version, **{k: round(v, 4) for k, v in stats.items()})

@@ -30,7 +30,7 @@ from actors.bus import EventActor
 from actors.events import Interaction, Judgement, Task, TaskStatus
 from envs.registry import make_envs
 from policies.adca import self_consistency
-from policies.curriculum import Ladder
+from policies.curriculum import Ladder, schedule
 from policies.model_store import atomic_write_bytes
 
 
@@ -190,9 +190,10 @@ class Questioner(EventActor):
         return int(info.num_pending) + int(info.num_ack_pending)
 
     def next_entry(self) -> tuple[str, int]:
-        """("env<TAB>entry", round): environments take turns; a laddered one skips entries off its rung."""
-        names = sorted(self.pools)
-        name = names[self.turn % len(names)]
+        """("env<TAB>entry", round): environments take turns (`questioner.env_weights` each); a laddered one
+        skips entries off its rung."""
+        turns = schedule(list(self.pools), self.settings.questioner.env_weights)
+        name = turns[self.turn % len(turns)]
         self.turn += 1
         env, pool = self.envs[name], self.pools[name]
         rung = self.ladder.rung(name, self.levels[name])

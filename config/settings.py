@@ -126,6 +126,8 @@ class MemorySettings(_Section):
 
 class QuestionerSettings(_Section):
     synthetic_share: float = Field(0.5, description="Share of issued tasks that are self-generated (0 = dataset only)")
+    env_weights: dict[str, int] = Field({}, description="Turns each environment gets among issued dataset tasks "
+                                        "(1 when unnamed, 0 = none), e.g. {code: 3, bfcl: 1}")
     synth_envs: list[str] = Field(["bfcl"], description="Environments the questioner explores to write tasks")
     explore_steps: int = Field(3, description="Calls per curiosity-guided exploration")
     max_reference_calls: int = Field(2, description="Longest reference solution kept from an exploration")

@@ -49,3 +49,23 @@ class Ladder:
             seen = {lv: round(s, 3) for lv in sorted(set(levels)) if (s := self.success(env, lv)) is not None}
             out[env] = {"rung": self.rung(env, levels), "success": seen}
         return out
+
+
+def schedule(names: list[str], weights: dict[str, int]) -> list[str]:
+    """One cycle of turns between environments, each `weights[name]` times (1 when unnamed, 0 leaves it out),
+    spread evenly (smooth weighted round robin): {"a": 3, "b": 1} -> a a b a. Deterministic, so a
+    persisted turn counter resumes it."""
+    w = {n: int(weights.get(n, 1)) for n in sorted(names)}
+    if any(v < 0 for v in w.values()):
+        raise ValueError(f"environment weights must be >= 0: {weights}")
+    w = {n: v for n, v in w.items() if v > 0}
+    if not w:
+        raise ValueError(f"every environment has weight 0: {weights}")
+    cur, out = dict.fromkeys(w, 0), []
+    for _ in range(sum(w.values())):
+        for n in w:
+            cur[n] += w[n]
+        pick = max(w, key=lambda n: (cur[n], -sorted(w).index(n)))
+        cur[pick] -= sum(w.values())
+        out.append(pick)
+    return out

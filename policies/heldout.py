@@ -18,13 +18,21 @@ from policies.model_store import atomic_write_bytes
 from policies.stats import paired_test
 
 
-def suite(envs: dict, per_category: int) -> dict[str, list[str]]:
+def suite(envs: dict, per_category: int | dict[str, int], categories: dict[str, list[str]] | None = None
+          ) -> dict[str, list[str]]:
+    """env -> entries: the first `per_category` (an int, or one per environment) held-out entries of every
+    category, or only of the categories `categories[env]` names (unknown names are an error)."""
     out = {}
     for name, env in envs.items():
+        n = per_category if isinstance(per_category, int) else per_category.get(name, 0)
         by_cat: dict[str, list[str]] = {}
         for e in env.entries("heldout"):
             by_cat.setdefault(env.category_of(e), []).append(e)
-        out[name] = [e for cat in sorted(by_cat) for e in by_cat[cat][:per_category]]
+        keep = (categories or {}).get(name) or sorted(by_cat)
+        if unknown := sorted(set(keep) - set(by_cat)):
+            raise ValueError(f"{name} has no held-out category {unknown}; it has {sorted(by_cat)}")
+        if n > 0:
+            out[name] = [e for cat in sorted(keep) for e in by_cat[cat][:n]]
     return out
 
 

@@ -3,7 +3,7 @@
 One row per published version: its parent and learner step, when it was published, the gate's
 decision and reason (`evo.weights_status`: rejected / superseded / canary / live), the canary's
 verdict (went live, or rolled back and why), how long after the judged groups it learned from it
-was first served (canary or live), and its held-out scores next to the base's (`policies/heldout.py`,
+was published and first served (canary or live), and its held-out scores next to the base's (`policies/heldout.py`,
 paired on the same entries). Pure: it takes typed events, so it is tested without a bus.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ def lineage(events: list[Event]) -> list[dict]:
             srcs = [judged[i] for i in step_sources.get(w.step, []) if i in judged]
             rows.setdefault(w.version, {"version": w.version, "parent": w.parent, "step": w.step, "status": "published",
                                         "published_at": e.occurred_at, "learned_from": min(srcs) if srcs else None,
+                                        "published_after_s": round(_t(e.occurred_at) - min(srcs), 1) if srcs else None,
                                         "gate": "", "canary": "", "served_after_s": None, "forced": e.force})
     for e in events:
         row = rows.get(getattr(e, "version", None) or getattr(getattr(e, "weights", None), "version", None) or "")

@@ -9,10 +9,13 @@ traffic carries signal too. The questions are drawn fresh (not the environments'
 Then it stops `up` and scores the base and every version that was served (canary or live) on the
 same fixed held-out suite (`policies/heldout.py`: the first `--per-category` held-out entries of
 every category, avg@k with k = `--k`), each compared with the base by the paired sign-flip test.
+The default suite is fixed before the run: 8 entries each of the code ladder's first two rungs (add,
+muladd: where the 135M starts near 0 but not beyond reach; the loop rungs are 0 for base and every
+version) and 2 of each BFCL category. `--max-versions` bounds the scoring time (~5 min a version).
 Writes JSON and a PNG curve (`--out`, default tests/benchmarks/results/learning_curve_cpu.*) and
 prints the lineage table (as `main.py report` does).
 
-    .venv/bin/python tests/benchmarks/bench_learning_curve.py [--minutes 60] [--k 4] [--per-category 3]
+    .venv/bin/python tests/benchmarks/bench_learning_curve.py [--minutes 60] [--k 4] [--per-category code=8,bfcl=2]
 """
 import argparse
 import asyncio
@@ -103,8 +106,10 @@ def main():
     ap.add_argument("--minutes", type=float, default=60)
     ap.add_argument("--config", default=str(ROOT / "config" / "cpu.yaml"))
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--per-category", type=int, default=3)
-    ap.add_argument("--max-versions", type=int, default=0, help="score at most this many served versions, evenly "
+    ap.add_argument("--per-category", default="code=8,bfcl=2", help="held-out entries per category: N, or ENV=N,...")
+    ap.add_argument("--categories", default="code=add,muladd", help="only these categories of an environment's "
+                    "held-out split: ENV=CAT,CAT;ENV=... (empty = all)")
+    ap.add_argument("--max-versions", type=int, default=4, help="score at most this many served versions, evenly "
                     "spaced, the newest always (0 = all)")
     ap.add_argument("--user-pause-s", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=7)
@@ -152,6 +157,11 @@ def main():
     report(a, s, state, events, learner, stats, time.time() - t_start)
 
 
+def _p50(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else None
+
+
 def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
     import main as cli
     from envs.registry import make_envs
@@ -165,7 +175,10 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
         step = (len(served) - 1) / (a.max_versions - 1) if a.max_versions > 1 else 0
         served = [served[round(i * step)] for i in range(a.max_versions - 1)] + [served[-1]]
     envs = make_envs(s.env)
-    cache = cli.heldout_cache(s, envs, a.per_category, a.k)
+    per = int(a.per_category) if a.per_category.isdigit() else {
+        k: int(v) for k, v in (x.split("=") for x in a.per_category.split(","))}
+    cats = {k: v.split(",") for k, v in (x.split("=") for x in a.categories.split(";") if x)}
+    cache = cli.heldout_cache(s, envs, per, a.k, cats)
     store = WeightsStore(s.state)
     base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
     engine = make_engine(s, base, role="eval")
@@ -181,7 +194,9 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
     print(lineage.table(rows, held, base_scores))
     shares = learner[-1].metrics if learner else {}
     newest = served[-1]["version"] if served else None
-    out = {"minutes": a.minutes, "k": a.k, "per_category": a.per_category, "suite": cache.entries,
+    stages = {key: _p50([r[key] for r in rows if r[key] is not None]) for key in ("published_after_s", "served_after_s")}
+    out = {"minutes": a.minutes, "k": a.k, "per_category": a.per_category, "categories": cats, "suite": cache.entries,
+           "cycle_p50_s": stages,
            "wall_s": round(wall_s), "users": stats, "learner_steps": len(learner),
            "informative_own_share": shares.get("informative_own_share"),
            "informative_share": shares.get("informative_share"), "rollout_groups": shares.get("rollout_groups"),
@@ -191,6 +206,8 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
     Path(a.out).with_suffix(".json").write_text(json.dumps(out, indent=1))
     if base_scores:
         lineage.curve(served, held, base_scores, Path(a.out).with_suffix(".png"))
+    print(f"cycle p50: published {stages['published_after_s']} s, served {stages['served_after_s']} s after the "
+          f"oldest judged group a version learned from")
     print(f"learner steps {len(learner)}; served versions {len(served)}; informative groups own "
           f"{shares.get('informative_own_share')}, with references {shares.get('informative_share')}")
     for env, d in out["newest_vs_base"].items():

@@ -1,4 +1,6 @@
 """The ladder: the questioner issues dataset tasks from the lowest rung the policy has not mastered."""
+import pytest
+
 from policies.curriculum import Ladder
 
 
@@ -25,3 +27,14 @@ def test_ladder_state_round_trips_and_summarises():
     assert again.summary({"code": [0, 1, 2], "bfcl": [0]}) == {
         "code": {"rung": 1, "success": {0: 0.5, 1: 0.0}}, "bfcl": {"rung": 0, "success": {}}}
     assert again.rung("code", [0]) == 0  # all mastered: stay on the top rung
+
+
+def test_schedule_spreads_turns_by_weight():
+    from policies.curriculum import schedule
+
+    assert schedule(["bfcl", "code"], {}) == ["bfcl", "code"]
+    turns = schedule(["bfcl", "code"], {"code": 3})
+    assert sorted(turns) == ["bfcl", "code", "code", "code"] and turns[0] == "code"
+    assert schedule(["a", "b", "c"], {"a": 2, "c": 0}) == ["a", "b", "a"]
+    with pytest.raises(ValueError):
+        schedule(["a"], {"a": 0})

@@ -56,7 +56,7 @@ def test_questioner_alternates_envs_and_climbs_the_code_ladder(envs, tmp_path):
     q._save, q.synth, q.proposed = (lambda: None), {}, 0
     code, train = envs["code"], {n: set(e.entries("train")) for n, e in envs.items()}
     picks = [q.next_entry()[0].split("\t") for _ in range(8)]
-    assert [n for n, _ in picks] == ["bfcl", "code"] * 4
+    assert [n for n, _ in picks] == ["code", "bfcl", "code", "code"] * 2  # the preset's env_weights {code: 3, bfcl: 1}
     assert all(e in train[n] for n, e in picks)  # never a held-out entry
     assert {code.level_of(e) for n, e in picks if n == "code"} == {0}  # the lowest rung first
     for i in range(4):  # the policy now solves rung 0 (a reference sample does not count as its own)

@@ -37,6 +37,7 @@ def test_lineage_rows_from_events(tmp_path):
     r1, r2 = rows
     assert r1["parent"] == "w-000000" and r1["gate"].startswith("canary: held-out")
     assert r1["served_after_s"] == pytest.approx(21.0)  # first served 21 s after its oldest judged group
+    assert r1["published_after_s"] == pytest.approx(11.0)
     assert r1["canary"] == "rolled back: feedback dropped"
     assert r2["status"] == "rejected" and r2["gate"].startswith("rejected: reference NLL") and r2["served_after_s"] is None
     text = lineage.table(rows, {"w-000001": {"code": {"avg": 0.5, "delta": 0.25, "p_value": 0.03}}},
@@ -72,3 +73,18 @@ def test_heldout_cache_pairs_versions_on_the_same_entries(tmp_path, monkeypatch)
     assert again.get("v1") == cache.get("v1")  # cached under the suite's fingerprint
     other = HeldoutCache(path, {"toy": ["a_1"]}, k=2, temperature=0.7, max_new_tokens=8, call_prefix=True)
     assert other.get("v1") is None and len(json.loads(path.read_text())) == 1
+
+
+def test_suite_takes_the_first_entries_of_the_chosen_categories():
+    from policies.heldout import suite
+
+    class Env(_Env):
+        def entries(self, split):
+            return self.ids if split == "heldout" else []
+
+    envs = {"toy": Env(["a_1", "b_1", "a_2", "b_2", "a_3"]), "other": Env(["x_1", "x_2"])}
+    assert suite(envs, 2) == {"toy": ["a_1", "a_2", "b_1", "b_2"], "other": ["x_1", "x_2"]}
+    assert suite(envs, {"toy": 3, "other": 1}, {"toy": ["a"]}) == {"toy": ["a_1", "a_2", "a_3"], "other": ["x_1"]}
+    assert suite(envs, {"toy": 1}) == {"toy": ["a_1", "b_1"]}  # an environment given 0 entries is left out
+    with pytest.raises(ValueError, match="no held-out category"):
+        suite(envs, 1, {"toy": ["c"]})
