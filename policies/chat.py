@@ -29,9 +29,12 @@ def _compact_tool(spec: ToolSpec) -> dict:
 
 def _param_line(spec: ToolSpec) -> str:
     f = spec.function
-    props = (f.get("parameters") or {}).get("properties") or {}
-    req = set((f.get("parameters") or {}).get("required") or [])
-    params = ", ".join(f"{k}{'' if k in req else '?'}: {v.get('type', 'any')}" for k, v in props.items())
+    schema = f.get("parameters") if isinstance(f.get("parameters"), dict) else {}
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    req = {r for r in schema.get("required") or [] if isinstance(r, str)} if isinstance(schema.get("required"), list) \
+        else set()
+    params = ", ".join(f"{k}{'' if k in req else '?'}: {v.get('type', 'any') if isinstance(v, dict) else 'any'}"
+                       for k, v in props.items())
     desc = (f.get("description") or "").strip().split("\n")[0][:140]
     return f"- {f['name']}({params}): {desc}"
 

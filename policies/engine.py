@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -65,7 +65,7 @@ class TransformersEngine:
     A reference count keeps the next update from overwriting a copy that a call still uses."""
 
     def __init__(self, model_dir: str | Path, dtype: str = "bfloat16", device: str = "cpu", threads: int = 1,
-                 version: str = "w-000000", standby: bool = False):
+                 version: str = "w-000000", standby: bool = False, max_batch: int = 1, batch_window_ms: float = 0.0):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -73,7 +73,7 @@ class TransformersEngine:
             torch.set_num_threads(threads)
         self.torch = torch
         self.device = device
-        self.tok = AutoTokenizer.from_pretrained(str(model_dir))
+        self.tok = LockedTokenizer(AutoTokenizer.from_pretrained(str(model_dir)))
         self.tok.padding_side = "left"
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token
@@ -88,6 +88,8 @@ class TransformersEngine:
         self._paused.set()  # set = running
         self.generated_tokens = 0
         self.im_end = self.tok.convert_tokens_to_ids("<|im_end|>")
+        # concurrent single-prompt calls (serving threads) are answered in batches of up to max_batch
+        self.batcher = Batcher(self._run_batch, max_batch, batch_window_ms / 1000) if max_batch > 1 else None
 
     def count_tokens(self, text: str) -> int:
         return len(self.tok(text, add_special_tokens=False)["input_ids"])
@@ -108,26 +110,43 @@ class TransformersEngine:
                     self._cv.notify_all()
 
     def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None):
+        if self.batcher is not None and len(prompts) == 1:
+            return [self.batcher.submit(prompts[0], max_new_tokens, temperature, top_p, stream_cb)]
+        return self._generate(prompts, [max_new_tokens] * len(prompts), temperature, top_p,
+                              [stream_cb] * len(prompts) if stream_cb is not None else None)
+
+    def _run_batch(self, reqs: list[Request]) -> list[Generation]:
+        r = reqs[0]  # the batcher groups requests with the same sampling parameters
+        cbs = [x.stream_cb for x in reqs]
+        return self._generate([x.prompt for x in reqs], [x.max_new_tokens for x in reqs], r.temperature, r.top_p,
+                              cbs if any(cbs) else None)
+
+    def _generate(self, prompts: list[str], max_new: list[int], temperature: float, top_p: float,
+                  stream_cbs: list | None) -> list[Generation]:
+        """One padded batch; each row stops at its own token budget or at an end token."""
         torch = self.torch
+        stops = (self.im_end, self.tok.eos_token_id)
         with self._using() as (model, version), torch.inference_mode():
             enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-            kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=self.tok.pad_token_id,
-                          eos_token_id=[self.im_end, self.tok.eos_token_id])
+            n_prompt = enc["input_ids"].shape[1]
+            kwargs = dict(max_new_tokens=max(max_new), pad_token_id=self.tok.pad_token_id, eos_token_id=list(stops))
             if temperature and temperature > 0:
                 kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
             else:
                 kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-            if stream_cb is not None:
-                kwargs["streamer"] = _CallbackStreamer(self.tok, stream_cb)
+            if len(set(max_new)) > 1:
+                from transformers import StoppingCriteriaList
+
+                kwargs["stopping_criteria"] = StoppingCriteriaList([_RowBudget(torch, n_prompt, max_new, self.device)])
+            if stream_cbs is not None:
+                kwargs["streamer"] = _RowStreamer(self.tok, stream_cbs, max_new, stops)
             out = model.generate(**enc, **kwargs)
-        n_prompt = enc["input_ids"].shape[1]
         gens = []
         for i in range(len(prompts)):
-            ids = out[i, n_prompt:].tolist()
+            ids = out[i, n_prompt:n_prompt + max_new[i]].tolist()
             finish = "length"
-            if self.im_end in ids or self.tok.eos_token_id in ids:
-                cut = min(ids.index(t) for t in (self.im_end, self.tok.eos_token_id) if t in ids)
-                ids, finish = ids[:cut], "stop"
+            if any(t in ids for t in stops):
+                ids, finish = ids[:min(ids.index(t) for t in stops if t in ids)], "stop"
             ids = [t for t in ids if t != self.tok.pad_token_id]
             self.generated_tokens += len(ids)
             gens.append(Generation(self.tok.decode(ids, skip_special_tokens=True), int(enc["attention_mask"][i].sum()),
@@ -245,21 +264,135 @@ class TransformersEngine:
                 "generated_tokens": self.generated_tokens, "paused": not self._paused.is_set()}
 
 
-class _CallbackStreamer:
-    """Minimal streamer: decodes incrementally and hands new text to a callback."""
+class LockedTokenizer:
+    """A tokenizer shared by threads: a fast (Rust) tokenizer raises "Already borrowed" when two threads
+    use it at once, so every call goes through one lock; attributes pass through."""
 
-    def __init__(self, tok, cb):
-        self.tok, self.cb, self.ids, self.sent, self.first = tok, cb, [], "", True
+    def __init__(self, tok):
+        self._tok, self._lock = tok, threading.RLock()
+
+    def __call__(self, *a, **kw):
+        with self._lock:
+            return self._tok(*a, **kw)
+
+    def __getattr__(self, name):
+        attr = getattr(self._tok, name)
+        if not callable(attr):
+            return attr
+
+        def locked(*a, **kw):
+            with self._lock:
+                return attr(*a, **kw)
+        return locked
+
+    def __setattr__(self, name, value):
+        if name in ("_tok", "_lock"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._tok, name, value)
+
+
+@dataclass
+class Request:
+    prompt: str
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    stream_cb: object = None
+    result: Generation | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def key(self) -> tuple:
+        return (round(self.temperature, 6), round(self.top_p, 6)) if self.temperature > 0 else (0.0, 1.0)
+
+
+class Batcher:
+    """Batches concurrent single-prompt calls: callers block in `submit`; one worker thread takes the oldest
+    request and every waiting one with the same sampling parameters (up to `max_batch`), waits up to
+    `window_s` for more while the batch is not full, runs them as one padded batch (`run`) and hands each
+    caller its row. Requests that arrive while a batch runs form the next one, so under load batches fill
+    by themselves and a lone request waits at most `window_s`."""
+
+    def __init__(self, run, max_batch: int = 8, window_s: float = 0.01):
+        self.run, self.max_batch, self.window_s = run, max_batch, window_s
+        self.queue: list[Request] = []
+        self.cv = threading.Condition()
+        self.batches = self.requests = 0
+        threading.Thread(target=self._loop, name="engine-batcher", daemon=True).start()
+
+    def submit(self, prompt: str, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+               stream_cb=None) -> Generation:
+        r = Request(prompt, max_new_tokens, float(temperature or 0.0), float(top_p), stream_cb)
+        with self.cv:
+            self.queue.append(r)
+            self.cv.notify_all()
+        r.done.wait()
+        if r.error is not None:
+            raise r.error
+        return r.result
+
+    def _take(self) -> list[Request]:
+        with self.cv:
+            self.cv.wait_for(lambda: self.queue)
+            key = self.queue[0].key()
+            deadline = time.monotonic() + self.window_s
+            while sum(r.key() == key for r in self.queue) < self.max_batch and (left := deadline - time.monotonic()) > 0:
+                self.cv.wait(left)
+            batch = [r for r in self.queue if r.key() == key][: self.max_batch]
+            self.queue = [r for r in self.queue if all(r is not b for b in batch)]
+            return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take()
+            try:
+                for r, g in zip(batch, self.run(batch), strict=True):
+                    r.result = g
+            except BaseException as exc:  # every caller of the batch gets the error
+                for r in batch:
+                    r.error = exc
+            self.batches += 1
+            self.requests += len(batch)
+            for r in batch:
+                r.done.set()
+
+
+class _RowBudget:
+    """Stopping criterion: a row is done once it generated its own token budget (rows of a batch differ)."""
+
+    def __init__(self, torch, n_prompt: int, max_new: list[int], device):
+        self.n_prompt, self.limit = n_prompt, torch.tensor(max_new, device=device)
+
+    def __call__(self, input_ids, scores, **kw):
+        return (input_ids.shape[1] - self.n_prompt) >= self.limit
+
+
+class _RowStreamer:
+    """Streamer for a batch: decodes each row incrementally and hands its new text to that row's callback
+    (None = not streamed), until the row's end token or budget."""
+
+    def __init__(self, tok, cbs: list, max_new: list[int], stops: tuple):
+        self.tok, self.cbs, self.max_new, self.stops = tok, cbs, max_new, stops
+        self.ids: list[list[int]] = [[] for _ in cbs]
+        self.sent, self.done, self.first = [""] * len(cbs), [cb is None for cb in cbs], True
 
     def put(self, value):
         if self.first:  # the prompt comes first
             self.first = False
             return
-        self.ids.extend(value.reshape(-1).tolist())
-        text = self.tok.decode(self.ids, skip_special_tokens=True)
-        if len(text) > len(self.sent) and not text.endswith("\ufffd"):
-            self.cb(text[len(self.sent):])
-            self.sent = text
+        for i, t in enumerate(value.reshape(len(self.cbs), -1)[:, -1].tolist()):
+            if self.done[i]:
+                continue
+            if t in self.stops:
+                self.done[i] = True
+                continue
+            self.ids[i].append(t)
+            self.done[i] = len(self.ids[i]) >= self.max_new[i]
+            text = self.tok.decode(self.ids[i], skip_special_tokens=True)
+            if len(text) > len(self.sent[i]) and not text.endswith("\ufffd"):
+                self.cbs[i](text[len(self.sent[i]):])
+                self.sent[i] = text
 
     def end(self):
         pass
@@ -279,5 +412,7 @@ def make_engine(settings, model_dir: str | Path, version: str = "w-000000", role
 
         return VllmEngine(model_dir, dtype=m.serve_dtype, gpu_memory_utilization=m.gpu_memory_utilization,
                           max_model_len=m.max_model_len, enforce_eager=m.enforce_eager, version=version)
+    serving = role in ("serve", "canary")
     return TransformersEngine(model_dir, dtype=m.serve_dtype, device=m.device, threads=m.torch_threads, version=version,
-                              standby=role in ("serve", "canary"))
+                              standby=serving, max_batch=settings.serve.max_batch if serving else 1,
+                              batch_window_ms=settings.serve.batch_window_ms)

@@ -14,6 +14,7 @@ and the replica reports what it serves (`evo.weights_swapped`: on start, and aft
 On start it loads the live version (and the canary) before it takes traffic.
 """
 import asyncio
+import functools
 import hashlib
 import hmac
 import json
@@ -22,6 +23,7 @@ import socket
 import sqlite3
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -29,50 +31,18 @@ from pydantic import ValidationError
 from ray import serve
 
 from actors.bus import Bus
-from actors.events import (ChatMessage, Feedback, Interaction, RetrieveReply, RetrieveRequest, ToolCall, ToolSpec,
+from actors.events import (ChatMessage, Feedback, Interaction, RetrieveReply, RetrieveRequest,
                            WeightsSwapped, subject_for)
 from config import telemetry
 from config.settings import Settings
-from policies.chat import CALL_PREFIX, call_opening, parse_assistant, render, tool_choice_prefix
+from policies.chat import CALL_PREFIX, call_opening, parse_assistant, render
 from policies.engine import make_engine
 from policies.model_store import WeightsStore, ensure_base_model
 from serve.engines import EngineSet
 from serve.schemas import ChatRequest, FeedbackRequest
+from serve.wire import MAX_DEPTH, BadRequest, check_json, completion, error, parse_chat, pretty
 
 app = FastAPI(title="Kaizen", docs_url=None, redoc_url=None, openapi_url=None)
-
-
-def _error(status: int, message: str, type_: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type_, "code": status}}, status_code=status)
-
-
-def to_chat_messages(req: ChatRequest) -> list[ChatMessage]:
-    out = []
-    for m in req.messages:
-        role = "system" if m.role == "developer" else m.role
-        calls = [ToolCall(id=c.id or f"call_{i}", name=c.function.name,
-                          arguments=c.function.arguments if isinstance(c.function.arguments, str)
-                          else json.dumps(c.function.arguments))
-                 for i, c in enumerate(m.tool_calls or [])]
-        out.append(ChatMessage(role=role, content=m.text(), tool_calls=calls, tool_call_id=m.tool_call_id))
-    return out
-
-
-def _pretty(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
-
-
-def _completion(iid: str, model: str, version: str, answer: ChatMessage, gen, n_prompt: int) -> dict:
-    msg: dict = {"role": "assistant", "content": answer.content or (None if answer.tool_calls else "")}
-    if answer.tool_calls:
-        msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                             for c in answer.tool_calls]
-    finish = "tool_calls" if answer.tool_calls else ("length" if gen.finish_reason == "length" else "stop")
-    return {"id": iid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "system_fingerprint": version,
-            "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}],
-            "usage": {"prompt_tokens": n_prompt, "completion_tokens": gen.completion_tokens,
-                      "total_tokens": n_prompt + gen.completion_tokens}}
 
 
 class InteractionLog:
@@ -115,6 +85,7 @@ class KaizenServer:
         self.engines = EngineSet(make_engine(self.s, self.base), lambda: make_engine(self.s, self.base, role="canary"),
                                  self.base, self.log)
         self._sync_lock = asyncio.Lock()
+        self._pool = ThreadPoolExecutor(self.s.serve.max_ongoing_requests + 2, thread_name_prefix="generate")
         self.interactions = InteractionLog(self.s.state / "serve" / "interactions.db")
         self.bus: Bus | None = None
         self._watcher: asyncio.Task | None = None
@@ -123,6 +94,11 @@ class KaizenServer:
         self.engines.sync(self.store.live())  # synced to the live version (and canary) before taking traffic
 
     # ------------------------------------------------------------------ plumbing
+
+    async def _in_pool(self, fn, *args):
+        """Generation blocks a thread until its batch is done: every request in flight has its own thread
+        (asyncio's default pool has cpu_count + 4, fewer than the requests one batch takes)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
 
     async def _ensure_bus(self) -> Bus:
         if self.bus is None:
@@ -185,17 +161,22 @@ class KaizenServer:
 
     async def _body(self, request: Request):
         if not self._authorized(request):
-            return None, _error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error")
+            return None, error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error")
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.s.serve.max_body_bytes:
-            return None, _error(413, f"request body larger than {self.s.serve.max_body_bytes} bytes")
+            return None, error(413, f"request body larger than {self.s.serve.max_body_bytes} bytes")
         raw = await request.body()
         if len(raw) > self.s.serve.max_body_bytes:
-            return None, _error(413, f"request body larger than {self.s.serve.max_body_bytes} bytes")
+            return None, error(413, f"request body larger than {self.s.serve.max_body_bytes} bytes")
         try:
-            return json.loads(raw), None
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return None, _error(400, f"body is not valid JSON: {exc}")
+            return None, error(400, f"body is not valid JSON: {exc}")
+        except RecursionError:
+            return None, error(400, f"body is nested deeper than {MAX_DEPTH} levels")
+        if problem := check_json(body):
+            return None, error(400, problem)
+        return body, None
 
     async def _retrieve(self, query: str) -> RetrieveReply:
         try:
@@ -217,7 +198,7 @@ class KaizenServer:
         try:
             await self._ensure_bus()
         except Exception as exc:
-            return _error(503, f"event bus not reachable: {exc}", "unavailable")
+            return error(503, f"event bus not reachable: {exc}", "unavailable")
         return {"status": "ready", "weights_version": self.engine.version, "replica": self.replica,
                 "canary": self.engines.canary.version if self.engines.canary else None,
                 "canary_share": self.engines.share}
@@ -225,7 +206,7 @@ class KaizenServer:
     @app.get("/v1/models")
     async def models(self, request: Request):
         if not self._authorized(request):
-            return _error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error")
+            return error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error")
         return {"object": "list", "data": [{"id": self.s.model.name, "object": "model", "owned_by": "kaizen",
                                             "created": 0, "weights_version": self.engine.version,
                                             "canary_version": self.engines.canary.version if self.engines.canary
@@ -240,10 +221,10 @@ class KaizenServer:
         try:
             fb = FeedbackRequest.model_validate(body)
         except ValidationError as exc:
-            return _error(422, _pretty(exc))
+            return error(422, pretty(exc))
         it = await asyncio.to_thread(self.interactions.get, fb.interaction_id)
         if it is None:
-            return _error(404, f"unknown interaction_id {fb.interaction_id!r}", "not_found_error")
+            return error(404, f"unknown interaction_id {fb.interaction_id!r}", "not_found_error")
         # identical feedback -> identical event id -> JetStream drops the duplicate and handlers skip it
         event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:feedback:{fb.interaction_id}|{fb.score}|{fb.comment}"))
         ev = Feedback(event_id=event_id, interaction_id=fb.interaction_id, score=fb.score, comment=fb.comment,
@@ -260,18 +241,9 @@ class KaizenServer:
         if err:
             return err
         try:
-            req = ChatRequest.model_validate(body)
-            messages = to_chat_messages(req)
-        except ValidationError as exc:
-            return _error(422, _pretty(exc))
-        except ValueError as exc:
-            return _error(400, str(exc))
-        tools = [ToolSpec(function=t.function.model_dump()) for t in (req.tools or [])] \
-            if req.tool_choice != "none" else []
-        try:
-            forced = tool_choice_prefix(req.tool_choice, tools)
-        except ValueError as exc:
-            return _error(400, str(exc))
+            req, messages, tools, forced = parse_chat(body, self.s.serve.max_new_tokens)
+        except BadRequest as exc:
+            return exc.response()
         query = next((m.content for m in reversed(messages) if m.role == "user"), "")
         iid = f"chatcmpl-{uuid.uuid4().hex}"
         engine = self.engines.pick(iid)  # this request is answered by one engine from start to end
@@ -286,9 +258,8 @@ class KaizenServer:
             prompt += forced
             n_prompt = await asyncio.to_thread(engine.count_tokens, prompt)
             if n_prompt > self.s.serve.max_prompt_tokens:
-                return _error(400, f"prompt is {n_prompt} tokens; the limit is {self.s.serve.max_prompt_tokens}")
-            max_new = min(req.max_completion_tokens or req.max_tokens or self.s.serve.max_new_tokens,
-                          self.s.serve.max_new_tokens)
+                return error(400, f"prompt is {n_prompt} tokens; the limit is {self.s.serve.max_prompt_tokens}")
+            max_new = req.max_completion_tokens or req.max_tokens or self.s.serve.max_new_tokens
             span.set_attribute("kaizen.interaction_id", iid)
             trace_id = telemetry.current_trace_id()
             trace_headers = telemetry.inject_headers({})
@@ -297,12 +268,12 @@ class KaizenServer:
                        engine=engine)
             if req.stream:
                 return StreamingResponse(self._stream(ctx), media_type="text/event-stream")
-            gen = (await asyncio.to_thread(engine.generate, [prompt], max_new, req.temperature, req.top_p))[0]
+            gen = (await self._in_pool(engine.generate, [prompt], max_new, req.temperature, req.top_p))[0]
             version = gen.version or engine.version
             answer = (parse_assistant(forced + gen.text) if tools
                       else ChatMessage(role="assistant", content=gen.text.strip()))
             await self._record(ctx, answer, version)
-            return _completion(iid, self.s.model.name, version, answer, gen, n_prompt)
+            return completion(iid, self.s.model.name, version, answer, gen, n_prompt)
 
     async def _stream(self, ctx):
         loop = asyncio.get_running_loop()
@@ -315,7 +286,7 @@ class KaizenServer:
                 loop.call_soon_threadsafe(q.put_nowait, piece)
 
         engine = ctx["engine"]
-        task = asyncio.create_task(asyncio.to_thread(engine.generate, [ctx["prompt"]], ctx["max_new"],
+        task = asyncio.create_task(self._in_pool(engine.generate, [ctx["prompt"]], ctx["max_new"],
                                                      req.temperature, req.top_p, on_text))
         version = engine.version  # the fingerprint of the first chunk; the record uses what really answered
         created = int(time.time())
@@ -368,8 +339,8 @@ class KaizenServer:
 
 def build_app(settings: Settings, api_key: str):
     s = settings.serve
-    return KaizenServer.options(num_replicas=s.replicas, ray_actor_options={"num_cpus": s.replica_cpus,
-                                                                           "num_gpus": s.replica_gpus}).bind(
+    return KaizenServer.options(num_replicas=s.replicas, max_ongoing_requests=s.max_ongoing_requests,
+                                ray_actor_options={"num_cpus": s.replica_cpus, "num_gpus": s.replica_gpus}).bind(
         settings.model_dump_json(), api_key)
 
 

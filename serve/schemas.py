@@ -43,8 +43,30 @@ class InMessage(_Tolerant):
 
 class InFunction(_Tolerant):
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-    description: str = ""
+    description: str | None = ""
     parameters: dict = {}
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, p: dict) -> dict:
+        """The parts of a JSON Schema the prompt uses: an object with named, described properties."""
+        if p.get("type", "object") != "object":
+            raise ValueError(f"parameters must be a JSON Schema of type object, not {p.get('type')!r}")
+        props = p.get("properties", {})
+        if not isinstance(props, dict):
+            raise ValueError("parameters.properties must be an object mapping names to schemas")
+        for k, v in props.items():
+            if not isinstance(v, dict):
+                raise ValueError(f"parameters.properties.{k} must be a schema object like "
+                                 f'{{"type": "string"}}, not {type(v).__name__}')
+            if "type" in v and not isinstance(v["type"], (str, list)):
+                raise ValueError(f"parameters.properties.{k}.type must be a string or a list of strings")
+        req = p.get("required", [])
+        if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
+            raise ValueError("parameters.required must be a list of property names")
+        if unknown := [r for r in req if r not in props]:
+            raise ValueError(f"parameters.required names {unknown}, which are not in parameters.properties")
+        return p
 
 
 class InTool(_Tolerant):
@@ -52,11 +74,20 @@ class InTool(_Tolerant):
     function: InFunction
 
 
+class _Named(_Tolerant):
+    name: str
+
+
+class NamedToolChoice(_Tolerant):
+    type: Literal["function"] = "function"
+    function: _Named
+
+
 class ChatRequest(_Tolerant):
     model: str | None = None
     messages: list[InMessage] = Field(min_length=1, max_length=256)
     tools: list[InTool] | None = Field(None, max_length=64)
-    tool_choice: str | dict | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     stream: bool = False
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
