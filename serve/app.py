@@ -65,10 +65,27 @@ class InteractionLog:
         return Interaction.model_validate_json(row[0]) if row else None
 
 
+def _loopback_replica_grpc() -> None:
+    """Ray Serve 2.60 starts each replica's inter-deployment gRPC server on "[::]:0", every interface, once
+    the deployment's __init__ has run. Everything of ours listens on loopback: bind it to 127.0.0.1 (the
+    replica and its callers are on this node)."""
+    import ray.serve._private.replica as replica
+
+    bind = replica.add_port_to_grpc_server
+    if getattr(bind, "loopback", False):
+        return
+
+    def loopback(server, address: str):
+        return bind(server, address.replace("[::]", "127.0.0.1", 1))
+    loopback.loopback = True
+    replica.add_port_to_grpc_server = loopback
+
+
 @serve.deployment(max_ongoing_requests=8, health_check_period_s=10, graceful_shutdown_timeout_s=20)
 @serve.ingress(app)
 class KaizenServer:
     def __init__(self, settings_json: str, api_key: str):
+        _loopback_replica_grpc()
         self.s = Settings.model_validate_json(settings_json)
         (self.s.state / "logs").mkdir(parents=True, exist_ok=True)
         telemetry.setup("serve", self.s.telemetry.log_level, self.s.telemetry.otlp_endpoint,

@@ -78,6 +78,15 @@ def test_auth_and_bad_input_are_4xx(system):
     assert httpx.get(base.replace("/v1", "/healthz")).status_code == 200
 
 
+def test_nothing_listens_beyond_loopback(system):
+    from deploy.procs import descendants, exposed, listeners
+
+    procs = descendants(system["pid"])
+    names = {x["name"] for x in listeners(procs)}
+    assert {"nats-server", "gcs_server", "raylet"} <= names and any("ServeRepli" in n for n in names)
+    assert exposed(procs) == []
+
+
 def test_tools_and_streaming(system):
     import openai
 
