@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -131,10 +132,12 @@ def cmd_up(args) -> int:
         loop = asyncio.new_event_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if nats_server:
+            loop.create_task(_supervise_nats(nats_server, stop))
         loop.run_until_complete(stop.wait())
         t_stop = time.monotonic()
         say("stopping: draining actors")
-        late = ray_local.stop_actors(handles, timeout_s=20.0)
+        late = ray_local.stop_actors(handles, timeout_s=10.0)  # `down` kills what is left after 25 s
         if late:
             say(f"  stopped without draining (unacked work is redelivered on the next up): {', '.join(late)}")
         say(f"  actors stopped in {time.monotonic() - t_stop:.1f}s; stopping Serve")
@@ -147,6 +150,21 @@ def cmd_up(args) -> int:
         run_file(s).unlink(missing_ok=True)
         say("stopped")
     return 0
+
+
+async def _supervise_nats(server, stop: asyncio.Event, every_s: float = 0.5) -> None:
+    """Restart the embedded nats-server within a second of its exit, on the same port and store."""
+    while not stop.is_set():
+        await asyncio.sleep(every_s)
+        if stop.is_set() or server.alive():
+            continue
+        t0 = time.monotonic()
+        try:
+            code = await asyncio.to_thread(server.revive)
+            say(f"nats-server exited ({code}); restarted on {server.url} with the same store in "
+                f"{time.monotonic() - t0:.1f}s (restart {server.restarts})")
+        except Exception as exc:  # try again on the next round
+            say(f"nats-server exited and did not restart: {exc}")
 
 
 def _detach(s: Settings, args) -> int:
@@ -181,7 +199,7 @@ async def _ensure_stream(s: Settings) -> None:
 
     n = s.nats
     bus = await Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix, producer="main",
-                    dedup_window_s=n.dedup_window_s).connect()
+                    dedup_window_s=n.dedup_window_s, max_age_s=n.max_age_days * 86400, max_bytes=n.max_bytes).connect()
     await bus.close()
 
 
@@ -223,7 +241,11 @@ def cmd_status(args) -> int:
         out["served_weights_version"] = r.json()["data"][0]["weights_version"]
     except Exception as exc:
         out["served_weights_version"] = f"unreachable: {exc!r}"[:120]
-    out.update(asyncio.run(_bus_status(s, run)))
+    try:
+        out.update(asyncio.run(asyncio.wait_for(_bus_status(s, run), 3.0)))
+        out["bus"] = "connected"
+    except Exception as exc:  # status answers, and says so, while nats-server is down
+        out.update({"bus": f"down: {exc!r}"[:200], "stream": {}, "consumers": {}, "last": {}})
     if not args.no_actors:
         out["actors"] = _actor_health(run, s.state)
     out["heldout"] = _heldout_delta(s)
@@ -232,7 +254,9 @@ def cmd_status(args) -> int:
         return 0
     print(f"endpoint        {out['endpoint']}  (up={out['up']})")
     print(f"served version  {out['served_weights_version']}")
-    print(f"stream          {out['stream']['messages']} events, {out['stream']['bytes']} bytes")
+    print(f"bus             {out['bus']}")
+    if out["stream"]:
+        print(f"stream          {out['stream']['messages']} events, {out['stream']['bytes']} bytes")
     for k in ("weights_promoted", "weights_rejected", "weights_rolled_back"):
         print(f"last {k:<20} {out['last'].get(k) or '-'}")
     print("actor         backlog  unacked  health")
@@ -323,11 +347,18 @@ def _actor_health(run: dict, state: Path) -> dict:
     try:
         ray.init(address=run["gcs_address"], namespace=ray_local.NAMESPACE, log_to_driver=False,
                  logging_level="ERROR")
+        refs = {}
         for name in ray_local.ACTORS:
             try:
-                out[name] = ray.get(ray_local.get_actor(name).health.remote(), timeout=10)
+                refs[name] = ray_local.get_actor(name).health.remote()
             except Exception as exc:
                 out[name] = {"error": repr(exc)[:120]}
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=3.0)  # all at once, bounded
+        for name, ref in refs.items():
+            try:
+                out[name] = ray.get(ref, timeout=0.01)
+            except Exception as exc:
+                out[name] = {"error": f"no answer within 3 s: {exc!r}"[:120]}
     except Exception as exc:
         out["error"] = repr(exc)[:200]
     return out
@@ -506,11 +537,24 @@ def cmd_down(args) -> int:
         run_file(s).unlink(missing_ok=True)
         say("not running (stale run file removed)")
         return 0
+    from deploy.procs import descendants
+
+    t0 = time.monotonic()
+    tree = descendants(pid)  # Ray, its workers and nats-server: killed below if the clean stop overruns
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 240
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    say("stopped" if not pid_alive(pid) else f"pid {pid} still running after 240s")
+    while pid_alive(pid) and time.monotonic() - t0 < args.timeout:
+        time.sleep(0.25)
+    left = [p for p in tree if pid_alive(p) and p != pid] if not pid_alive(pid) else [p for p in tree if pid_alive(p)]
+    if left:  # a clean stop that hangs (e.g. on an actor killed before) must not hold the machine
+        say(f"clean stop did not finish in {args.timeout:.0f}s: killing {len(left)} processes")
+        for p in left:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while any(pid_alive(p) for p in left) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        run_file(s).unlink(missing_ok=True)
+    say(f"stopped in {time.monotonic() - t0:.1f}s" if not pid_alive(pid) else f"pid {pid} still running")
     return 0 if not pid_alive(pid) else 1
 
 
@@ -611,7 +655,8 @@ def main(argv=None) -> int:
     pr.add_argument("version")
     pr.add_argument("--force", action="store_true", help="required: confirms skipping the gate")
     pr.add_argument("--reason", default="", help="recorded in the event")
-    sub.add_parser("down", help="stop a detached up")
+    dn = sub.add_parser("down", help="stop a detached up (a clean stop, then a kill of what is left: at most ~30 s)")
+    dn.add_argument("--timeout", type=float, default=25.0, help="seconds for the clean stop before the kill")
     rp = sub.add_parser("report", help="lineage of weights versions with held-out scores vs the base; PNG curve")
     rp.add_argument("--eval", action="store_true", help="evaluate the base and every served version not yet scored")
     rp.add_argument("--k", type=int, default=4, help="samples per held-out entry")

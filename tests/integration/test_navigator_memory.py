@@ -128,6 +128,37 @@ async def test_merge_cap_utility_and_replay(nav_env):
         await nav.shutdown()
 
 
+async def test_snapshot_keeps_memory_that_retention_dropped_from_the_stream(nav_env):
+    """The stream has retention limits: a snapshot (rows + the stream sequence they reflect) plus the events
+    after it rebuild the pool exactly, though the events before it are gone."""
+    import shutil
+
+    settings, bus = nav_env
+    nav = await _nav(settings)
+    try:
+        for q in ["Create a folder called reports", "What is the weather in Oslo"]:
+            await nav.handle_judgement(_judgement(q), None)
+        await nav._snapshot()
+        seq = nav._watermark()
+        await bus.js.purge_stream(settings.nats.stream, seq=seq + 1)  # what max_age / max_bytes do to old events
+        await nav.handle_judgement(_judgement("Send a message to Bob about lunch"), None)
+        before = _pool_state(nav.pool)
+        assert len(before) == 3
+    finally:
+        await nav.shutdown()
+    snap = settings.state / "milvus" / "snapshot.jsonl"
+    settings.state_dir = str(settings.state.parent / "state-restored")
+    (settings.state / "milvus").mkdir(parents=True)
+    shutil.copy(snap, settings.state / "milvus" / "snapshot.jsonl")  # the database itself is lost
+    nav = await _nav(settings)
+    try:
+        assert nav.rebuilt == 1 and _pool_state(nav.pool) == before  # 2 from the snapshot, 1 replayed
+        hits = (await nav.retrieve(__import__("actors.events").events.RetrieveRequest(query="folder reports"))).experiences
+        assert hits and "mkdir" in hits[0].text
+    finally:
+        await nav.shutdown()
+
+
 def test_guided_helped_and_utility():
     from actors.navigator import guided_helped, utility
 
