@@ -39,10 +39,12 @@ class RaySettings(_Section):
     num_cpus: float = Field(8, description="Logical CPUs declared to local Ray (actors take fractions)")
     actor_cpus: float = Field(0.5, description="Logical CPUs reserved by each evolution actor")
     actor_gpus: dict[str, float] = Field({}, description="GPUs per evolution actor by name, e.g. {learner: 0.3}")
-    actor_nice: dict[str, int] = Field({"explorer": 10, "questioner": 10}, description="OS niceness added to an "
-                                       "actor's process: work off the path from an interaction to served weights "
-                                       "(exploration, task writing) yields the CPU to the judge, the learner, the "
-                                       "gate and the serving replicas")
+    actor_nice: dict[str, int] = Field({"explorer": 15, "questioner": 15, "attributor": 10, "learner": 10,
+                                        "broadcaster": 10},
+                                       description="OS niceness added to an actor's process. Users first: the serving "
+                                       "replicas and the navigator (memory for live requests) keep 0, so the loop "
+                                       "runs on what users leave; within the loop, the path from an interaction to "
+                                       "served weights (judge, learner, gate) goes before exploration and task writing")
 
 
 class ServeSettings(_Section):

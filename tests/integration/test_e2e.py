@@ -76,6 +76,13 @@ def test_auth_and_bad_input_are_4xx(system):
     assert httpx.post(base + "/feedback", headers=h, json={"interaction_id": "nope", "score": 1}).status_code == 404
     assert httpx.post(base + "/feedback", headers=h, json={"interaction_id": "x", "score": 7}).status_code == 422
     assert httpx.get(base.replace("/v1", "/healthz")).status_code == 200
+    deep = b'{"messages": [{"role": "user", "content": "hi"}], "x": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    for body in (deep, b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
+                 json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}).encode(),
+                 json.dumps({"messages": [{"role": "user", "content": "hi"}], "tools": [
+                     {"type": "function", "function": {"name": "ls", "parameters": {"properties": "bad"}}}]}).encode()):
+        r = httpx.post(base + "/chat/completions", headers={**h, "Content-Type": "application/json"}, content=body)
+        assert 400 <= r.status_code < 500 and r.json()["error"]["message"], (body[:80], r.status_code, r.text[:300])
 
 
 def test_nothing_listens_beyond_loopback(system):
@@ -183,3 +190,43 @@ def test_killed_actor_comes_back_and_endpoint_keeps_answering(system):
             return
         time.sleep(3)
     pytest.fail(f"attributor did not come back and catch up: {st['actors']['attributor']} {st['consumers']['attributor']}")
+
+
+def test_nats_server_kill_loses_nothing(system):
+    """kill -9 of nats-server: `up` restarts it on the same store; meanwhile chat answers, feedback is
+    accepted, readyz and status say the bus is down, and afterwards every interaction is on the stream."""
+    import openai
+
+    from deploy.procs import descendants
+
+    def nats_pids():
+        return [p for p in descendants(system["pid"]) if open(f"/proc/{p}/comm").read().strip() == "nats-server"]
+
+    h = {"Authorization": f"Bearer {system['key']}"}
+    c = openai.OpenAI(base_url=system["endpoint"], api_key=system["key"], max_retries=0, timeout=300)
+    (old,) = nats_pids()
+    os.kill(old, signal.SIGKILL)
+    ids, t0 = [], time.monotonic()
+    for i in range(3):
+        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": f"Say {i}"}], max_tokens=4)
+        ids.append(r.id)
+        fb = httpx.post(system["endpoint"] + "/feedback", headers=h, json={"interaction_id": r.id, "score": 1})
+        assert fb.status_code == 202, fb.text
+    ready = httpx.get(system["endpoint"].replace("/v1", "/readyz")).json()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not [p for p in nats_pids() if p != old]:
+        time.sleep(0.2)
+    restarted_s = time.monotonic() - t0
+    assert [p for p in nats_pids() if p != old], "nats-server was not restarted"
+    print(f"nats-server back after {restarted_s:.1f}s; readyz during the outage: {ready}")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ready = httpx.get(system["endpoint"].replace("/v1", "/readyz")).json()
+        if ready["bus"] == "connected" and ready["outbox"] == 0:
+            break
+        time.sleep(1)
+    assert ready["bus"] == "connected" and ready["outbox"] == 0, ready
+    ev = _cli(system["state"], "events", "interaction", "--all", "--seconds", "8", timeout=120)
+    assert all(ev.stdout.count(i) == 1 for i in ids), (ids, ev.stdout[-2000:], ev.stderr[-2000:])
+    fb = _cli(system["state"], "events", "feedback", "--all", "--seconds", "8", timeout=120)
+    assert all(fb.stdout.count(i) == 1 for i in ids), (ids, fb.stdout[-2000:])
