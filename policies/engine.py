@@ -235,9 +235,12 @@ class TransformersEngine:
                 self._standby, self.model, self.version = self.model, target, version
 
     def _copy_into(self, model, sd: dict) -> None:
+        from policies.model_store import aliases
+
         with self.torch.no_grad():
             params = model.state_dict()  # tensors share storage with the live parameters
-            missing = [k for k in params if k not in sd and not k.endswith("lm_head.weight")]
+            tied = aliases(params)
+            missing = [k for k in params if k not in sd and k not in tied]
             if missing:
                 raise ValueError(f"weights file lacks {len(missing)} tensors, e.g. {missing[:3]}")
             for k, v in sd.items():

@@ -79,6 +79,19 @@ def version_number(v: str) -> int:
     return int(v.split("-")[1])
 
 
+def aliases(state_dict: dict) -> set[str]:
+    """Names whose tensor shares storage with an earlier name: a tied head (lm_head.weight = the input
+    embedding) appears twice in a state dict. Export and load skip them; an untied head is its own tensor
+    and must travel with every other trained one."""
+    seen, out = set(), set()
+    for k, v in state_dict.items():
+        ptr = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
+        if ptr in seen:
+            out.add(k)
+        seen.add(ptr)
+    return out
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from actors.events import Judgement
 from policies import adca, grpo
-from policies.model_store import BASE_VERSION, WeightsStore
+from policies.model_store import BASE_VERSION, WeightsStore, aliases
 
 
 def floor_scales(groups: list[Judgement], adv, negative_scale: float) -> list[float]:
@@ -100,8 +100,11 @@ class Trainer:
         self.version = version
 
     def export(self, dtype: str) -> dict:
+        """Every trained tensor (a tied head once, as the embedding; an untied one as lm_head.weight)."""
         dt = getattr(self.torch, dtype)
-        return {k: v.detach().to("cpu", dt) for k, v in self.model.state_dict().items() if k != "lm_head.weight"}
+        sd = self.model.state_dict()
+        skip = aliases(sd)
+        return {k: v.detach().to("cpu", dt) for k, v in sd.items() if k not in skip}
 
     # ------------------------------------------------------------------ log-probs
     def _logprobs(self, model, ids, attn):

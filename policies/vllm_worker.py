@@ -20,5 +20,10 @@ class WeightLoader:
         device = str(getattr(self, "device", "cpu"))
         with safe_open(path, framework="pt", device=device) as f:
             names = list(f.keys())
-            model.load_weights(weights=((name, f.get_tensor(name)) for name in names))
+            loaded = model.load_weights(weights=((name, f.get_tensor(name)) for name in names))
+        if isinstance(loaded, (set, frozenset, list)):  # vLLM reports the (fused) parameters it wrote
+            missed = sorted({n for n, _ in model.named_parameters()} - set(loaded))
+            if missed:
+                raise RuntimeError(f"{path} left {len(missed)} served parameters unchanged, e.g. {missed[:3]}: "
+                                   "the file lacks trained tensors (an untied lm_head?)")
         return len(names)

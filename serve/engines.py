@@ -4,7 +4,10 @@
 and answers `share` of the requests (a hash of the interaction id picks them, so the split is
 stable and independent of load). A request keeps the engine it was given from start to end.
 `sync(pointer)` makes the set match the LIVE pointer:
-- the canary went live      -> the engines swap roles: nothing is loaded, no request waits;
+- the canary went live      -> the engines swap roles: nothing is loaded, no request waits (when both
+                               are the same kind of engine: a GPU replica's canary is a transformers
+                               engine beside vLLM, so there the version is loaded into the vLLM one
+                               and users stay on vLLM);
 - another live version      -> copied into the live engine in place (between requests);
 - a canary starts / changes -> loaded into the canary engine (made on first use, then reused);
 - the canary ends           -> its engine is set aside for the next canary.
@@ -41,7 +44,8 @@ class EngineSet:
         """Match the LIVE pointer; returns what changed (blocking: run it in a worker thread)."""
         changed = []
         if pointer["version"] != self.live.version:
-            if self.canary is not None and self.canary.version == pointer["version"]:
+            if self.canary is not None and self.canary.version == pointer["version"] \
+                    and type(self.canary) is type(self.live):
                 self.live, self.spare, self.canary = self.canary, self.live, None
                 changed.append("promoted")
             elif self._verified(pointer):

@@ -55,6 +55,21 @@ def test_engine_set_follows_the_live_pointer(tmp_path):
     assert es.sync({**v3, "canary": None}) == ["live"] and es.live.loads[-1] == "w-000003"  # in place
 
 
+def test_a_canary_on_another_kind_of_engine_goes_live_in_the_live_engine(tmp_path):
+    """On a GPU replica the canary is a transformers engine beside vLLM: when it goes live, users must stay
+    on vLLM (loaded in place), not be handed to the canary's engine."""
+    class VllmLike(FakeEngine):
+        pass
+
+    es = EngineSet(VllmLike(), FakeEngine, tmp_path)
+    live = es.live
+    v1 = _ref(tmp_path, "w-000001")
+    es.sync({**_ref(tmp_path, "w-000000"), "canary": {**v1, "share": 0.1}})
+    canary = es.canary
+    assert es.sync({**v1, "canary": None}) == ["live", "canary_ended"]
+    assert es.live is live and live.version == "w-000001" and es.spare is canary and es.canary is None
+
+
 def test_engine_set_refuses_a_file_that_does_not_match(tmp_path):
     es = EngineSet(FakeEngine(), FakeEngine, tmp_path)
     bad = {**_ref(tmp_path, "w-000001"), "sha256": "0" * 64}
@@ -197,3 +212,57 @@ def test_standby_engine_swaps_without_waiting_for_a_running_generation(model_dir
     assert eng.generate([prompt], 12)[0].version == "w-000001" and swap_s < 30
     eng.load_state_dict(base, "w-000000")  # into the previous copy: the original answer comes back
     assert eng.generate([prompt], 12)[0].text == greedy.text
+
+
+def test_vllm_worker_refuses_a_file_that_leaves_parameters_unchanged(tmp_path):
+    from safetensors.torch import save_file
+
+    from policies.vllm_worker import WeightLoader
+
+    save_file({"model.norm.weight": torch.zeros(3)}, str(tmp_path / "w.safetensors"))
+    params = [("model.norm.weight", None), ("lm_head.weight", None)]  # an untied head the file lacks
+    model = SimpleNamespace(load_weights=lambda weights: {k for k, _ in weights}, named_parameters=lambda: params)
+    worker = WeightLoader()
+    worker.model_runner, worker.device = SimpleNamespace(model=model), "cpu"
+    with pytest.raises(RuntimeError, match="lm_head"):
+        worker.kaizen_load_weights(str(tmp_path / "w.safetensors"))
+
+
+@pytest.fixture
+def untied_dir(tmp_path, model_dir):
+    """A tiny randomly initialised Qwen2 with an untied head (as Qwen2-7B), with SmolLM2's tokenizer."""
+    import shutil
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=49152, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
+    d = tmp_path / "tiny-qwen2"
+    Qwen2ForCausalLM(cfg).save_pretrained(d)
+    for f in model_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, d / f.name)
+    return d
+
+
+@pytest.mark.parametrize("which", ["untied", "tied"])
+def test_every_trained_parameter_reaches_the_serving_engine(which, untied_dir, model_dir, settings):
+    from policies.engine import TransformersEngine
+    from policies.trainer import Trainer
+
+    d = untied_dir if which == "untied" else model_dir
+    t = Trainer(settings, d)
+    with torch.no_grad():
+        for p in t.model.parameters():  # what a training step does: every parameter moves
+            p.add_(0.01 * torch.randn_like(p))
+    sd = t.export("float32")
+    assert ("lm_head.weight" in sd) == (which == "untied")
+    eng = TransformersEngine(d, dtype="float32")
+    eng.load_state_dict(sd, "w-000001")
+    served = eng.model.state_dict()
+    for k, v in t.model.state_dict().items():
+        assert torch.equal(served[k], v.detach()), k
+    if which == "untied":
+        with pytest.raises(ValueError, match="lm_head"):  # a file without the head is refused, not half-loaded
+            eng.load_state_dict({k: v for k, v in sd.items() if k != "lm_head.weight"}, "w-000002")
