@@ -32,7 +32,7 @@ def test_batcher_groups_waiting_requests_by_sampling_parameters():
         gate.wait(5)
         return [Generation(r.prompt.upper(), 1, r.max_new_tokens, "length") for r in reqs]
 
-    b = Batcher(run, max_batch=3, window_s=0.2)
+    b = Batcher(run, max_batch=3, window_s=1.0)
     threading.Timer(0.5, gate.set).start()
     out = _calls(b, [("a", 4, 0.0), ("b", 5, 0.0), ("c", 6, 0.7), ("d", 7, 0.0), ("e", 8, 0.0)])
     assert [g.text for g in out] == ["A", "B", "C", "D", "E"]
@@ -59,7 +59,7 @@ def test_engine_batches_concurrent_calls_with_their_own_budgets_and_streams(mode
     from policies.chat import render
     from policies.engine import TransformersEngine
 
-    eng = TransformersEngine(model_dir, max_batch=4, batch_window_ms=300)
+    eng = TransformersEngine(model_dir, max_batch=4, batch_window_ms=5000)  # full at 4: no wait
     prompts = [render([ChatMessage(role="user", content=q)]) for q in
                ("Tell me about Paris.", "Write a long poem about the sea.", "Count from 1 to 50.", "Hi")]
     budgets = [3, 9, 17, 24]
