@@ -21,7 +21,8 @@ import asyncio
 import uuid
 
 from actors.bus import EventActor, Poison
-from actors.events import Feedback, Judgement, Rollout, Sample, WeightsPromoted, WeightsRolledBack
+from actors.events import (MIXED_WEIGHTS, Feedback, Judgement, Rollout, Sample, WeightsPromoted,
+                           WeightsRolledBack)
 from envs.live import trajectory
 from policies.judge import Agreement, Budget, Verdict, env_labels, make_judge
 
@@ -145,7 +146,8 @@ class Attributor(EventActor):
                         source_event_ids=[ev.event_id, ev.interaction.event_id], trace_id=ev.trace_id,
                         judge_labels=[v.labels] if v else None, judge_scores=[v.score] if v else [],
                         screened_steps=len(v.screened) if v else 0, origin="live",
-                        user_hashes=[ev.interaction.user_hash], comments=[ev.comment or ""])
+                        user_hashes=[ev.interaction.user_hash], comments=[ev.comment or ""],
+                        behaviour_versions=[MIXED_WEIGHTS] if ev.interaction.mixed_weights else [])
         await self.bus.publish(out, weights_version=ev.interaction.weights_version)
         self.log.info("judged.live", interaction_id=ev.interaction_id, score=ev.score, labels=labels)
 

@@ -119,6 +119,8 @@ class Interaction(Event):
     latency_ms: float = 0.0
     replica: str = ""
     trace_context: dict[str, str] = Field({}, description="W3C trace headers of the HTTP request (for feedback)")
+    mixed_weights: bool = Field(False, description="a weights swap happened while the answer was generated: its "
+                                "first tokens come from `weights_version`, the rest from the next (not trainable)")
 
 
 class Feedback(Event):
@@ -165,6 +167,9 @@ class Rollout(Event):
     group_id: str
     samples: list[Sample]
     duration_s: float = 0.0
+
+
+MIXED_WEIGHTS = "mixed"  # behaviour version of a live answer generated across a weights swap (never trained on)
 
 
 class Judgement(Event):

@@ -23,8 +23,8 @@ import time
 import uuid
 
 from actors.bus import HOLD, EventActor, heartbeat
-from actors.events import (Judgement, LearnerStep, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected,
-                           WeightsRolledBack)
+from actors.events import (MIXED_WEIGHTS, Judgement, LearnerStep, WeightsPromoted, WeightsPublished, WeightsRef,
+                           WeightsRejected, WeightsRolledBack)
 from config import telemetry
 from opentelemetry import trace
 from policies import adca
@@ -144,6 +144,9 @@ class Learner(EventActor):
             return HOLD
         alpha = self.settings.learner.adca_alpha
         if j.source == "live":
+            if MIXED_WEIGHTS in (j.behaviour_versions or []):  # two policies made it: no importance ratio is right
+                self.log.info("live.skipped_mixed_weights", group_id=j.group_id)
+                return None
             self.held[j.event_id] = msg
             self.live.append(j)
             if len(self.live) >= self.settings.learner.min_live_group:

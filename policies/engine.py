@@ -23,6 +23,7 @@ class Generation:
     completion_tokens: int
     finish_reason: str  # "stop" | "length"
     version: str = ""  # the weights version that produced it (read under the engine lock)
+    straddled: bool = False  # a weights swap happened mid-generation: `version` made only its first tokens
 
 
 class Engine(Protocol):

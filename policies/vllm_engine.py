@@ -42,6 +42,7 @@ class VllmEngine:
         self._paused = False
         self.generated_tokens = 0
         self.swap_ms: list[float] = []
+        self.swaps = 0
         self._sampling = sampling_params
         if engine is None:
             engine = self._run(self._make(str(model_dir), dtype, gpu_memory_utilization, max_model_len, enforce_eager,
@@ -74,6 +75,7 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ generation
     async def _one(self, prompt: str, params, stream_cb) -> Generation:
+        version, swaps = self.version, self.swaps  # a request that straddles a swap keeps the version it began on
         final, sent = None, ""
         async for out in self.llm.generate(prompt, params, f"kz-{uuid.uuid4().hex}"):
             final = out
@@ -85,7 +87,7 @@ class VllmEngine:
         c = final.outputs[0]
         self.generated_tokens += len(c.token_ids)
         return Generation(c.text, len(final.prompt_token_ids or []), len(c.token_ids),
-                          "length" if c.finish_reason == "length" else "stop", self.version)
+                          "length" if c.finish_reason == "length" else "stop", version, straddled=self.swaps != swaps)
 
     def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None) -> list[Generation]:
         params = self._params(max_tokens=max_new_tokens, temperature=temperature or 0.0,
@@ -160,7 +162,8 @@ class VllmEngine:
             if not await self.llm.reset_prefix_cache(reset_running_requests=True):
                 raise RuntimeError("vLLM did not reset its prefix cache after a weight update; refusing to serve "
                                    "prefixes computed with the old weights")
-            self.version = version  # requests that finish from here on report the new version
+            self.version = version  # requests that start from here on are the new version's alone
+            self.swaps += 1  # running ones continue under the new weights: they are marked straddled
         finally:
             await self.llm.resume_generation()
 

@@ -320,7 +320,7 @@ class KaizenServer:
             version = gen.version or engine.version
             answer = (parse_assistant(forced + gen.text) if tools
                       else ChatMessage(role="assistant", content=gen.text.strip()))
-            await self._record(ctx, answer, version)
+            await self._record(ctx, answer, version, gen.straddled)
             return completion(iid, self.s.model.name, version, answer, gen, n_prompt)
 
     async def _stream(self, ctx):
@@ -365,16 +365,16 @@ class KaizenServer:
         finish = "tool_calls" if answer.tool_calls else ("length" if gen.finish_reason == "length" else "stop")
         yield chunk({}, finish)
         yield "data: [DONE]\n\n"
-        await self._record(ctx, answer, version)
+        await self._record(ctx, answer, version, gen.straddled)
 
-    async def _record(self, ctx, answer: ChatMessage, version: str) -> None:
+    async def _record(self, ctx, answer: ChatMessage, version: str, straddled: bool = False) -> None:
         req: ChatRequest = ctx["req"]
         user = (req.user or "") + "|" + hashlib.sha256(self.key.encode()).hexdigest()[:8]
         ev = Interaction(interaction_id=ctx["iid"], user_hash=hashlib.sha256(user.encode()).hexdigest()[:16],
                          messages=ctx["messages"], tools=ctx["tools"], response=answer,
                          experience_ids=[e.experience_id for e in ctx["exps"].experiences],
                          latency_ms=(time.perf_counter() - ctx["t0"]) * 1000, replica=self.replica,
-                         trace_id=ctx["trace_id"], trace_context=ctx["trace_headers"])
+                         trace_id=ctx["trace_id"], trace_context=ctx["trace_headers"], mixed_weights=straddled)
         ev.weights_version, ev.producer = version, f"serve:{self.replica}"
         await asyncio.to_thread(self.interactions.put, ev)
         self.served += 1

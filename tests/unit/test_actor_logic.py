@@ -30,3 +30,25 @@ def test_distil_gives_success_and_failure_with_stable_ids():
     assert [e.success for e in exps] == [True, False]
     assert "cd(), mv()" in exps[0].text and "move the file" in exps[0].when
     assert [e.experience_id for e in distil(j)] == [e.experience_id for e in exps]
+
+
+def test_a_live_answer_made_across_a_weights_swap_is_never_trained_on(tmp_path):
+    """Its first tokens came from one version and the rest from the next: no behaviour policy is right."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from actors.bus import HOLD
+    from actors.events import MIXED_WEIGHTS, Judgement, Sample
+    from actors.learner import Learner
+    from config.settings import load_settings
+
+    s = load_settings(None)
+    s.state_dir = str(tmp_path)
+    ln = Learner(s, bus=object())
+    ln.trainer, ln.held, ln.live, ln.ready = SimpleNamespace(applied=set()), {}, [], []
+
+    def live(behaviour):
+        return Judgement(group_id="live:x", source="live", task_id="live:x", samples=[Sample(sample_id="a", messages=[])],
+                         outcomes=[1.0], step_labels=[["GOOD"]], behaviour_versions=behaviour, origin="live")
+    assert asyncio.run(ln.handle_judgement(live([MIXED_WEIGHTS]), object())) is None and ln.live == []  # acked
+    assert asyncio.run(ln.handle_judgement(live([]), object())) is HOLD and len(ln.live) == 1

@@ -150,7 +150,10 @@ def test_vllm_update_is_pause_keep_load_reset_resume_with_requests_in_flight():
     assert ("rpc", "kaizen_load_weights", ("/weights/w-000001.safetensors",)) in eng.llm.calls
     g = results["g"]
     assert [x.text for x in g] == ["hello", "hello"] and all(x.finish_reason == "stop" for x in g)
-    assert eng.version == "w-000001" and {x.version for x in g} == {"w-000001"}  # finished after the swap
+    # begun on w-000000, finished on w-000001: labelled with where they began, and marked as mixed
+    assert eng.version == "w-000001" and {x.version for x in g} == {"w-000000"} and all(x.straddled for x in g)
+    after = eng.generate(["p3"], 8)[0]
+    assert after.version == "w-000001" and not after.straddled
     params = eng.llm.calls[0][1]
     assert params["stop_token_ids"] and params["temperature"] == 0.7
 
