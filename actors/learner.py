@@ -230,7 +230,8 @@ class Learner(EventActor):
                                                     [g.behaviour_versions for g in groups])
                     stats["staleness_max"] = float(max(ages, default=0))
                     version = version_name(max(self.store.latest_number() + 1, self.trainer.step))
-                    self.parent, self.trainer.version = self.trainer.version, version
+                    self.parent = self.trainer.version
+                    self.trainer.named(version)
                     self.trainer.applied |= set(ids)
                     await asyncio.to_thread(self.ckpts.save, {**self.trainer.state(), "parent": self.parent},
                                             self.trainer.step, version)  # the commit point

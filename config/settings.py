@@ -186,6 +186,11 @@ class LearnerSettings(_Section):
     bf16: bool = Field(True, description="Run the transformer body under bfloat16 autocast (master weights, "
                        "gradients and log-softmax stay float32)")
     device: str = Field("cpu", description="torch device of the learner")
+    lora_rank: int = Field(0, description="0: full fine-tuning (fp32 weights + AdamW: 16 bytes a parameter); > 0: "
+                           "low-rank adapters of this rank on every linear layer over a frozen base (policies/lora.py)")
+    lora_alpha: float = Field(32.0, description="LoRA scale numerator (scale = alpha / rank)")
+    lora_targets: str | list[str] = Field("all-linear", description="Modules that get adapters (peft target_modules)")
+    base_dtype: Literal["float32", "bfloat16"] = Field("bfloat16", description="dtype of the frozen base under LoRA")
     checkpoints_kept: int = Field(2, description="Learner checkpoints kept (the newest verified one is resumed)")
 
 

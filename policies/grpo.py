@@ -138,10 +138,13 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     """[B, T] log-probs of each token given its prefix (position 0 gets 0). With `bf16`, the transformer
     body runs under bfloat16 autocast (about 1.5x faster on CPUs with AVX512-BF16) while the output
     projection and the log-softmax stay in float32, so log-probs keep their precision."""
-    if bf16 and hasattr(model, "lm_head") and hasattr(model, "model"):
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a LoRA (peft) model
+    if bf16 and hasattr(inner, "lm_head") and hasattr(inner, "model"):
         with torch.autocast(input_ids.device.type, dtype=torch.bfloat16):
-            h = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        logits = model.lm_head(h[:, :-1].float()).float()
+            h = inner.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        head = inner.lm_head  # in float32 even when the frozen base is bf16 (LoRA)
+        logits = torch.nn.functional.linear(h[:, :-1].float(), head.weight.float(),
+                                            None if head.bias is None else head.bias.float())
     else:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)

@@ -23,11 +23,12 @@ gradients, the output projection and the log-softmax stay float32.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
 from actors.events import Judgement
-from policies import adca, grpo
+from policies import adca, grpo, lora
 from policies.model_store import BASE_VERSION, WeightsStore, aliases
 
 
@@ -59,9 +60,16 @@ class Trainer:
         self.tok = AutoTokenizer.from_pretrained(str(base_dir))
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
-        load = lambda: AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32).to(self.device)  # noqa: E731
+        L = settings.learner
+        self.lora = L.lora_rank > 0
+        dtype = getattr(torch, L.base_dtype) if self.lora else torch.float32
+        load = lambda: AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=dtype).to(self.device)  # noqa: E731
         self._load = load
         self.model = load()
+        if self.lora:
+            self.model = lora.wrap(self.model, L.lora_rank, L.lora_alpha, L.lora_targets)
+        self.base_from: tuple[str, str | None] = (BASE_VERSION, None)  # the version the LoRA base holds
+        self.adapters: dict[str, dict] = {}  # LoRA: version -> its adapters (behaviour log-probs of stale samples)
         self.model.train()
         self.opt = self._optimizer()
         self.ref = None  # the reference policy for the KL term (the base model), loaded on first use
@@ -72,17 +80,36 @@ class Trainer:
         self.boosted = 0  # guided samples trained with the boosted upper clip
 
     def _optimizer(self):
-        return self.torch.optim.AdamW(self.model.parameters(), lr=self.s.learner.lr, weight_decay=0.0)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        return self.torch.optim.AdamW(trainable, lr=self.s.learner.lr, weight_decay=0.0)
 
     # ------------------------------------------------------------------ state (checkpoints)
     def state(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "step": self.step,
-                "version": self.version, "applied": sorted(self.applied)}
+        """What resume needs: under LoRA the adapters and the version the base holds (a stored file), not the base."""
+        weights = {"adapter": lora.adapter_state(self.model), "base_from": list(self.base_from)} if self.lora \
+            else {"model": self.model.state_dict()}
+        return {**weights, "optimizer": self.opt.state_dict(), "step": self.step, "version": self.version,
+                "applied": sorted(self.applied)}
 
     def load_state(self, c: dict) -> None:
-        self.model.load_state_dict(c["model"])
+        if self.lora:
+            version, path = c["base_from"]
+            if version != BASE_VERSION:
+                lora.reset_base(self.model, self._weights(version, path))
+            self.base_from = (version, path)
+            lora.load_adapter_state(self.model, c["adapter"])
+        else:
+            self.model.load_state_dict(c["model"])
         self.opt.load_state_dict(c["optimizer"])
         self.step, self.version, self.applied = c["step"], c["version"], set(c["applied"])
+
+    def named(self, version: str) -> None:
+        """The learner named the weights just trained: keep their adapters for behaviour log-probs (LoRA)."""
+        self.version = version
+        if self.lora:
+            self.adapters[version] = lora.adapter_state(self.model)
+            for old in list(self.adapters)[: max(0, len(self.adapters) - self.s.learner.max_staleness - 1)]:
+                del self.adapters[old]
 
     def _weights(self, version: str, path: str | None = None) -> dict:
         from safetensors.torch import load_file
@@ -95,13 +122,19 @@ class Trainer:
     def reset_to(self, weights_path: str | None, version: str) -> None:
         """Continue from another version (the live one after a rejection or a rollback); fresh optimizer."""
         sd = self._weights(version, weights_path)
-        self.model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+        if self.lora:  # the version becomes the frozen base; the adapters start again from zero
+            lora.reset_base(self.model, sd)
+            self.base_from, self.adapters = (version, weights_path), {}
+        else:
+            self.model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
         self.opt = self._optimizer()
         self.version = version
 
     def export(self, dtype: str) -> dict:
         """Every trained tensor (a tied head once, as the embedding; an untied one as lm_head.weight)."""
         dt = getattr(self.torch, dtype)
+        if self.lora:
+            return lora.merged_state_dict(self.model, dt)
         sd = self.model.state_dict()
         skip = aliases(sd)
         return {k: v.detach().to("cpu", dt) for k, v in sd.items() if k not in skip}
@@ -111,19 +144,36 @@ class Trainer:
         with self.torch.no_grad():
             return grpo.token_logprobs(model, ids, attn, self.s.learner.bf16)
 
+    @contextlib.contextmanager
     def _behaviour_model(self, version: str):
+        """The policy that generated a stale sample: under LoRA the same model with that version's adapters
+        (or none, for the version the base holds); else, or when they are gone, a scratch copy."""
+        if self.lora and version in self.adapters:
+            with lora.adapter_of(self.model, self.adapters[version]) as m:
+                yield m
+            return
+        if self.lora and version == self.base_from[0]:
+            with lora.adapters_off(self.model) as m:
+                yield m
+            return
         if self._behaviour is None:
             self._behaviour = self._load().eval()
         if self._behaviour_version != version:
             sd = self._weights(version)
-            self._behaviour.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+            self._behaviour.load_state_dict({k: v.to(self._behaviour.dtype) for k, v in sd.items()}, strict=False)
             self._behaviour_version = version
-        return self._behaviour
+        yield self._behaviour
 
+    @contextlib.contextmanager
     def _reference(self):
+        """The KL reference: the base model (under LoRA, the model with its adapters off: no copy)."""
+        if self.lora:
+            with lora.adapters_off(self.model) as m:
+                yield m
+            return
         if self.ref is None:
             self.ref = self._load().eval()  # the base model's weights
-        return self.ref
+        yield self.ref
 
     # ------------------------------------------------------------------ one step
     def train_step(self, groups: list[Judgement], behaviour: list[list[str]] | None = None) -> dict:
@@ -164,14 +214,15 @@ class Trainer:
         stale = [i for i in range(n) if versions[i] != self.version and not off[i]]
         for v in sorted({versions[i] for i in stale}):  # one weights load per older version
             rows = [i for i in stale if versions[i] == v]
-            model = self._behaviour_model(v)
-            for j in range(0, len(rows), mb):
-                b = rows[j:j + mb]
-                for i, row in zip(b, self._logprobs(model, ids[b], attn[b])):
-                    behav[i] = row
+            with self._behaviour_model(v) as model:
+                for j in range(0, len(rows), mb):
+                    b = rows[j:j + mb]
+                    for i, row in zip(b, self._logprobs(model, ids[b], attn[b])):
+                        behav[i] = row
         ref = None
         if L.kl_coef > 0:
-            ref = torch.cat([self._logprobs(self._reference(), ids[b], attn[b]) for b in batches])
+            with self._reference() as model:
+                ref = torch.cat([self._logprobs(model, ids[b], attn[b]) for b in batches])
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         loss_sum, kl_sum, metrics, boosted0, weights = 0.0, 0.0, {}, self.boosted, []
