@@ -100,7 +100,16 @@ def cmd_up(args) -> int:
         from policies.model_store import ensure_base_model
 
         say("preparing model")
-        ensure_base_model(s.state, s.model.source, s.model.path, progress=True)
+        base = ensure_base_model(s.state, s.model.source, s.model.path, progress=True)
+        from deploy.planner import check
+
+        if (gpu_plan := check(s, base)) is not None:  # exits with the plan when it does not fit
+            say("GPU and disk plan:\n" + gpu_plan.table())
+        own = f"http://{s.serve.host}:{s.serve.port}/v1"  # "self": the judge / task writer is our own endpoint
+        if s.judge.base_url == "self":
+            s.judge.base_url, s.judge.api_key = own, s.serve.api_key
+        if s.questioner.generator_base_url == "self":
+            s.questioner.generator_base_url, s.questioner.generator_api_key = own, s.serve.api_key
 
         from deploy import ray_local
 
@@ -120,7 +129,8 @@ def cmd_up(args) -> int:
         endpoint = f"http://{s.serve.host}:{s.serve.port}/v1"
         run = {"pid": os.getpid(), "endpoint": endpoint, "api_key_file": str(key_file) if key_file else None,
                "nats_url": s.nats.url, "nats_user": s.nats.user, "gcs_address": ray.get_runtime_context().gcs_address,
-               "settings": json.loads(s.model_dump_json(exclude={"serve": {"api_key"}, "nats": {"password"}})),
+               "settings": json.loads(s.model_dump_json(exclude={"serve": {"api_key"}, "nats": {"password"}, "judge": {"api_key"},
+                                                                "questioner": {"generator_api_key"}})),
                "ready_s": round(time.monotonic() - t0, 1), "started_at": time.time()}
         _write_private(run_file(s), json.dumps(run, indent=1))
         say(f"ready in {run['ready_s']}s")

@@ -191,6 +191,8 @@ class LearnerSettings(_Section):
     lora_alpha: float = Field(32.0, description="LoRA scale numerator (scale = alpha / rank)")
     lora_targets: str | list[str] = Field("all-linear", description="Modules that get adapters (peft target_modules)")
     base_dtype: Literal["float32", "bfloat16"] = Field("bfloat16", description="dtype of the frozen base under LoRA")
+    gradient_checkpointing: bool = Field(False, description="Recompute each layer's activations in the backward pass "
+                                         "(less memory, ~30% more time)")
     checkpoints_kept: int = Field(2, description="Learner checkpoints kept (the newest verified one is resumed)")
 
 

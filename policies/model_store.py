@@ -92,6 +92,11 @@ def aliases(state_dict: dict) -> set[str]:
     return out
 
 
+def file_stat(path) -> list[int]:
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
@@ -115,6 +120,7 @@ class WeightsStore:
     def __init__(self, state: Path):
         self.dir = state / "weights"
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._verified: dict[str, list[int]] = {}  # path -> [size, mtime_ns] when its sha256 last matched
 
     def path(self, version: str) -> Path:
         return self.dir / f"{version}.safetensors"
@@ -147,7 +153,12 @@ class WeightsStore:
         return Path(man["path"]) if man and man.get("path") else None
 
     def verify(self, path: str | Path, sha256: str) -> bool:
-        return Path(path).exists() and sha256_file(Path(path)) == sha256
+        """sha256 check, done once per version (the broadcaster, when it is staged); the file's size and
+        mtime at that moment are remembered and pinned in the LIVE pointer (`file_stat`)."""
+        if not (Path(path).exists() and sha256_file(Path(path)) == sha256):
+            return False
+        self._verified[str(path)] = file_stat(path)
+        return True
 
     def live(self) -> dict:
         """{"version", "path", "sha256", "canary"} of the promoted version (base model when none); `canary` is
@@ -181,8 +192,20 @@ class WeightsStore:
         engine.load_weights(path, live["version"])
         return engine.version
 
+    def _pinned(self, path: str | None, sha256: str | None) -> list[int] | None:
+        if not path:
+            return None
+        if str(path) not in self._verified and sha256:
+            self.verify(path, sha256)
+        return self._verified.get(str(path))
+
     def set_live(self, version: str, path: str | None, sha256: str | None, canary: dict | None = None) -> None:
-        data = {"version": version, "path": path, "sha256": sha256, "canary": canary, "at": time.time()}
+        """Write the pointer, with the verified files' stat pinned: a replica checks that (a stat call) instead
+        of re-hashing gigabytes on every swap; a file changed since verification no longer matches."""
+        if canary is not None:
+            canary = {**canary, "stat": self._pinned(canary.get("path"), canary.get("sha256"))}
+        data = {"version": version, "path": path, "sha256": sha256, "stat": self._pinned(path, sha256),
+                "canary": canary, "at": time.time()}
         atomic_write_bytes(self.dir / "LIVE", json.dumps(data).encode())
 
     def latest_number(self) -> int:

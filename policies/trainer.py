@@ -66,6 +66,8 @@ class Trainer:
         load = lambda: AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=dtype).to(self.device)  # noqa: E731
         self._load = load
         self.model = load()
+        if L.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora:
             self.model = lora.wrap(self.model, L.lora_rank, L.lora_alpha, L.lora_targets)
         self.base_from: tuple[str, str | None] = (BASE_VERSION, None)  # the version the LoRA base holds

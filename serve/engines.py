@@ -11,14 +11,15 @@ stable and independent of load). A request keeps the engine it was given from st
 - another live version      -> copied into the live engine in place (between requests);
 - a canary starts / changes -> loaded into the canary engine (made on first use, then reused);
 - the canary ends           -> its engine is set aside for the next canary.
-A file whose sha256 does not match the pointer is never loaded.
+A file that is not the one the broadcaster verified (sha256 once, at staging; the pointer pins its size
+and mtime, so a swap costs a stat, not a re-hash) is never loaded.
 """
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
-from policies.model_store import BASE_VERSION, sha256_file
+from policies.model_store import BASE_VERSION, file_stat, sha256_file
 
 
 class EngineSet:
@@ -33,8 +34,16 @@ class EngineSet:
         return str(self.base_dir / "model.safetensors") if ref["version"] == BASE_VERSION else None
 
     def _verified(self, ref: dict) -> bool:
+        """The file is the one the broadcaster verified: its pinned size and mtime (a stat), or, for a pointer
+        without them, its sha256."""
         path = self.path(ref)
-        if path is None or not Path(path).exists() or (ref.get("sha256") and sha256_file(path) != ref["sha256"]):
+        if path is None or not Path(path).exists():
+            ok = False
+        elif ref.get("stat"):
+            ok = file_stat(path) == list(ref["stat"])
+        else:
+            ok = not ref.get("sha256") or sha256_file(path) == ref["sha256"]
+        if not ok:
             if self.log:
                 self.log.error("swap.sha_mismatch", version=ref["version"], path=path)
             return False

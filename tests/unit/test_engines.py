@@ -70,6 +70,27 @@ def test_a_canary_on_another_kind_of_engine_goes_live_in_the_live_engine(tmp_pat
     assert es.live is live and live.version == "w-000001" and es.spare is canary and es.canary is None
 
 
+def test_a_swap_checks_the_pinned_stat_not_the_hash(tmp_path, monkeypatch):
+    """The broadcaster hashes a version once (staging); the pointer pins size and mtime; replicas stat."""
+    import os
+
+    import serve.engines as engines
+    from policies.model_store import WeightsStore
+
+    store = WeightsStore(tmp_path)
+    path, digest = store.save({"w": torch.ones(2)}, "w-000001")
+    assert store.verify(path, digest)
+    store.set_live("w-000001", str(path), digest)
+    pointer = store.live()
+    assert pointer["stat"] == [os.stat(path).st_size, os.stat(path).st_mtime_ns]
+    monkeypatch.setattr(engines, "sha256_file", lambda p: pytest.fail("a replica re-hashed the file"))
+    es = EngineSet(FakeEngine(), FakeEngine, tmp_path)
+    assert es.sync(pointer) == ["live"] and es.live.version == "w-000001"
+    os.utime(path, ns=(1, 1))  # the file changed after it was verified
+    es2 = EngineSet(FakeEngine(), FakeEngine, tmp_path)
+    assert es2.sync(pointer) == [] and es2.live.version == "w-000000"
+
+
 def test_engine_set_refuses_a_file_that_does_not_match(tmp_path):
     es = EngineSet(FakeEngine(), FakeEngine, tmp_path)
     bad = {**_ref(tmp_path, "w-000001"), "sha256": "0" * 64}
