@@ -23,7 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
-from policies.engine import Generation, trie_step
+from policies.generation import Generation, LockedTokenizer, trie_step
 
 
 class VllmEngine:
@@ -33,7 +33,7 @@ class VllmEngine:
         from transformers import AutoTokenizer
 
         self.version = version
-        self.tok = tokenizer or AutoTokenizer.from_pretrained(str(model_dir))
+        self.tok = tokenizer or LockedTokenizer(AutoTokenizer.from_pretrained(str(model_dir)))
         self.stop_ids = [t for t in {self.tok.convert_tokens_to_ids("<|im_end|>"), self.tok.eos_token_id} if t is not None]
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)

@@ -4,7 +4,8 @@ import threading
 
 import pytest
 
-from policies.engine import Batcher, Generation
+from policies.batching import Batcher
+from policies.generation import Generation
 
 
 def _calls(batcher, specs):

@@ -1,0 +1,77 @@
+"""What every engine shares: a generation's result, the engine protocol, constrained-decoding steps, and a
+tokenizer safe to share between threads. No engine imports another; they all import this."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass
+class Generation:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # "stop" | "length"
+    version: str = ""  # the weights version that produced it (read under the engine lock)
+    straddled: bool = False  # a weights swap happened mid-generation: `version` made only its first tokens
+
+
+class Engine(Protocol):
+    version: str
+
+    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+                 stream_cb=None) -> list[Generation]: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def choice_logprobs(self, prompts: list[str], choices: list[str]) -> list[list[float]]: ...
+
+    def choose(self, prompt: str, options: list[str], temperature: float = 0.0) -> str: ...
+
+    def sequence_logprobs(self, pairs: list[tuple[str, str]]) -> list[tuple[float, int]]: ...
+
+    def load_weights(self, path: str | Path, version: str) -> float: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def health(self) -> dict: ...
+
+
+def trie_step(seqs: dict[str, list[int]], chosen: list[int]) -> tuple[list[str], list[int]]:
+    """One step of constrained decoding over the options' tokenisations `seqs`, after the tokens
+    `chosen`: the options already complete, and the tokens that may come next."""
+    live = {o: s for o, s in seqs.items() if s[: len(chosen)] == chosen}
+    done = [o for o, s in live.items() if len(s) == len(chosen)]
+    return done, sorted({s[len(chosen)] for s in live.values() if len(s) > len(chosen)})
+
+
+class LockedTokenizer:
+    """A tokenizer shared by threads: a fast (Rust) tokenizer raises "Already borrowed" when two threads
+    use it at once, so every call goes through one lock; attributes pass through."""
+
+    def __init__(self, tok):
+        self._tok, self._lock = tok, threading.RLock()
+
+    def __call__(self, *a, **kw):
+        with self._lock:
+            return self._tok(*a, **kw)
+
+    def __getattr__(self, name):
+        attr = getattr(self._tok, name)
+        if not callable(attr):
+            return attr
+
+        def locked(*a, **kw):
+            with self._lock:
+                return attr(*a, **kw)
+        return locked
+
+    def __setattr__(self, name, value):
+        if name in ("_tok", "_lock"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._tok, name, value)
