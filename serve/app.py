@@ -20,7 +20,6 @@ import hmac
 import json
 import os
 import socket
-import sqlite3
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -35,10 +34,12 @@ from actors.events import (ChatMessage, Feedback, Interaction, RetrieveReply, Re
                            WeightsSwapped, subject_for)
 from config import telemetry
 from config.settings import Settings
+from deploy.ray_local import loopback_replica_grpc
 from policies.chat import CALL_PREFIX, call_opening, parse_assistant, render
 from policies.engine import make_engine
 from policies.model_store import WeightsStore, ensure_base_model
 from serve.engines import EngineSet
+from serve.interactions import InteractionLog
 from serve.outbox import Outbox
 from serve.schemas import ChatRequest, FeedbackRequest
 from serve.wire import MAX_DEPTH, BadRequest, check_json, completion, error, parse_chat, pretty
@@ -46,47 +47,11 @@ from serve.wire import MAX_DEPTH, BadRequest, check_json, completion, error, par
 app = FastAPI(title="Kaizen", docs_url=None, redoc_url=None, openapi_url=None)
 
 
-class InteractionLog:
-    """Interaction ids this deployment served (for feedback lookups); sqlite in the state dir."""
-
-    def __init__(self, path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(path), check_same_thread=False, timeout=10)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS interactions (id TEXT PRIMARY KEY, event TEXT, at REAL)")
-        self.db.commit()
-
-    def put(self, ev: Interaction) -> None:
-        self.db.execute("INSERT OR REPLACE INTO interactions VALUES (?, ?, ?)",
-                        (ev.interaction_id, ev.model_dump_json(), time.time()))
-        self.db.commit()
-
-    def get(self, interaction_id: str) -> Interaction | None:
-        row = self.db.execute("SELECT event FROM interactions WHERE id=?", (interaction_id,)).fetchone()
-        return Interaction.model_validate_json(row[0]) if row else None
-
-
-def _loopback_replica_grpc() -> None:
-    """Ray Serve 2.60 starts each replica's inter-deployment gRPC server on "[::]:0", every interface, once
-    the deployment's __init__ has run. Everything of ours listens on loopback: bind it to 127.0.0.1 (the
-    replica and its callers are on this node)."""
-    import ray.serve._private.replica as replica
-
-    bind = replica.add_port_to_grpc_server
-    if getattr(bind, "loopback", False):
-        return
-
-    def loopback(server, address: str):
-        return bind(server, address.replace("[::]", "127.0.0.1", 1))
-    loopback.loopback = True
-    replica.add_port_to_grpc_server = loopback
-
-
 @serve.deployment(max_ongoing_requests=8, health_check_period_s=10, graceful_shutdown_timeout_s=20)
 @serve.ingress(app)
 class KaizenServer:
     def __init__(self, settings_json: str, api_key: str):
-        _loopback_replica_grpc()
+        loopback_replica_grpc()
         self.s = Settings.model_validate_json(settings_json)
         (self.s.state / "logs").mkdir(parents=True, exist_ok=True)
         telemetry.setup("serve", self.s.telemetry.log_level, self.s.telemetry.otlp_endpoint,
