@@ -192,11 +192,12 @@ class Broadcaster(EventActor):
         live = self.live_version()
         live_s = await asyncio.to_thread(self._score, live)
         g = self.settings.gate
+        base_s = await asyncio.to_thread(self._score, BASE_VERSION, False)  # its NLL, cached
         cand_s = await asyncio.to_thread(self._score, newest, False)  # the likelihood first: seconds
-        early = clearly_worse(cand_s, live_s, g.nll_tolerance)
+        early = clearly_worse(cand_s, live_s, g.nll_tolerance, base_s, g.base_nll_tolerance)
         if early is None:
             cand_s = await asyncio.to_thread(self._score, newest)
-            ok, why = gate(cand_s, live_s, g.tolerance, g.nll_tolerance)
+            ok, why = gate(cand_s, live_s, g.tolerance, g.nll_tolerance, base_s, g.base_nll_tolerance)
         else:
             ok, why = False, early
         metrics = {**{f"candidate_{k}": v for k, v in cand_s.items()}, **{f"live_{k}": v for k, v in live_s.items()}}

@@ -5,7 +5,8 @@ Gate (before any user sees a candidate), on fixed held-out entries:
   success = mean over environments of avg@1 (greedy) on the first `gate.heldout_tasks` entries;
   nll     = mean per-token negative log-likelihood of the reference first action of the first
             `gate.nll_entries` entries of each environment (`Environment.reference_action`).
-  promote  iff  success_c >= success_live - gate.tolerance  and  nll_c <= nll_live + gate.nll_tolerance.
+  promote  iff  success_c >= success_live - gate.tolerance  and  nll_c <= nll_live + gate.nll_tolerance
+                and  nll_c <= nll_base + gate.base_nll_tolerance  (no ratchet of small drifts).
 Success on a handful of tasks is coarse (one task flips it by 1/n); the likelihood of known-good
 actions is continuous, so damaged weights fail the gate even when neither version solves a task.
 
@@ -74,22 +75,31 @@ def evaluate_version(engine, envs: dict, heldout: dict[str, list[str]], pairs, *
     return out
 
 
-def clearly_worse(cand: dict, live: dict, nll_tolerance: float) -> str | None:
+def _nll_checks(cand: dict, live: dict, nll_tolerance: float, base: dict | None, base_tolerance: float) -> list[str]:
+    why = []
+    if "nll" in cand and "nll" in live and cand["nll"] > live["nll"] + nll_tolerance:
+        why.append(f"reference NLL {cand['nll']:.3f} > live {live['nll']:.3f} + {nll_tolerance}")
+    if base and "nll" in cand and "nll" in base and cand["nll"] > base["nll"] + base_tolerance:
+        # small steps each within the tolerance to live must not add up to a model far from the base
+        why.append(f"reference NLL {cand['nll']:.3f} > base {base['nll']:.3f} + {base_tolerance} (drift)")
+    return why
+
+
+def clearly_worse(cand: dict, live: dict, nll_tolerance: float, base: dict | None = None,
+                  base_tolerance: float = math.inf) -> str | None:
     """Early stop: the likelihood check alone (seconds) already fails the candidate, so the greedy held-out
     episodes (most of a gate's time) need not run. None when the full evaluation must decide."""
-    if "nll" in cand and "nll" in live and cand["nll"] > live["nll"] + nll_tolerance:
-        return (f"reference NLL {cand['nll']:.3f} > live {live['nll']:.3f} + {nll_tolerance} "
-                "(stopped early: held-out episodes not run)")
-    return None
+    why = _nll_checks(cand, live, nll_tolerance, base, base_tolerance)
+    return "; ".join(why) + " (stopped early: held-out episodes not run)" if why else None
 
 
-def gate(cand: dict, live: dict, tolerance: float, nll_tolerance: float) -> tuple[bool, str]:
-    """(promote?, reason) from two `evaluate_version` results."""
+def gate(cand: dict, live: dict, tolerance: float, nll_tolerance: float, base: dict | None = None,
+         base_tolerance: float = math.inf) -> tuple[bool, str]:
+    """(promote?, reason) from `evaluate_version` results of the candidate, live and (its NLL) the base."""
     why = []
     if cand["success"] + tolerance < live["success"]:
         why.append(f"held-out success {cand['success']:.3f} < live {live['success']:.3f} - {tolerance}")
-    if "nll" in cand and "nll" in live and cand["nll"] > live["nll"] + nll_tolerance:
-        why.append(f"reference NLL {cand['nll']:.3f} > live {live['nll']:.3f} + {nll_tolerance}")
+    why += _nll_checks(cand, live, nll_tolerance, base, base_tolerance)
     if why:
         return False, "; ".join(why)
     nll = f", reference NLL {cand['nll']:.3f} vs {live['nll']:.3f}" if "nll" in cand and "nll" in live else ""

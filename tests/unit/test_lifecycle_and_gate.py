@@ -59,3 +59,16 @@ def test_watch_verdict_compares_windows():
     roll, why = watch_verdict([1] * 10 + [-1] * 4, [1] * 4, window=4, margin=0.3)
     assert roll and "live feedback dropped" in why  # only the last `window` ratings count
     assert not watch_verdict([-1] * 4 + [1] * 4, [1] * 4, window=4, margin=0.3)[0]
+
+
+def test_gate_stops_a_ratchet_of_small_drifts_from_the_base():
+    from policies.gate import clearly_worse, gate
+
+    base, live = {"success": 0.0, "nll": 1.19}, {"success": 0.0, "nll": 1.30}
+    cand = {"success": 0.0, "nll": 1.34}  # within 0.05 of live, 0.15 above the base
+    ok, why = gate(cand, live, 0.05, 0.05)
+    assert ok  # live alone lets it through
+    ok, why = gate(cand, live, 0.05, 0.05, base, 0.12)
+    assert not ok and "drift" in why and "base 1.190" in why
+    assert "drift" in clearly_worse(cand, live, 0.05, base, 0.12)
+    assert clearly_worse({"success": 0.0, "nll": 1.25}, live, 0.05, base, 0.12) is None
