@@ -59,11 +59,15 @@ def read_run(s: Settings) -> dict:
 
 
 def pid_alive(pid: int) -> bool:
+    """Running (a zombie, dead but not yet reaped by its parent, is not)."""
     try:
         os.kill(pid, 0)
-        return True
     except OSError:
         return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def say(msg: str) -> None:

@@ -26,3 +26,30 @@ def test_status_reports_a_bus_that_is_down(tmp_path):
     out = json.loads(r.stdout)
     assert out["bus"].startswith("down") and out["served_weights_version"].startswith("unreachable")
     assert took < 30, took  # generous for a loaded CI machine; the benchmark reports the real figure
+
+
+def test_down_kills_what_does_not_stop(tmp_path):
+    """A process tree that ignores SIGTERM (an `up` stuck on an actor killed before): `down` kills it after
+    its timeout instead of waiting forever."""
+    state = tmp_path / "state"
+    state.mkdir()
+    stubborn = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)']); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", stubborn])
+    time.sleep(1.0)
+    from deploy.procs import descendants
+
+    tree = descendants(proc.pid)
+    assert len(tree) == 2
+    (state / "run.json").write_text(json.dumps({"pid": proc.pid, "endpoint": "http://127.0.0.1:1/v1"}))
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, str(ROOT / "main.py"), "down", "--timeout", "2"], cwd=ROOT,
+                       env={**os.environ, "KAIZEN_STATE_DIR": str(state)}, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    proc.wait(10)  # reap our child (init reaps the grandchild)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "killing 2 processes" in r.stdout and took < 20
+    import main
+
+    assert not any(main.pid_alive(p) for p in tree) and not (state / "run.json").exists()
