@@ -114,7 +114,11 @@ def main():
     ap.add_argument("--user-pause-s", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--out", default=str(ROOT / "tests" / "benchmarks" / "results" / "learning_curve_cpu"))
+    ap.add_argument("--from-run", default="", help="score a finished run again: its directory (kz-curve-*), "
+                    "whose stream is read from its stored nats data; the run itself is not repeated")
     a = ap.parse_args()
+    if a.from_run:
+        return rescore(a)
     from config.settings import load_settings
     from deploy.nats import free_port
 
@@ -133,6 +137,7 @@ def main():
     run = json.loads((state / "run.json").read_text())
     print(f"up in {time.time() - t_start:.0f}s; state {state}; scripted users for {a.minutes:.0f} min", flush=True)
     stop, stats = threading.Event(), {"requests": 0, "rated": 0, "right": 0, "failed": 0}
+    stats_file = root / "users.json"
     th = threading.Thread(target=users, args=(run, stop, stats, a.user_pause_s, a.seed), daemon=True)
     th.start()
     t0 = time.monotonic()
@@ -140,6 +145,7 @@ def main():
         while time.monotonic() - t0 < a.minutes * 60:
             time.sleep(60)
             print(f"  {(time.monotonic() - t0) / 60:.0f} min: {json.dumps(stats)}", flush=True)
+            stats_file.write_text(json.dumps(stats))
         stop.set()
         th.join(timeout=400)
         sys.argv = ["main.py"]
@@ -147,14 +153,36 @@ def main():
 
         s = load_settings(root / "config.yaml")
         s.state_dir = str(state)
-        kinds = ["judgement", "learner_step", "weights_published", "weights_status", "weights_promoted",
-                 "weights_rolled_back"]
-        events = asyncio.run(cli.read_events(s, run, kinds))
+        events = asyncio.run(cli.read_events(s, run, KINDS))
         learner = [e for e in events if e.kind == "learner_step"]
     finally:
         subprocess.run([sys.executable, str(ROOT / "main.py"), "down"], env=env, cwd=ROOT, capture_output=True,
                        timeout=600)
     report(a, s, state, events, learner, stats, time.time() - t_start)
+
+
+KINDS = ["judgement", "learner_step", "weights_published", "weights_status", "weights_promoted", "weights_rolled_back"]
+
+
+def rescore(a) -> None:
+    """Read a finished run's events from its stored stream (a nats-server on its store) and score it."""
+    import main as cli
+    from config.settings import load_settings
+    from deploy.nats import EmbeddedNats
+
+    root = Path(a.from_run)
+    state = root / "state"
+    s = load_settings(root / "config.yaml")
+    s.state_dir = str(state)
+    server = EmbeddedNats(state).start()
+    try:
+        run = {"nats_url": server.url, "nats_user": server.user}
+        events = asyncio.run(cli.read_events(s, run, KINDS))
+    finally:
+        server.stop()
+    stats = json.loads((root / "users.json").read_text()) if (root / "users.json").exists() else {}
+    learner = [e for e in events if e.kind == "learner_step"]
+    report(a, s, state, events, learner, stats, None)
 
 
 def _p50(xs: list[float]) -> float | None:
@@ -197,7 +225,7 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
     stages = {key: _p50([r[key] for r in rows if r[key] is not None]) for key in ("published_after_s", "served_after_s")}
     out = {"minutes": a.minutes, "k": a.k, "per_category": a.per_category, "categories": cats, "suite": cache.entries,
            "cycle_p50_s": stages,
-           "wall_s": round(wall_s), "users": stats, "learner_steps": len(learner),
+           "wall_s": round(wall_s) if wall_s else None, "users": stats, "learner_steps": len(learner),
            "informative_own_share": shares.get("informative_own_share"),
            "informative_share": shares.get("informative_share"), "rollout_groups": shares.get("rollout_groups"),
            "lineage": rows, "base": base_scores, "scores": {v: cache.get(v) for v in held}, "versus_base": held,
