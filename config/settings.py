@@ -57,7 +57,7 @@ class ServeSettings(_Section):
     max_body_bytes: int = Field(1_000_000, description="Largest accepted request body")
     max_new_tokens: int = Field(256, description="Cap on generated tokens per request (a larger max_tokens is a 400)")
     max_batch: int = Field(8, description="Concurrent requests a replica's transformers engine answers in one batch")
-    batch_window_ms: float = Field(10.0, description="How long a batch that is not full waits for more requests")
+    batch_window_ms: float = Field(50.0, description="How long a batch that is not full waits for more requests")
     max_ongoing_requests: int = Field(16, description="Requests a replica takes at once; Serve queues the rest")
     max_prompt_tokens: int = Field(3072, description="Longest accepted prompt, in tokens")
     retrieve_timeout_s: float = Field(0.5, description="How long a request waits for memory retrieval")

@@ -78,3 +78,30 @@ def test_check_json_depth_and_unicode():
     assert "key" in check_json({"\ud800": 1})
     with pytest.raises(RecursionError):  # what json.loads does with 1,000 levels: the edge turns it into a 400
         json.loads("[" * 100_000 + "]" * 100_000)
+
+
+def test_interaction_log_takes_concurrent_writers(tmp_path):
+    """The answers of one batch finish together: their records are written from many threads at once."""
+    import threading
+
+    from actors.events import ChatMessage, Interaction
+    from serve.interactions import InteractionLog
+
+    log = InteractionLog(tmp_path / "i.db")
+    evs = [Interaction(interaction_id=f"i{i}", user_hash="u", messages=[ChatMessage(role="user", content="hi")],
+                       response=ChatMessage(role="assistant", content=str(i))) for i in range(64)]
+    errors = []
+
+    def put(chunk):
+        try:
+            for e in chunk:
+                log.put(e)
+                assert log.get(e.interaction_id).response.content == e.response.content
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+    threads = [threading.Thread(target=put, args=(evs[i::8],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and all(log.get(f"i{i}") for i in range(64))
