@@ -254,7 +254,7 @@ class KaizenServer:
         if err:
             return err
         try:
-            req, messages, tools, forced = parse_chat(body, self.s.serve.max_new_tokens)
+            req, messages, tools, forced = parse_chat(body, self.s.serve.max_new_tokens, checked=True)  # _body checked it
         except BadRequest as exc:
             return exc.response()
         query = next((m.content for m in reversed(messages) if m.role == "user"), "")

@@ -85,9 +85,11 @@ def completion(iid: str, model: str, version: str, answer: ChatMessage, gen, n_p
                       "total_tokens": n_prompt + gen.completion_tokens}}
 
 
-def parse_chat(body, max_new_tokens: int) -> tuple[ChatRequest, list[ChatMessage], list[ToolSpec], str]:
-    """(request, messages, offered tools, forced prefix) of a parsed JSON body, or BadRequest."""
-    if problem := check_json(body):
+def parse_chat(body, max_new_tokens: int, checked: bool = False
+               ) -> tuple[ChatRequest, list[ChatMessage], list[ToolSpec], str]:
+    """(request, messages, offered tools, forced prefix) of a parsed JSON body, or BadRequest; `checked`: the
+    caller already ran `check_json` on it (the HTTP edge does, for every route)."""
+    if not checked and (problem := check_json(body)):
         raise BadRequest(400, problem)
     try:
         req = ChatRequest.model_validate(body)
