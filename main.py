@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import json
 import os
 import signal
@@ -234,13 +235,15 @@ def _wait_ready(s: Settings, timeout_s: float = 600) -> None:
 
 # --------------------------------------------------------------------------- status / events / down
 
+WATCHDOG_S = {"status": 90.0, "events": 60.0, "promote": 60.0}  # events: after its --seconds
+
 
 async def _connect(s: Settings, run: dict):
     from actors.bus import Bus
 
     pw = (s.state / "nats.password").read_text().strip() if (s.state / "nats.password").exists() else s.nats.password
     return await Bus(run["nats_url"], run["nats_user"], pw, stream=s.nats.stream, prefix=s.nats.subject_prefix,
-                     producer="cli").connect(ensure_stream=False)
+                     producer="cli").connect(ensure_stream=False, attempts=3, connect_timeout=5.0)
 
 
 def cmd_status(args) -> int:
@@ -678,9 +681,16 @@ def main(argv=None) -> int:
     for sp in (st, ev, ea, pr, sub.choices["down"]):
         sp.add_argument("--config", help="YAML preset (default config/cpu.yaml)")
     args = p.parse_args(argv)
+    if args.cmd in WATCHDOG_S and not (args.cmd == "events" and not args.seconds):  # a command line that hangs says where, on stderr, and exits 1 instead of blocking
+        faulthandler.dump_traceback_later(WATCHDOG_S[args.cmd] + getattr(args, "seconds", 0), exit=True)
     return {"up": cmd_up, "status": cmd_status, "events": cmd_events, "eval": cmd_eval, "promote": cmd_promote,
             "down": cmd_down, "report": cmd_report}[args.cmd](args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    if sys.argv[1:2] == ["status"]:  # a Ray driver's exit can hang on a loaded cluster; the answer is printed
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    sys.exit(rc)

@@ -50,9 +50,11 @@ class Bus:
         self.nc = None
         self.js = None
 
-    async def connect(self, ensure_stream: bool = True) -> "Bus":
+    async def connect(self, ensure_stream: bool = True, attempts: int = -1, connect_timeout: float = 2.0) -> "Bus":
+        """attempts -1 (actors): never give up, also on the first connect; a command line passes a bound."""
         self.nc = await nats.connect(self.url, user=self.user, password=self.password, name=self.producer,
-                                     max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+                                     max_reconnect_attempts=attempts, reconnect_time_wait=0.5,
+                                     connect_timeout=connect_timeout)
         self.js = self.nc.jetstream()
         if ensure_stream:
             await self.ensure_stream()

@@ -135,6 +135,21 @@ def assistant_spans(messages: list[ChatMessage], tools: list[ToolSpec] | None = 
     return render(messages, tools, experiences, add_generation_prompt=False), spans
 
 
+_OPENING_RE = re.compile(r'<tool_call>\[\{"name": "([^"]+)", "arguments": ')
+
+
+def parse_forced(forced: str, text: str) -> ChatMessage:
+    """The answer to a request whose call was forced (`tool_choice`): a call cut off by the token limit
+    keeps the forced name, with the partial arguments text as its arguments (as OpenAI returns a
+    truncated call), instead of becoming `invalid_call`."""
+    msg = parse_assistant(forced + text)
+    m = _OPENING_RE.match(forced)
+    if m and msg.tool_calls and msg.tool_calls[0].name == "invalid_call":
+        args = (forced + text)[m.end():].replace("<|im_end|>", "").strip()
+        msg.tool_calls[0] = ToolCall(id=msg.tool_calls[0].id, name=m.group(1), arguments=args)
+    return msg
+
+
 def parse_assistant(text: str, allow_python: bool = True) -> ChatMessage:
     """Turn generated text into an assistant message with tool_calls where the model made some.
 

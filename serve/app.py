@@ -35,7 +35,7 @@ from actors.events import (ChatMessage, Feedback, Interaction, RetrieveReply, Re
 from config import telemetry
 from config.settings import Settings
 from deploy.ray_local import loopback_replica_grpc
-from policies.chat import CALL_PREFIX, call_opening, parse_assistant, render
+from policies.chat import CALL_PREFIX, call_opening, parse_forced, render
 from policies.engine import make_engine
 from policies.model_store import WeightsStore, ensure_base_model
 from serve.engines import EngineSet
@@ -283,7 +283,7 @@ class KaizenServer:
                 return StreamingResponse(self._stream(ctx), media_type="text/event-stream")
             gen = (await self._in_pool(engine.generate, [prompt], max_new, req.temperature, req.top_p))[0]
             version = gen.version or engine.version
-            answer = (parse_assistant(forced + gen.text) if tools
+            answer = (parse_forced(forced, gen.text) if tools
                       else ChatMessage(role="assistant", content=gen.text.strip()))
             await self._record(ctx, answer, version, gen.straddled)
             return completion(iid, self.s.model.name, version, answer, gen, n_prompt)
@@ -318,7 +318,7 @@ class KaizenServer:
                 continue
         gen = task.result()[0]
         version = gen.version or version
-        answer = (parse_assistant(ctx["forced"] + gen.text) if not plain
+        answer = (parse_forced(ctx["forced"], gen.text) if not plain
                   else ChatMessage(role="assistant", content=gen.text.strip()))
         if not plain:
             delta = {"content": answer.content or None}

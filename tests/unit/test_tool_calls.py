@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from actors.events import ChatMessage, ToolCall
+from actors.events import ChatMessage, ToolCall, ToolSpec
 from envs.bfcl import BfclEnvironment
 from envs.tool_calls import CallError, parse_json_call, parse_python_call
 from policies.chat import parse_assistant
@@ -134,3 +134,17 @@ def test_forced_prefix_chooses_a_declared_name_only_when_given_an_engine():
     got = forced_prefix(tools, eng, "PROMPT", 0.7)
     assert got == '<tool_call>[{"name": "cd", "arguments": {"folder": "'
     assert eng.asked == [("PROMPT" + CALL_PREFIX, ['ls"', 'cd"'], 0.7)]
+
+
+def test_a_forced_call_cut_off_by_the_token_limit_keeps_its_name():
+    from policies.chat import call_opening, parse_forced
+
+    spec = ToolSpec(type="function", function={"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}})
+    forced = call_opening(spec)
+    cut = parse_forced(forced, "Paris, France, where the weather")
+    assert [(c.name, c.arguments) for c in cut.tool_calls] == [("get_weather", '{"city": "Paris, France, where the weather')]
+    whole = parse_forced(forced, 'Paris"}}]</tool_call>')
+    assert [(c.name, json.loads(c.arguments)) for c in whole.tool_calls] == [("get_weather", {"city": "Paris"})]
+    free = parse_forced("", '<tool_call>[{"name": "get_weather", "arguments": {"city": "Par')  # nothing forced
+    assert [c.name for c in free.tool_calls] == ["invalid_call"]
