@@ -44,6 +44,11 @@ def settings_from(args) -> Settings:
         s.nats.url = env["KAIZEN_NATS_URL"]
     if env.get("KAIZEN_SERVE_PORT"):
         s.serve.port = int(env["KAIZEN_SERVE_PORT"])
+    if env.get("KAIZEN_STRICT_EVENTS") == "1":
+        from actors import events
+
+        events.strict()
+        s.telemetry.strict_events = True
     s.state_dir = str(Path(s.state_dir).resolve())
     return s
 

@@ -1,6 +1,6 @@
 """Weight broadcaster: the promotion gate, the canary, live monitoring and rollback.
 
-Each version moves through the lifecycle in `policies/lifecycle.py`; every change is an
+Each version moves through the lifecycle in `actors/lifecycles.py`; every change is an
 `evo.weights_status` event, and the decisions use `policies/gate.py`.
 - `evo.weights_published`: the file's sha256 is verified (poison otherwise) and the version is
   staged. An operator's forced publish (`main.py promote V --force`) goes live at once.
@@ -35,7 +35,7 @@ from envs.registry import make_envs
 from policies.engine import make_engine
 from policies.gate import (canary_verdict, clearly_worse, gate, heldout_success, reference_nll, reference_pairs,
                            watch_verdict)
-from policies.lifecycle import IllegalTransition, WeightsState as S, transition
+from actors.lifecycles import IllegalTransition, WeightsState as S, transition
 from policies.model_store import (BASE_VERSION, WeightsStore, atomic_write_bytes, ensure_base_model, sha256_file,
                                   version_number)
 

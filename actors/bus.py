@@ -25,6 +25,7 @@ from nats.js.errors import NotFoundError
 from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 
+from actors import events
 from actors.events import KINDS, DeadLetter, Event, parse_event, subject_for
 from config import telemetry
 
@@ -202,6 +203,8 @@ class EventActor:
     # -------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         """Connect, bind the durable consumer; subclasses extend (load models, open stores)."""
+        if self.settings.telemetry.strict_events:
+            events.strict()
         nice = self.settings.ray.actor_nice.get(self.name, 0)
         if nice > 0 and self.bus is None:  # only in its own process (a test's in-process actor keeps its priority)
             os.nice(nice)

@@ -1,98 +1,22 @@
 """Every event on the `evo.>` stream, one pydantic model per kind.
 
 The subject is derived from the type (`subject_for`), never typed at a call site. Readers are
-tolerant at run time (unknown fields ignored) and strict in tests (`STRICT=True` forbids extras).
+tolerant at run time (unknown fields ignored) and strict in tests (`strict()` forbids extras).
 Large payloads never travel here: weights are referenced by path + sha256.
 """
 from __future__ import annotations
 
-import os
-import uuid
-from datetime import datetime, timezone
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import Field, TypeAdapter
 
-from policies.lifecycle import WeightsState
+from actors import messages
+from actors.lifecycles import TaskState, WeightsState
+from actors.messages import (  # noqa: F401  (the shared parts are part of this module's interface)
+    DEFAULT_SYSTEM, ChatMessage, FunctionSpec, RetrievedExperience, RetrieveReply, RetrieveRequest, Sample, ToolCall, ToolSpec, Wire,
+    _now, new_id)
 
 SCHEMA_VERSION = 1
-_STRICT = os.environ.get("KAIZEN_STRICT_EVENTS") == "1"
-
-
-class Wire(BaseModel):
-    """Base of every wire model: tolerant unless KAIZEN_STRICT_EVENTS=1 (tests)."""
-
-    model_config = ConfigDict(extra="forbid" if _STRICT else "ignore", frozen=False)
-
-
-def new_id() -> str:
-    return str(uuid.uuid4())
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat()
-
-
-# ----------------------------------------------------------------------------- shared parts
-
-
-class ToolCall(Wire):
-    id: str
-    name: str
-    arguments: str  # JSON object text, as in the OpenAI API
-
-
-class ChatMessage(Wire):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str = ""
-    tool_calls: list[ToolCall] = []
-    tool_call_id: str | None = None
-
-
-class ToolSpec(Wire):
-    """An OpenAI-format function tool: {"type": "function", "function": {...}}."""
-
-    type: Literal["function"] = "function"
-    function: dict
-
-
-class Sample(Wire):
-    """One rollout of a task. `messages` are the training view: experience text stripped."""
-
-    sample_id: str
-    messages: list[ChatMessage]
-    tools: list[ToolSpec] = []
-    step_indices: list[int] = Field(default_factory=list, description="indices of assistant messages = steps")
-    step_signals: list[float] = Field(default_factory=list, description="environment signal per step, in [-1, 1]")
-    outcome: float = 0.0
-    guided: bool = False
-    experience_ids: list[str] = []
-    experiences: list[str] = Field([], description="experience text a guided sample saw (not in `messages`)")
-    error: str | None = None
-    off_policy: bool = Field(False, description="a verified reference trajectory replayed in the environment, not "
-                             "sampled from any weights version (mixed-policy GRPO); never counts as the policy's own")
-
-
-# ----------------------------------------------------------------------------- request / reply (not events)
-
-
-class RetrieveRequest(Wire):
-    """Navigator retrieval query (core NATS request/reply, not stored in the stream)."""
-
-    query: str
-    k: int = 3
-    origin: Literal["explorer", "serve", "cli"] = "explorer"
-
-
-class RetrievedExperience(Wire):
-    experience_id: str
-    text: str
-    score: float
-
-
-class RetrieveReply(Wire):
-    experiences: list[RetrievedExperience] = []
-    took_ms: float = Field(0.0, description="time the navigator spent on the query (embedding + search + ranking)")
 
 
 # ----------------------------------------------------------------------------- envelope
@@ -148,7 +72,7 @@ class TaskStatus(Event):
 
     kind: Literal["task_status"] = "task_status"
     task_id: str
-    status: Literal["proposed", "verified", "rejected", "active", "retired"]
+    status: TaskState
     reason: str = ""
     env: str = ""
     query: str = ""
@@ -270,7 +194,7 @@ class WeightsRolledBack(Event):
 
 
 class WeightsStatus(Event):
-    """One change in a weights version's lifecycle (`policies/lifecycle.py`), published by the broadcaster."""
+    """One change in a weights version's lifecycle (`actors/lifecycles.py`), published by the broadcaster."""
 
     kind: Literal["weights_status"] = "weights_status"
     version: str
@@ -326,3 +250,10 @@ def subject_for(event: Event | str, prefix: str = "evo") -> str:
 def parse_event(data: bytes | str) -> Event:
     """Decode one event; raises pydantic.ValidationError on poison."""
     return _ADAPTER.validate_json(data)
+
+
+def strict(on: bool = True) -> None:
+    """Unknown fields are an error (tests, KAIZEN_STRICT_EVENTS=1) or ignored (the default)."""
+    global _ADAPTER
+    messages.strict(on)
+    _ADAPTER = TypeAdapter(AnyEvent)

@@ -233,6 +233,8 @@ class JudgeSettings(_Section):
 class TelemetrySettings(_Section):
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP traces endpoint; in-process exporter when unset")
     log_level: str = Field("info", description="structlog level")
+    strict_events: bool = Field(False, description="unknown event fields are an error, not ignored (tests; "
+                                "main.py sets it from KAIZEN_STRICT_EVENTS=1)")
 
 
 class Settings(_Section):

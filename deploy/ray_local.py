@@ -27,7 +27,7 @@ NAMESPACE = "kaizen"
 def ray_env() -> dict[str, str]:
     # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps every Ray address on loopback (127.0.0.1)
     return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "KAIZEN_STRICT_EVENTS": os.environ.get("KAIZEN_STRICT_EVENTS", "0")}
+            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def ray_auth(state) -> None:

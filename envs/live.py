@@ -7,8 +7,7 @@ nothing needs stripping.
 """
 from __future__ import annotations
 
-from actors.events import ChatMessage, Interaction, Sample
-from policies.chat import DEFAULT_SYSTEM
+from actors.events import DEFAULT_SYSTEM, ChatMessage, Interaction, Sample
 
 
 def trajectory(it: Interaction, score: float | None = None) -> Sample:

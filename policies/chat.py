@@ -11,31 +11,30 @@ import json
 import re
 import uuid
 
-from actors.events import ChatMessage, ToolCall, ToolSpec
+from actors.events import DEFAULT_SYSTEM, ChatMessage, ToolCall, ToolSpec
 from envs.tool_calls import CallError, parse_python_call
 
-DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 _CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 
 
 def _compact_tool(spec: ToolSpec) -> dict:
     f = spec.function
-    params = f.get("parameters") or {}
+    params = f.parameters or {}
     props = {k: {"type": v.get("type", "string"), **({"description": v["description"][:80]} if v.get("description") else {})}
              for k, v in (params.get("properties") or {}).items()}
-    return {"name": f["name"], "description": (f.get("description") or "").strip().split("\n")[0][:120],
+    return {"name": f.name, "description": (f.description or "").strip().split("\n")[0][:120],
             "parameters": {"type": "object", "properties": props, "required": params.get("required", [])}}
 
 
 def _param_line(spec: ToolSpec) -> str:
     f = spec.function
-    schema = f.get("parameters") if isinstance(f.get("parameters"), dict) else {}
+    schema = f.parameters
     props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     req = {r for r in schema.get("required") or [] if isinstance(r, str)} if isinstance(schema.get("required"), list) \
         else set()
     params = ", ".join(f"{k}{'' if k in req else '?'}: {v.get('type', 'any') if isinstance(v, dict) else 'any'}"
                        for k, v in props.items())
-    desc = (f.get("description") or "").strip().split("\n")[0][:140]
+    desc = (f.description or "").strip().split("\n")[0][:140]
     return f"- {f['name']}({params}): {desc}"
 
 
@@ -45,13 +44,13 @@ CALL_PREFIX = '<tool_call>[{"name": "'
 def call_opening(spec: ToolSpec) -> str:
     """The start of a call of this function, with its first required argument opened, as
     schema-guided decoding would write it."""
-    params = spec.function.get("parameters") or {}
+    params = spec.function.parameters or {}
     required = params.get("required") or []
     head = ""
     if required:
         kind = ((params.get("properties") or {}).get(required[0]) or {}).get("type")
         head = json.dumps(required[0]) + ": " + ('"' if kind == "string" else "")
-    return f'<tool_call>[{{"name": "{spec.function["name"]}", "arguments": {{{head}'
+    return f'<tool_call>[{{"name": "{spec.function.name}", "arguments": {{{head}'
 
 
 def tool_choice_prefix(choice, tools: list[ToolSpec]) -> str:
@@ -66,7 +65,7 @@ def tool_choice_prefix(choice, tools: list[ToolSpec]) -> str:
         return CALL_PREFIX
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
-        spec = next((t for t in tools if t.function.get("name") == name), None)
+        spec = next((t for t in tools if t.function.name == name), None)
         if spec is None:
             raise ValueError(f"tool_choice names function {name!r}, which is not among the request's tools")
         return call_opening(spec)

@@ -78,9 +78,9 @@ class PolicyGenerator:
 
     def call_arguments(self, messages: list[ChatMessage], tool) -> str | None:
         f = tool.function
-        params = f.get("parameters") or {}
+        params = f.parameters or {}
         props = params.get("properties") or {}
-        text = render(messages, [tool]) + f'<tool_call>[{{"name": "{f["name"]}", "arguments": {{'
+        text = render(messages, [tool]) + f'<tool_call>[{{"name": "{f.name}", "arguments": {{'
         args: dict = {}
         for key in params.get("required") or []:
             kind = (props.get(key) or {}).get("type", "string")
@@ -137,7 +137,7 @@ class EndpointGenerator:
         return text if (not prefix or text.startswith(prefix) or "<tool_call>" in text) else prefix + text
 
     def call_arguments(self, messages: list[ChatMessage], tool) -> str | None:
-        name = tool.function["name"]
+        name = tool.function.name
         action = parse_assistant(self.chat(messages, [tool], f'<tool_call>[{{"name": "{name}", "arguments": {{'))
         calls = [c for c in action.tool_calls if c.name == name]
         return calls[0].arguments if calls else None
@@ -159,12 +159,12 @@ def explore(generator, env, base_entry_id: str, steps: int, visits: Counter, rng
     """Curiosity-guided exploration of one train entry's functions (see module docstring)."""
     probe = env.probe(base_entry_id)
     out = Exploration(base_entry_id)
-    names = [t.function["name"] for t in probe.tools]
+    names = [t.function.name for t in probe.tools]
     if not names:
         return out
     msgs = [ChatMessage(role="system", content=EXPLORE_SYSTEM),
             ChatMessage(role="user", content=f"{probe.description}. Try them one at a time.")]
-    by_name = {t.function["name"]: t for t in probe.tools}
+    by_name = {t.function.name: t for t in probe.tools}
     for i in range(steps):
         fname = min(names, key=lambda n: (visits[n], rng.random()))
         visits[fname] += 1
@@ -223,7 +223,7 @@ def grounded(query: str, reference: list[str], tools=()) -> bool:
     q = query.lower()
     if not all(lit.lower() in q for lit in literals(reference)):
         return False
-    docs = {t.function["name"]: t.function.get("description") or "" for t in tools}
+    docs = {t.function.name: t.function.description or "" for t in tools}
     words = _words(query)
     for call in reference:
         name = parse_python_call(call).name
@@ -236,7 +236,7 @@ def grounded(query: str, reference: list[str], tools=()) -> bool:
 
 def describe(reference: list[str], tools) -> str:
     """A plain request built from the tool descriptions; always grounded."""
-    docs = {t.function["name"]: (t.function.get("description") or "").strip().split(". ")[0].rstrip(".") for t in tools}
+    docs = {t.function.name: (t.function.description or "").strip().split(". ")[0].rstrip(".") for t in tools}
     parts = []
     for call in reference:
         p = parse_python_call(call)

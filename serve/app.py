@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
 
+from actors import events
 from actors.bus import Bus
 from actors.events import (ChatMessage, Feedback, Interaction, RetrieveReply, RetrieveRequest,
                            WeightsSwapped, subject_for)
@@ -53,6 +54,8 @@ class KaizenServer:
     def __init__(self, settings_json: str, api_key: str):
         loopback_replica_grpc()
         self.s = Settings.model_validate_json(settings_json)
+        if self.s.telemetry.strict_events:
+            events.strict()
         (self.s.state / "logs").mkdir(parents=True, exist_ok=True)
         telemetry.setup("serve", self.s.telemetry.log_level, self.s.telemetry.otlp_endpoint,
                         stream=open(self.s.state / "logs" / "serve.log", "a", buffering=1))
@@ -266,8 +269,8 @@ class KaizenServer:
             prompt = render(messages, tools, exps)
             if forced == CALL_PREFIX and hasattr(engine, "choose"):  # required: one of the declared names
                 name = await asyncio.to_thread(engine.choose, prompt + CALL_PREFIX,
-                                               [t.function["name"] + '"' for t in tools], req.temperature)
-                forced = call_opening(next(t for t in tools if t.function["name"] + '"' == name))
+                                               [t.function.name + '"' for t in tools], req.temperature)
+                forced = call_opening(next(t for t in tools if t.function.name + '"' == name))
             prompt += forced
             n_prompt = await asyncio.to_thread(engine.count_tokens, prompt)
             if n_prompt > self.s.serve.max_prompt_tokens:

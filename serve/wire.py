@@ -14,7 +14,7 @@ import time
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from actors.events import ChatMessage, ToolCall, ToolSpec
+from actors.events import ChatMessage, FunctionSpec, ToolCall, ToolSpec
 from policies.chat import tool_choice_prefix
 from serve.schemas import ChatRequest
 
@@ -101,7 +101,9 @@ def parse_chat(body, max_new_tokens: int, checked: bool = False
     if (asked := req.max_completion_tokens or req.max_tokens or 0) > max_new_tokens:
         raise BadRequest(400, f"max_tokens is {asked}; this deployment generates at most {max_new_tokens} tokens "
                               "per request (serve.max_new_tokens)")
-    tools = [ToolSpec(function=t.function.model_dump()) for t in (req.tools or [])] if req.tool_choice != "none" else []
+    tools = [ToolSpec(function=FunctionSpec(name=t.function.name, description=t.function.description or "",
+                                            parameters=t.function.parameters))
+             for t in (req.tools or [])] if req.tool_choice != "none" else []
     choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
     try:
         forced = tool_choice_prefix(choice, tools)

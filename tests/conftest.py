@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
-os.environ["KAIZEN_STRICT_EVENTS"] = "1"  # tests read events strictly (extra="forbid")
+os.environ["KAIZEN_STRICT_EVENTS"] = "1"  # `up` and the CLI started by tests read events strictly too
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from actors import events  # noqa: E402
+
+events.strict()  # tests read events strictly (extra="forbid")
 
 
 @pytest.fixture(scope="session")
@@ -41,4 +44,5 @@ def settings(tmp_path, nats_server):
     s = load_settings(None)
     s.state_dir = str(tmp_path / "state")
     s.nats.url, s.nats.password = nats_server.url, nats_server.password
+    s.telemetry.strict_events = True
     return s

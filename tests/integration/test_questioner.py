@@ -14,7 +14,7 @@ class Scripted:
         self.query = query
 
     def call_arguments(self, messages, tool):
-        return {"mkdir": '{"dir_name": "reports"}'}.get(tool.function["name"])
+        return {"mkdir": '{"dir_name": "reports"}'}.get(tool.function.name)
 
     def chat(self, messages, tools=None, prefix=""):
         return self.query

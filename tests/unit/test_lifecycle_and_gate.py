@@ -4,7 +4,7 @@ import math
 import pytest
 
 from policies.gate import canary_verdict, gate, significant_drop, watch_verdict
-from policies.lifecycle import IllegalTransition, WeightsState as S, transition
+from actors.lifecycles import IllegalTransition, WeightsState as S, transition
 
 
 def test_lifecycle_allows_the_documented_paths_only():

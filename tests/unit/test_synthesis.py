@@ -31,8 +31,8 @@ class Scripted:
         self.args, self.query, self.asked = args, query, []
 
     def call_arguments(self, messages, tool):
-        self.asked.append(tool.function["name"])
-        return self.args.get(tool.function["name"])
+        self.asked.append(tool.function.name)
+        return self.args.get(tool.function.name)
 
     def chat(self, messages, tools=None, prefix=""):
         return self.query
@@ -71,7 +71,7 @@ def test_verify_accepts_replayable_and_drops_hallucinated_tasks(env, fs_entry):
 def test_exploration_is_curious_and_keeps_working_calls(env, fs_entry):
     visits = Counter()
     gen = Scripted({"mkdir": '{"dir_name": "reports"}', "cd": '{"folder": "nowhere_at_all"}'})
-    names = [t.function["name"] for t in env.probe(fs_entry).tools]
+    names = [t.function.name for t in env.probe(fs_entry).tools]
     for n in names:
         visits[n] = 5
     visits["mkdir"], visits["cd"] = 0, 0  # the least visited functions are tried first

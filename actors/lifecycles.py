@@ -1,5 +1,7 @@
-"""The weights-version lifecycle as data: states, the one transitions table, and the one function
-that enforces it (DESIGN.md "Weights lifecycle").
+"""Lifecycles as data, and what is live: the contracts the actors, serve and the CLI share.
+
+Weights versions (DESIGN.md "Weights lifecycle"): states, the one transitions table, and the one
+function that enforces it.
 
     staged -> evaluating -> canary -> live -> retired
                          -> live            (no canary configured, or forced by an operator)
@@ -9,10 +11,20 @@ that enforces it (DESIGN.md "Weights lifecycle").
     live   -> rolled_back | retired         (live feedback dropped | a newer version went live)
 
 Every change is published as an `evo.weights_status` event by the broadcaster.
+
+Synthetic tasks (the questioner; every change is an `evo.task_status` event):
+
+    proposed -> verified -> active -> retired
+    proposed -> rejected                    (a duplicate, infeasible or unverifiable task)
+    active   -> active                      (issued again)
+
+`LivePointer` is the typed LIVE pointer (policies/live_policy.py writes and follows it).
 """
 from __future__ import annotations
 
 from enum import StrEnum
+
+from pydantic import BaseModel, Field
 
 
 class WeightsState(StrEnum):
@@ -56,3 +68,54 @@ def transition(current: WeightsState | str | None, new: WeightsState | str) -> W
     if new not in TRANSITIONS[current]:
         raise IllegalTransition(f"{current} -> {new} is not a weights lifecycle transition")
     return new
+
+
+class TaskState(StrEnum):
+    PROPOSED = "proposed"
+    VERIFIED = "verified"
+    REJECTED = "rejected"
+    ACTIVE = "active"
+    RETIRED = "retired"
+
+
+T = TaskState
+TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    T.PROPOSED: frozenset({T.VERIFIED, T.REJECTED}),
+    T.VERIFIED: frozenset({T.ACTIVE}),
+    T.ACTIVE: frozenset({T.ACTIVE, T.RETIRED}),
+    T.REJECTED: frozenset(),
+    T.RETIRED: frozenset(),
+}
+
+
+def task_transition(current: TaskState | str | None, new: TaskState | str) -> TaskState:
+    """Check one change of a synthetic task; `current` None means a new task (it may only be proposed)."""
+    new = TaskState(new)
+    if current is None:
+        if new == T.PROPOSED:
+            return new
+        raise IllegalTransition(f"a new task can only be proposed, not {new}")
+    current = TaskState(current)
+    if new not in TASK_TRANSITIONS[current]:
+        raise IllegalTransition(f"{current} -> {new} is not a task lifecycle transition")
+    return new
+
+
+class CanaryRef(BaseModel):
+    version: str
+    path: str | None = None
+    sha256: str | None = None
+    share: float = Field(0.0, ge=0.0, le=1.0)
+    stat: list[int] | None = Field(None, description="[size, mtime_ns] of the file when its sha256 matched")
+
+
+class LivePointer(BaseModel):
+    """What every replica must serve: the live version and, during a canary, the candidate answering `share`
+    of the requests. `path` None with the base version means the base model folder's weights."""
+
+    version: str
+    path: str | None = None
+    sha256: str | None = None
+    stat: list[int] | None = None
+    canary: CanaryRef | None = None
+    at: float = 0.0
