@@ -35,7 +35,7 @@ def _param_line(spec: ToolSpec) -> str:
     params = ", ".join(f"{k}{'' if k in req else '?'}: {v.get('type', 'any') if isinstance(v, dict) else 'any'}"
                        for k, v in props.items())
     desc = (f.description or "").strip().split("\n")[0][:140]
-    return f"- {f['name']}({params}): {desc}"
+    return f"- {f.name}({params}): {desc}"
 
 
 CALL_PREFIX = '<tool_call>[{"name": "'
