@@ -626,7 +626,7 @@ def cmd_eval(args) -> int:
     store = WeightsStore(s.state)
     base = ensure_base_model(s.state, s.model.source, s.model.path, progress=True)
     engine = make_engine(s, base, role="eval")
-    version = args.version or store.live()["version"]
+    version = args.version or store.live().version
     if version != BASE_VERSION:
         man = store.manifest(version)
         if man is None:

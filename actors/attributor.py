@@ -61,12 +61,10 @@ class Attributor(EventActor):
         s = self.settings
         self.engine = None
         if not s.judge.base_url:  # the served policy judges: follow the live version like a replica does
-            from policies.engine import make_engine
-            from policies.model_store import WeightsStore, ensure_base_model
+            from policies.live_policy import LivePolicy
 
-            self.weights = WeightsStore(s.state)
-            self.base = base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
-            self.engine = await asyncio.to_thread(make_engine, s, base, role="judge")
+            self.policy = await asyncio.to_thread(LivePolicy, s, "judge")
+            self.engine = self.policy.engine
             await self._sync_live()
         self.judge = make_judge(s, self.engine)
         self.budget = Budget(s.judge.calls_per_minute)
@@ -74,7 +72,7 @@ class Attributor(EventActor):
         self.stats = {"judged": 0, "fallback_budget": 0, "fallback_error": 0, "fallback_malformed": 0, "screened": 0}
 
     async def _sync_live(self) -> None:
-        self.weights_version = await asyncio.to_thread(self.weights.sync, self.engine, self.base)
+        self.weights_version = await asyncio.to_thread(self.policy.sync)
 
     async def handle_weights_promoted(self, ev: WeightsPromoted, msg):
         if self.engine is not None:

@@ -32,12 +32,11 @@ from actors.bus import EventActor, Poison
 from actors.events import (Feedback, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected,
                            WeightsRolledBack, WeightsStatus, WeightsSwapped)
 from envs.registry import make_envs
-from policies.engine import make_engine
 from policies.gate import (canary_verdict, clearly_worse, gate, heldout_success, reference_nll, reference_pairs,
                            watch_verdict)
 from actors.lifecycles import IllegalTransition, WeightsState as S, transition
-from policies.model_store import (BASE_VERSION, WeightsStore, atomic_write_bytes, ensure_base_model, sha256_file,
-                                  version_number)
+from policies.live_policy import LivePolicy
+from policies.model_store import BASE_VERSION, atomic_write_bytes, sha256_file, version_number
 
 FEEDBACK_KEPT = 500  # ratings kept per version
 
@@ -57,13 +56,12 @@ class Broadcaster(EventActor):
     async def start(self) -> None:
         await super().start()
         s = self.settings
-        self.store = WeightsStore(s.state)
+        self.policy = await asyncio.to_thread(LivePolicy, s, "gate")  # its engine scores candidates
+        self.store, self.base_path, self.engine = self.policy.store, self.policy.base, self.policy.engine
         self.envs = make_envs(s.env)
         # a fixed held-out suite: the first gate.heldout_tasks entries of each environment's held-out split
         self.heldout = {name: env.entries("heldout")[: s.gate.heldout_tasks] for name, env in self.envs.items()}
         self.pairs = await asyncio.to_thread(reference_pairs, self.envs, s.gate.nll_entries)
-        self.base_path = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
-        self.engine = await asyncio.to_thread(make_engine, s, self.base_path, role="gate")
         d = s.state / "broadcaster"
         d.mkdir(parents=True, exist_ok=True)
         self.cache_file, self.state_file = d / "evals.json", d / "state.json"
@@ -74,7 +72,7 @@ class Broadcaster(EventActor):
         fresh = cached.get("_suite") == self.suite
         self.scores: dict[str, dict] = {v: x for v, x in cached.items() if isinstance(x, dict) and fresh}
         st = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
-        live = self.store.live()["version"]
+        live = self.policy.live_version
         self.status: dict[str, str] = st.get("status", {live: S.LIVE})
         self.refs: dict[str, dict] = st.get("refs", {})
         self.history: list[str] = st.get("history", [live])  # versions that went live, oldest first
@@ -122,7 +120,7 @@ class Broadcaster(EventActor):
         self.log.info("weights.status", version=version, status=str(new), previous=old, reason=reason[:200])
 
     def live_version(self) -> str:
-        return self.store.live()["version"]
+        return self.policy.live_version
 
     # ------------------------------------------------------------------ inputs
     async def handle_weights_published(self, ev: WeightsPublished, msg):
@@ -215,8 +213,7 @@ class Broadcaster(EventActor):
             await self._go_live(newest, why, metrics, cand_s, live_s)
             return
         live_ref = self._ref(live)  # the pointer first: whoever reacts to the events below reads the new one
-        self.store.set_live(live, live_ref.path, live_ref.sha256,
-                            canary={"version": newest, "path": ref.path, "sha256": ref.sha256, "share": g.canary_share})
+        self.policy.publish_live(live_ref, canary=ref, share=g.canary_share)
         self.canary = {"version": newest, "baseline": live, "started": time.time()}
         await self._set(newest, S.CANARY, why, metrics)
         await self.bus.publish(WeightsPromoted(weights=ref, candidate_score=cand_s["success"], live_score=live_s["success"],
@@ -229,7 +226,7 @@ class Broadcaster(EventActor):
                        live_s: dict | None = None) -> None:
         old = self.live_version()
         ref = self._ref(version)
-        self.store.set_live(version, ref.path, ref.sha256)  # the pointer first (see _evaluate)
+        self.policy.publish_live(ref)  # the pointer first (see _evaluate)
         if self.canary and self.canary["version"] != version:
             await self._set(self.canary["version"], S.RETIRED, f"{version} went live during its canary")
         self.canary = None
@@ -275,7 +272,7 @@ class Broadcaster(EventActor):
     async def _rollback(self, version: str, to: str, reason: str) -> None:
         was_canary = bool(self.canary and self.canary["version"] == version)
         ref = self._ref(to)
-        self.store.set_live(to, ref.path, ref.sha256)  # the pointer first (see _evaluate)
+        self.policy.publish_live(ref)  # the pointer first (see _evaluate)
         await self._set(version, S.ROLLED_BACK, reason)
         self.canary = None
         if not was_canary:
@@ -287,7 +284,7 @@ class Broadcaster(EventActor):
         self.weights_version = to
         self.counts["rolled_back"] += 1
         for v, st in list(self.status.items()):  # candidates trained from the bad version are not evaluated
-            if st == S.STAGED and version in self.store.ancestors(v, 1000):
+            if st == S.STAGED and self.policy.descends_from(v, version):
                 await self._set(v, S.SUPERSEDED, f"descends from {version}, which was rolled back")
         await self.bus.publish(WeightsRolledBack(from_version=version, to=ref, reason=reason), weights_version=to)
         self._save()

@@ -22,8 +22,7 @@ from actors.events import (RetrieveReply, RetrieveRequest, Rollout, Task, Weight
                            WeightsRejected, WeightsRolledBack)
 from envs.registry import make_envs
 from envs.tool_calls import CallError, parse_python_call
-from policies.engine import make_engine
-from policies.model_store import WeightsStore, ensure_base_model
+from policies.live_policy import LivePolicy
 from policies.rollout import reference_sample, run_group
 
 
@@ -35,7 +34,6 @@ class Explorer(EventActor):
     def __init__(self, settings, bus=None):
         super().__init__(settings, bus)
         self._train_sets: dict[str, set[str]] = {}
-        self._target: dict | None = None  # newest published version to sample with; None = live
 
     async def start(self) -> None:
         await super().start()
@@ -46,32 +44,14 @@ class Explorer(EventActor):
 
             workers = await asyncio.to_thread(start_workers, s, s.env.pool_workers)
             self.envs = {n: PooledEnvironment(e, workers, s.env.max_concurrent) for n, e in self.envs.items()}
-        self.weights = WeightsStore(s.state)
-        self.base = base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
-        self.engine = await asyncio.to_thread(make_engine, s, base, role="explorer")
-        await self._sync_live()
+        self.policy = await asyncio.to_thread(LivePolicy, s, "explorer")
+        self.engine = self.policy.engine
+        await self._follow()
         self.groups = 0
-
-    async def _sync_live(self) -> None:
-        self._target = None
-        self.weights_version = await asyncio.to_thread(self.weights.sync, self.engine, self.base)
-
-    def _load_target(self) -> str:
-        t = self._target
-        if t and t["version"] != self.engine.version:
-            if not self.weights.verify(t["path"], t["sha256"]):  # pruned or damaged: fall back to live
-                self.log.warning("weights.target_unusable", version=t["version"])
-                self._target = None
-                return self.weights.sync(self.engine, self.base)
-            self.engine.load_weights(t["path"], t["version"])
-        return self.engine.version
 
     async def _follow(self) -> None:
         """Before a group: load the version to sample with, if it changed since the last group."""
-        if self._target is None:
-            await self._sync_live()
-        else:
-            self.weights_version = await asyncio.to_thread(self._load_target)
+        self.weights_version = await asyncio.to_thread(self.policy.follow)
 
     def _train(self, env_name: str) -> set[str]:
         if env_name not in self._train_sets:
@@ -134,25 +114,19 @@ class Explorer(EventActor):
 
     async def handle_weights_published(self, ev: WeightsPublished, msg):
         if self.settings.rollout.weights == "published" and not ev.force:
-            self._target = {"version": ev.weights.version, "path": ev.weights.path, "sha256": ev.weights.sha256}
+            self.policy.aim(ev.weights)
 
     async def handle_weights_promoted(self, ev: WeightsPromoted, msg):
-        if self._target is None:
-            await self._sync_live()
+        if self.policy.target is None:
+            await self._follow()
 
     async def handle_weights_rejected(self, ev: WeightsRejected, msg):
-        await self._drop_branch(ev.weights.version)
+        self.policy.drop_branch(ev.weights.version)
 
     async def handle_weights_rolled_back(self, ev: WeightsRolledBack, msg):
-        await self._drop_branch(ev.from_version)
-        if self._target is None:
-            await self._sync_live()
-
-    async def _drop_branch(self, bad: str) -> None:
-        """Like the learner: a target that is or descends from a rejected or rolled-back version is
-        dropped for live (the learner's next version descends from live)."""
-        if self._target and bad in self.weights.ancestors(self._target["version"], 1000):
-            self._target = None
+        self.policy.drop_branch(ev.from_version)
+        if self.policy.target is None:
+            await self._follow()
 
     def health(self) -> dict:
         return {**super().health(), "groups": getattr(self, "groups", 0),

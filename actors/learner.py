@@ -29,7 +29,8 @@ from config import telemetry
 from opentelemetry import trace
 from policies import adca
 from policies.checkpoint import CheckpointStore
-from policies.model_store import BASE_VERSION, WeightsStore, ensure_base_model, version_name
+from policies.live_policy import LivePolicy
+from policies.model_store import BASE_VERSION, WeightsStore, version_name
 
 
 def _step_event_id(kind: str, step: int) -> str:
@@ -89,8 +90,8 @@ class Learner(EventActor):
         from policies.trainer import Trainer
 
         s = self.settings
-        self.base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
-        self.store = WeightsStore(s.state)
+        self.policy = LivePolicy(s)  # the store, the base model and the lineage; the trainer is the learner's engine
+        self.base, self.store = self.policy.base, self.policy.store
         self.ckpts = CheckpointStore(s.state / "learner")
         self.trainer = await asyncio.to_thread(Trainer, s, self.base, self.store)
         self.parent = BASE_VERSION  # the version the newest step was trained from
@@ -101,10 +102,10 @@ class Learner(EventActor):
             self.parent = state.get("parent", BASE_VERSION)
             self.log.info("learner.resumed", step=man["step"], version=man["version"], skipped=skipped)
         else:
-            live = self.store.live()
-            if live["path"]:
-                await asyncio.to_thread(self.trainer.reset_to, live["path"], live["version"])
-        self.weights_version = self.store.live()["version"]
+            live = self.policy.pointer()
+            if live.path:
+                await asyncio.to_thread(self.trainer.reset_to, live.path, live.version)
+        self.weights_version = self.policy.live_version
         self.ready: list[Judgement] = []  # informative groups waiting for a step
         self.live: list[Judgement] = []  # rated interactions, pooled until a live group forms
         self.held: dict[str, object] = {}  # event_id -> unacked message
@@ -121,8 +122,8 @@ class Learner(EventActor):
             self.trainer.load_state(loaded[0])
             self.parent = loaded[0].get("parent", BASE_VERSION)
         else:
-            live = self.store.live()
-            self.trainer.reset_to(live["path"], live["version"])
+            live = self.policy.pointer()
+            self.trainer.reset_to(live.path, live.version)
             self.trainer.step, self.trainer.applied = 0, set()
 
     async def _finish_commit(self) -> None:
@@ -269,15 +270,15 @@ class Learner(EventActor):
 
     async def handle_weights_rolled_back(self, ev: WeightsRolledBack, msg):
         self.weights_version = ev.to.version
-        if ev.from_version in self.store.ancestors(self.trainer.version, 1000):
+        if self.policy.descends_from(self.trainer.version, ev.from_version):
             await asyncio.to_thread(self.trainer.reset_to, ev.to.path or None, ev.to.version)
             self.log.info("learner.reset_after_rollback", rolled_back=ev.from_version, to=ev.to.version)
 
     async def handle_weights_rejected(self, ev: WeightsRejected, msg):
-        live = self.store.live()
-        if ev.weights.version in self.store.ancestors(self.trainer.version, 1000):  # continue from what users get
-            await asyncio.to_thread(self.trainer.reset_to, live["path"], live["version"])
-            self.log.info("learner.reset_to_live", rejected=ev.weights.version, live=live["version"])
+        live = self.policy.pointer()
+        if self.policy.descends_from(self.trainer.version, ev.weights.version):  # continue from what users get
+            await asyncio.to_thread(self.trainer.reset_to, live.path, live.version)
+            self.log.info("learner.reset_to_live", rejected=ev.weights.version, live=live.version)
 
     def _signal_shares(self) -> dict[str, float]:
         """Share of rollout groups the policy's own samples made informative (reward variance > 0), and share

@@ -111,18 +111,16 @@ class Questioner(EventActor):
         (s.state / "questioner").mkdir(parents=True, exist_ok=True)
         self._index = TaskIndex(str(s.state / "questioner" / "tasks.db"), s.embedding.dim)
         if not s.questioner.generator_base_url:  # the served policy explores: follow the live version
-            from policies.engine import make_engine
-            from policies.model_store import WeightsStore, ensure_base_model
+            from policies.live_policy import LivePolicy
 
-            self.weights = WeightsStore(s.state)
-            self.base = base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
-            self.engine = make_engine(s, base, role="questioner")
-            self.weights_version = self.weights.sync(self.engine, self.base)
+            self.policy = LivePolicy(s, "questioner")
+            self.engine = self.policy.engine
+            self.weights_version = self.policy.sync()
         self._gen = make_generator(s, self.engine)
 
     async def handle_weights_promoted(self, ev, msg):
         if self.engine is not None:
-            self.weights_version = await asyncio.to_thread(self.weights.sync, self.engine, self.base)
+            self.weights_version = await asyncio.to_thread(self.policy.sync)
 
     handle_weights_rolled_back = handle_weights_promoted
 

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from actors.lifecycles import CanaryRef, LivePointer
+
 BASE_VERSION = "w-000000"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -160,13 +162,12 @@ class WeightsStore:
         self._verified[str(path)] = file_stat(path)
         return True
 
-    def live(self) -> dict:
-        """{"version", "path", "sha256", "canary"} of the promoted version (base model when none); `canary` is
-        None or {"version", "path", "sha256", "share"}."""
+    def live(self) -> LivePointer:
+        """The LIVE pointer (the base model when nothing was promoted yet). Read it through `LivePolicy`."""
         p = self.dir / "LIVE"
         if p.exists():
-            return {"canary": None, **json.loads(p.read_text())}
-        return {"version": BASE_VERSION, "path": None, "sha256": None, "canary": None}
+            return LivePointer.model_validate_json(p.read_text())
+        return LivePointer(version=BASE_VERSION)
 
     def ancestors(self, version: str, limit: int) -> list[str]:
         """`version` and up to `limit` versions it descends from (manifest `parent` links), nearest first."""
@@ -179,19 +180,6 @@ class WeightsStore:
             out.append(parent)
         return out
 
-    def sync(self, engine, base: Path | None = None) -> str:
-        """Load the LIVE version into `engine` if it serves another one; returns the version it serves.
-        (Actors that generate with the served policy follow promotions and rollbacks with this.) Going
-        back to the base model (no weights file of ours) loads `base`/model.safetensors."""
-        live = self.live()
-        if live["version"] == engine.version:
-            return engine.version
-        path = live["path"] or self.file(live["version"], base)
-        if path is None:
-            raise FileNotFoundError(f"cannot load {live['version']}: no weights file (base folder {base})")
-        engine.load_weights(path, live["version"])
-        return engine.version
-
     def _pinned(self, path: str | None, sha256: str | None) -> list[int] | None:
         if not path:
             return None
@@ -199,14 +187,16 @@ class WeightsStore:
             self.verify(path, sha256)
         return self._verified.get(str(path))
 
-    def set_live(self, version: str, path: str | None, sha256: str | None, canary: dict | None = None) -> None:
+    def set_live(self, version: str, path: str | None, sha256: str | None, canary: CanaryRef | None = None
+                 ) -> LivePointer:
         """Write the pointer, with the verified files' stat pinned: a replica checks that (a stat call) instead
         of re-hashing gigabytes on every swap; a file changed since verification no longer matches."""
         if canary is not None:
-            canary = {**canary, "stat": self._pinned(canary.get("path"), canary.get("sha256"))}
-        data = {"version": version, "path": path, "sha256": sha256, "stat": self._pinned(path, sha256),
-                "canary": canary, "at": time.time()}
-        atomic_write_bytes(self.dir / "LIVE", json.dumps(data).encode())
+            canary = canary.model_copy(update={"stat": self._pinned(canary.path, canary.sha256)})
+        ptr = LivePointer(version=version, path=path, sha256=sha256, stat=self._pinned(path, sha256), canary=canary,
+                          at=time.time())
+        atomic_write_bytes(self.dir / "LIVE", ptr.model_dump_json().encode())
+        return ptr
 
     def latest_number(self) -> int:
         nums = [version_number(p.stem) for p in self.dir.glob("w-*.json")]

@@ -32,17 +32,16 @@ from ray import serve
 from actors import events
 from actors.bus import Bus
 from actors.events import (ChatMessage, Feedback, Interaction, RetrieveReply, RetrieveRequest,
-                           WeightsSwapped, subject_for)
+                           WeightsSwapped)
 from config import telemetry
 from config.settings import Settings
 from deploy.ray_local import loopback_replica_grpc
 from policies.chat import CALL_PREFIX, call_opening, parse_forced, render
-from policies.engine import make_engine
-from policies.model_store import WeightsStore, ensure_base_model
-from serve.engines import EngineSet
+from policies.live_policy import LivePolicy
 from serve.interactions import InteractionLog
 from serve.outbox import Outbox
 from serve.schemas import ChatRequest, FeedbackRequest
+from serve.weights import ReplicaWeights
 from serve.wire import MAX_DEPTH, BadRequest, check_json, completion, error, parse_chat, pretty
 
 app = FastAPI(title="Kaizen", docs_url=None, redoc_url=None, openapi_url=None)
@@ -66,11 +65,6 @@ class KaizenServer:
             self.replica = f"{socket.gethostname()}-{os.getpid()}"
         self.log = telemetry.log(actor="serve", replica=self.replica)
         self.tracer = telemetry.tracer("kaizen.serve")
-        self.store = WeightsStore(self.s.state)
-        self.base = ensure_base_model(self.s.state, self.s.model.source, self.s.model.path, progress=False)
-        self.engines = EngineSet(make_engine(self.s, self.base), lambda: make_engine(self.s, self.base, role="canary"),
-                                 self.base, self.log)
-        self._sync_lock = asyncio.Lock()
         self._pool = ThreadPoolExecutor(self.s.serve.max_ongoing_requests + 2, thread_name_prefix="generate")
         self.interactions = InteractionLog(self.s.state / "serve" / "interactions.db")
         self.bus: Bus | None = None
@@ -78,9 +72,9 @@ class KaizenServer:
         self.outbox = Outbox(self.s.state / "serve" / "outbox.db")
         self._drainer: asyncio.Task | None = None
         self._bus_lock = asyncio.Lock()
-        self.swaps: list[float] = []
         self.served = 0
-        self.engines.sync(self.store.live())  # synced to the live version (and canary) before taking traffic
+        self.weights = ReplicaWeights(LivePolicy(self.s, "serve"), self.replica, self.s.nats.subject_prefix,
+                                      self._report, self.log)  # the live version (and canary) before traffic
 
     # ------------------------------------------------------------------ plumbing
 
@@ -100,7 +94,7 @@ class KaizenServer:
                 bus = Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix,
                           producer=f"serve:{self.replica}")
                 self.bus = await asyncio.wait_for(bus.connect(ensure_stream=False), 3.0)
-                self._watcher = asyncio.create_task(self._watch_weights())
+                self._watcher = asyncio.create_task(self.weights.watch(self.bus.nc))
         return self.bus
 
     async def check_health(self) -> None:
@@ -114,48 +108,16 @@ class KaizenServer:
         if self._drainer is not None and self._drainer.done():
             raise RuntimeError(f"outbox drainer died: {self._drainer.exception()!r}")
 
-    async def _watch_weights(self) -> None:
-        """Follow the LIVE pointer: on promotion / rollback / lifecycle events, with a poll as fallback."""
-        wake = asyncio.Event()
-
-        async def on_msg(_msg):
-            wake.set()
-        for kind in ("weights_promoted", "weights_rolled_back", "weights_status"):
-            await self.bus.nc.subscribe(subject_for(kind, self.s.nats.subject_prefix), cb=on_msg)
-        await self._report(0.0, "joined")
-        while True:
-            try:
-                await asyncio.wait_for(wake.wait(), timeout=5.0)
-            except asyncio.TimeoutError:
-                pass
-            wake.clear()
-            try:
-                await self._sync_live()
-            except Exception:
-                self.log.exception("swap.failed")
+    async def _report(self, ev: WeightsSwapped) -> None:
+        await asyncio.to_thread(self.outbox.put, ev, telemetry.inject_headers({}))
 
     @property
     def engine(self):
-        return self.engines.live
+        return self.weights.engine
 
-    async def _sync_live(self) -> None:
-        async with self._sync_lock:
-            t0 = time.perf_counter()
-            changed = await asyncio.to_thread(self.engines.sync, self.store.live())
-            if changed:
-                total_ms = (time.perf_counter() - t0) * 1000
-                self.swaps.append(total_ms)
-                canary = self.engines.canary
-                self.log.info("swap.done", version=self.engine.version, canary=canary and canary.version,
-                              changed=changed, total_ms=round(total_ms, 1))
-                await self._report(total_ms, ",".join(changed))
-
-    async def _report(self, swap_ms: float, reason: str) -> None:
-        canary = self.engines.canary
-        ev = WeightsSwapped(replica=self.replica, version=self.engine.version, swap_ms=swap_ms,
-                            canary=canary.version if canary else None, reason=reason, producer=f"serve:{self.replica}")
-        ev.weights_version = self.engine.version
-        await asyncio.to_thread(self.outbox.put, ev, telemetry.inject_headers({}))
+    @property
+    def engines(self):
+        return self.weights.engines
 
     def _authorized(self, request: Request) -> bool:
         h = request.headers.get("authorization", "")

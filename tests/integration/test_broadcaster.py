@@ -78,21 +78,21 @@ async def test_gate_canary_and_rollback(settings, nats_server, model_dir):
         assert ev.status == "rejected" and "reference NLL" in ev.reason, ev.reason
         assert ev.metrics["candidate_nll"] > ev.metrics["live_nll"] + g.nll_tolerance
         await _wait(bus, p, "weights_rejected", lambda e: e.weights.version == "w-000001")
-        assert store.live()["version"] == "w-000000"
+        assert store.live().version == "w-000000"
 
         # 2) an unchanged candidate: canary on half the traffic, then live on equal feedback
         await publish("w-000002", base)
         ev = await _wait_status(bus, p, "w-000002", {"canary", "rejected"})
         assert ev.status == "canary", ev.reason
         live = store.live()
-        assert live["version"] == "w-000000" and live["canary"]["version"] == "w-000002"
-        assert live["canary"]["share"] == 0.5
+        assert live.version == "w-000000" and live.canary.version == "w-000002"
+        assert live.canary.share == 0.5
         await _wait(bus, p, "weights_promoted", lambda e: e.stage == "canary" and e.weights.version == "w-000002")
         for _ in range(3):
             await bus.publish(_feedback("w-000002", 1.0))
             await bus.publish(_feedback("w-000000", 1.0))
         await _wait_status(bus, p, "w-000002", {"live"})
-        assert store.live()["version"] == "w-000002" and store.live()["canary"] is None
+        assert store.live().version == "w-000002" and store.live().canary is None
         await _wait(bus, p, "weights_promoted", lambda e: e.stage == "live" and e.weights.version == "w-000002")
         for _ in range(4):  # w-000002 serves well while live
             await bus.publish(_feedback("w-000002", 1.0))
@@ -101,13 +101,13 @@ async def test_gate_canary_and_rollback(settings, nats_server, model_dir):
         await bus.publish(WeightsPublished(weights=WeightsRef(**actor._ref("w-000001").model_dump()), force=True,
                                            reason="test"))
         await _wait_status(bus, p, "w-000001", {"live"})
-        assert store.live()["version"] == "w-000001"
+        assert store.live().version == "w-000001"
         for _ in range(4):
             await bus.publish(_feedback("w-000001", -1.0))
         ev = await _wait_status(bus, p, "w-000001", {"rolled_back"})
         assert "live feedback dropped" in ev.reason
         await _wait(bus, p, "weights_rolled_back", lambda e: e.from_version == "w-000001" and e.to.version == "w-000002")
-        assert store.live()["version"] == "w-000002"
+        assert store.live().version == "w-000002"
         assert actor.counts == {"promoted": 2, "rejected": 1, "rolled_back": 1}
     finally:
         actor.stop.set()

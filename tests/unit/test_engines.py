@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from policies.model_store import sha256_file
-from serve.engines import EngineSet
+from actors.lifecycles import LivePointer
+from policies.model_store import BASE_VERSION, sha256_file
+from serve.weights import EngineSet
 
 
 class FakeEngine:
@@ -25,6 +26,17 @@ class FakeEngine:
         return 1.0
 
 
+def _set(live, make_canary, tmp_path):
+    """An engine set whose base version's file is tmp_path/model.safetensors (as LivePolicy.file resolves it)."""
+    def file(version, path):
+        return path or (str(tmp_path / "model.safetensors") if version == BASE_VERSION else None)
+    return EngineSet(live, make_canary, file)
+
+
+def P(d: dict) -> LivePointer:
+    return LivePointer.model_validate(d)
+
+
 def _ref(tmp_path, version, **extra):
     p = tmp_path / f"{version}.safetensors"
     p.write_bytes(version.encode())
@@ -33,26 +45,26 @@ def _ref(tmp_path, version, **extra):
 
 def test_engine_set_follows_the_live_pointer(tmp_path):
     FakeEngine.made = 0
-    es = EngineSet(FakeEngine(), FakeEngine, tmp_path)
+    es = _set(FakeEngine(), FakeEngine, tmp_path)
     live = es.live
-    assert es.sync({"version": "w-000000", "canary": None}) == []
+    assert es.sync(P({"version": "w-000000", "canary": None})) == []
     v1 = _ref(tmp_path, "w-000001")
-    assert es.sync({**_ref(tmp_path, "w-000000"), "canary": {**v1, "share": 0.25}}) == ["canary"]
+    assert es.sync(P({**_ref(tmp_path, "w-000000"), "canary": {**v1, "share": 0.25}})) == ["canary"]
     assert es.canary.version == "w-000001" and es.live is live and FakeEngine.made == 2
     picks = [es.pick(f"chatcmpl-{i}") for i in range(2000)]
     share = sum(p is es.canary for p in picks) / len(picks)
     assert 0.2 < share < 0.3 and es.pick("chatcmpl-7") is es.pick("chatcmpl-7")  # stable per interaction
     canary = es.canary
-    assert es.sync({**v1, "canary": None}) == ["promoted"]  # the canary went live: roles swap, nothing loads
+    assert es.sync(P({**v1, "canary": None})) == ["promoted"]  # the canary went live: roles swap, nothing loads
     assert es.live is canary and es.canary is None and es.spare is live and canary.loads == ["w-000001"]
     assert es.pick("x") is es.live
     v2 = _ref(tmp_path, "w-000002")
-    assert es.sync({**v1, "canary": {**v2, "share": 0.5}}) == ["canary"]
+    assert es.sync(P({**v1, "canary": {**v2, "share": 0.5}})) == ["canary"]
     assert es.canary is live and FakeEngine.made == 2  # the spare is reused
-    assert es.sync({**v1, "canary": None}) == ["canary_ended"]  # rolled back: the canary is set aside
+    assert es.sync(P({**v1, "canary": None})) == ["canary_ended"]  # rolled back: the canary is set aside
     assert es.canary is None and es.spare is live
     v3 = _ref(tmp_path, "w-000003")
-    assert es.sync({**v3, "canary": None}) == ["live"] and es.live.loads[-1] == "w-000003"  # in place
+    assert es.sync(P({**v3, "canary": None})) == ["live"] and es.live.loads[-1] == "w-000003"  # in place
 
 
 def test_a_canary_on_another_kind_of_engine_goes_live_in_the_live_engine(tmp_path):
@@ -61,12 +73,12 @@ def test_a_canary_on_another_kind_of_engine_goes_live_in_the_live_engine(tmp_pat
     class VllmLike(FakeEngine):
         pass
 
-    es = EngineSet(VllmLike(), FakeEngine, tmp_path)
+    es = _set(VllmLike(), FakeEngine, tmp_path)
     live = es.live
     v1 = _ref(tmp_path, "w-000001")
-    es.sync({**_ref(tmp_path, "w-000000"), "canary": {**v1, "share": 0.1}})
+    es.sync(P({**_ref(tmp_path, "w-000000"), "canary": {**v1, "share": 0.1}}))
     canary = es.canary
-    assert es.sync({**v1, "canary": None}) == ["live", "canary_ended"]
+    assert es.sync(P({**v1, "canary": None})) == ["live", "canary_ended"]
     assert es.live is live and live.version == "w-000001" and es.spare is canary and es.canary is None
 
 
@@ -74,7 +86,7 @@ def test_a_swap_checks_the_pinned_stat_not_the_hash(tmp_path, monkeypatch):
     """The broadcaster hashes a version once (staging); the pointer pins size and mtime; replicas stat."""
     import os
 
-    import serve.engines as engines
+    import serve.weights as engines
     from policies.model_store import WeightsStore
 
     store = WeightsStore(tmp_path)
@@ -82,20 +94,20 @@ def test_a_swap_checks_the_pinned_stat_not_the_hash(tmp_path, monkeypatch):
     assert store.verify(path, digest)
     store.set_live("w-000001", str(path), digest)
     pointer = store.live()
-    assert pointer["stat"] == [os.stat(path).st_size, os.stat(path).st_mtime_ns]
+    assert pointer.stat == [os.stat(path).st_size, os.stat(path).st_mtime_ns]
     monkeypatch.setattr(engines, "sha256_file", lambda p: pytest.fail("a replica re-hashed the file"))
-    es = EngineSet(FakeEngine(), FakeEngine, tmp_path)
+    es = _set(FakeEngine(), FakeEngine, tmp_path)
     assert es.sync(pointer) == ["live"] and es.live.version == "w-000001"
     os.utime(path, ns=(1, 1))  # the file changed after it was verified
-    es2 = EngineSet(FakeEngine(), FakeEngine, tmp_path)
+    es2 = _set(FakeEngine(), FakeEngine, tmp_path)
     assert es2.sync(pointer) == [] and es2.live.version == "w-000000"
 
 
 def test_engine_set_refuses_a_file_that_does_not_match(tmp_path):
-    es = EngineSet(FakeEngine(), FakeEngine, tmp_path)
+    es = _set(FakeEngine(), FakeEngine, tmp_path)
     bad = {**_ref(tmp_path, "w-000001"), "sha256": "0" * 64}
-    assert es.sync({**bad, "canary": None}) == [] and es.live.version == "w-000000"
-    assert es.sync({"version": "w-000002", "path": str(tmp_path / "missing"), "sha256": None, "canary": None}) == []
+    assert es.sync(P({**bad, "canary": None})) == [] and es.live.version == "w-000000"
+    assert es.sync(P({"version": "w-000002", "path": str(tmp_path / "missing"), "sha256": None, "canary": None})) == []
 
 
 # ---------------------------------------------------------------------------- the vLLM adapter

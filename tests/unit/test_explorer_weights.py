@@ -6,6 +6,7 @@ import pytest
 from actors.events import WeightsPublished, WeightsRef, WeightsRejected, WeightsRolledBack
 from actors.explorer import Explorer
 from config.settings import load_settings
+from policies.live_policy import LivePolicy
 from policies.model_store import WeightsStore
 
 
@@ -31,7 +32,8 @@ def _publish(store: WeightsStore, n: int, parent: str) -> WeightsRef:
 def explorer(tmp_path):
     s = load_settings(None, state_dir=str(tmp_path))
     x = Explorer(s)
-    x.weights, x.engine, x.base = WeightsStore(s.state), FakeEngine(), _base(tmp_path)
+    x.policy = LivePolicy(s, engine=FakeEngine(), base=_base(tmp_path))
+    x.engine = x.policy.engine
     return x
 
 
@@ -49,7 +51,7 @@ def run(coro):
 
 
 def test_explorer_follows_published_versions_and_drops_a_rejected_branch(explorer):
-    x, store = explorer, explorer.weights
+    x, store = explorer, explorer.policy.store
     r1 = _publish(store, 1, "w-000000")
     r2 = _publish(store, 2, "w-000001")
     run(x.handle_weights_published(WeightsPublished(weights=r1), None))
@@ -60,38 +62,39 @@ def test_explorer_follows_published_versions_and_drops_a_rejected_branch(explore
     assert x.engine.loads == ["w-000002"]  # unchanged target: no reload
     # w-000001 rejected: w-000002 descends from it, so sampling goes back to live, the base model
     run(x.handle_weights_rejected(WeightsRejected(weights=r1, candidate_score=0, live_score=0, reason="r"), None))
-    assert x._target is None
+    assert x.policy.target is None
     run(x._follow())
     assert x.engine.version == "w-000000" and x.engine.loads == ["w-000002", "w-000000"]
 
 
 def test_rejecting_an_unrelated_version_keeps_the_target(explorer):
-    x, store = explorer, explorer.weights
+    x, store = explorer, explorer.policy.store
     r1 = _publish(store, 1, "w-000000")
     r2 = _publish(store, 2, "w-000000")  # a sibling branch (the learner was reset to live)
     run(x.handle_weights_published(WeightsPublished(weights=r2), None))
     run(x.handle_weights_rejected(WeightsRejected(weights=r1, candidate_score=0, live_score=0, reason="r"), None))
-    assert x._target["version"] == "w-000002"
+    assert x.policy.target.version == "w-000002"
     run(x.handle_weights_rolled_back(WeightsRolledBack(from_version="w-000002", to=r1, reason="drop"), None))
-    assert x._target is None
+    assert x.policy.target is None
 
 
 def test_forced_and_live_mode_publications_are_not_followed(tmp_path):
     s = load_settings(None, state_dir=str(tmp_path), **{"rollout.weights": "live"})
     x = Explorer(s)
-    x.weights, x.engine, x.base = WeightsStore(s.state), FakeEngine(), _base(tmp_path)
-    run(x.handle_weights_published(WeightsPublished(weights=_publish(x.weights, 1, "w-000000")), None))
-    assert x._target is None
+    x.policy = LivePolicy(s, engine=FakeEngine(), base=_base(tmp_path))
+    x.engine = x.policy.engine
+    run(x.handle_weights_published(WeightsPublished(weights=_publish(x.policy.store, 1, "w-000000")), None))
+    assert x.policy.target is None
     y = Explorer(load_settings(None, state_dir=str(tmp_path / "b")))
-    y.weights, y.engine, y.base = WeightsStore(y.settings.state), FakeEngine(), _base(tmp_path)
-    run(y.handle_weights_published(WeightsPublished(weights=_publish(y.weights, 1, "w-000000"), force=True), None))
-    assert y._target is None
+    y.policy = LivePolicy(y.settings, engine=FakeEngine(), base=_base(tmp_path))
+    run(y.handle_weights_published(WeightsPublished(weights=_publish(y.policy.store, 1, "w-000000"), force=True), None))
+    assert y.policy.target is None
 
 
 def test_a_pruned_target_falls_back_to_live(explorer):
-    x, store = explorer, explorer.weights
+    x, store = explorer, explorer.policy.store
     r1 = _publish(store, 1, "w-000000")
     run(x.handle_weights_published(WeightsPublished(weights=r1), None))
     store.path("w-000001").unlink()
     run(x._follow())
-    assert x._target is None and x.engine.version == "w-000000" and x.engine.loads == []
+    assert x.policy.target is None and x.engine.version == "w-000000" and x.engine.loads == []

@@ -1,0 +1,140 @@
+"""The replica's weights: the engines it holds, which one answers a request, and following the LIVE pointer.
+
+`live` serves the live version. While the broadcaster runs a canary, `canary` holds the candidate
+and answers `share` of the requests (a hash of the interaction id picks them, so the split is
+stable and independent of load). A request keeps the engine it was given from start to end.
+`sync(pointer)` makes the set match the LIVE pointer:
+- the canary went live      -> the engines swap roles: nothing is loaded, no request waits (when both
+                               are the same kind of engine: a GPU replica's canary is a transformers
+                               engine beside vLLM, so there the version is loaded into the vLLM one
+                               and users stay on vLLM);
+- another live version      -> copied into the live engine in place (between requests);
+- a canary starts / changes -> loaded into the canary engine (made on first use, then reused);
+- the canary ends           -> its engine is set aside for the next canary.
+A file that is not the one the broadcaster verified (sha256 once, at staging; the pointer pins its size
+and mtime, so a swap costs a stat, not a re-hash) is never loaded.
+
+`ReplicaWeights` follows the pointer for a replica: on start (before traffic), on promotion / rollback /
+lifecycle events, and on a 5 s poll as fallback, and reports what it serves (`evo.weights_swapped`).
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from pathlib import Path
+from typing import Callable
+
+from actors.events import WeightsSwapped, subject_for
+from actors.lifecycles import CanaryRef, LivePointer
+from policies.model_store import file_stat, sha256_file
+
+
+class EngineSet:
+    def __init__(self, live, make_canary, file: Callable[[str, str | None], Path | None], log=None):
+        """`file(version, path)` resolves a pointer's weights file (`LivePolicy.file`)."""
+        self.live, self.canary, self.spare = live, None, None
+        self.share = 0.0
+        self._make_canary, self.file, self.log = make_canary, file, log
+
+    def _verified(self, ref: LivePointer | CanaryRef) -> Path | None:
+        """The file, when it is the one the broadcaster verified: its pinned size and mtime (a stat), or, for a
+        pointer without them, its sha256."""
+        path = self.file(ref.version, ref.path)
+        if path is None or not Path(path).exists():
+            ok = False
+        elif ref.stat:
+            ok = file_stat(path) == list(ref.stat)
+        else:
+            ok = not ref.sha256 or sha256_file(path) == ref.sha256
+        if not ok:
+            if self.log:
+                self.log.error("swap.sha_mismatch", version=ref.version, path=str(path))
+            return None
+        return Path(path)
+
+    def sync(self, pointer: LivePointer) -> list[str]:
+        """Match the LIVE pointer; returns what changed (blocking: run it in a worker thread)."""
+        changed = []
+        if pointer.version != self.live.version:
+            if self.canary is not None and self.canary.version == pointer.version \
+                    and type(self.canary) is type(self.live):
+                self.live, self.spare, self.canary = self.canary, self.live, None
+                changed.append("promoted")
+            elif path := self._verified(pointer):
+                self.live.load_weights(path, pointer.version)
+                changed.append("live")
+        want = pointer.canary
+        if want is None and self.canary is not None:
+            self.spare, self.canary = self.canary, None
+            changed.append("canary_ended")
+        elif want is not None and (self.canary is None or self.canary.version != want.version) \
+                and (path := self._verified(want)):
+            eng = self.canary or self.spare or self._make_canary()
+            eng.load_weights(path, want.version)
+            self.canary, self.spare = eng, None
+            changed.append("canary")
+        self.share = float(want.share) if want and self.canary is not None else 0.0
+        return changed
+
+    def pick(self, interaction_id: str):
+        """The engine that answers this request."""
+        canary, share = self.canary, self.share
+        if canary is None or share <= 0:
+            return self.live
+        bucket = int(hashlib.sha256(interaction_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+        return canary if bucket < share else self.live
+
+
+class ReplicaWeights:
+    """A replica's follower of the live policy: its `LivePolicy`'s engine serves live, a second one the canary."""
+
+    def __init__(self, policy, replica: str, prefix: str, report: Callable, log):
+        self.policy, self.replica, self.prefix, self._report, self.log = policy, replica, prefix, report, log
+        self.engines = EngineSet(policy.engine, lambda: policy.make_engine("canary"), policy.file, log)
+        self.swaps: list[float] = []
+        self._lock = asyncio.Lock()
+        self.engines.sync(policy.pointer())  # the live version (and canary) before taking traffic
+
+    @property
+    def engine(self):
+        return self.engines.live
+
+    async def watch(self, nc) -> None:
+        """Follow the pointer: on promotion / rollback / lifecycle events, with a poll as fallback."""
+        wake = asyncio.Event()
+
+        async def on_msg(_msg):
+            wake.set()
+        for kind in ("weights_promoted", "weights_rolled_back", "weights_status"):
+            await nc.subscribe(subject_for(kind, self.prefix), cb=on_msg)
+        await self.report(0.0, "joined")
+        while True:
+            try:
+                await asyncio.wait_for(wake.wait(), timeout=5.0)
+            except asyncio.TimeoutError:
+                pass
+            wake.clear()
+            try:
+                await self.sync()
+            except Exception:
+                self.log.exception("swap.failed")
+
+    async def sync(self) -> None:
+        async with self._lock:
+            t0 = time.perf_counter()
+            changed = await asyncio.to_thread(self.engines.sync, self.policy.pointer())
+            if changed:
+                total_ms = (time.perf_counter() - t0) * 1000
+                self.swaps.append(total_ms)
+                canary = self.engines.canary
+                self.log.info("swap.done", version=self.engine.version, canary=canary and canary.version,
+                              changed=changed, total_ms=round(total_ms, 1))
+                await self.report(total_ms, ",".join(changed))
+
+    async def report(self, swap_ms: float, reason: str) -> None:
+        canary = self.engines.canary
+        ev = WeightsSwapped(replica=self.replica, version=self.engine.version, swap_ms=swap_ms,
+                            canary=canary.version if canary else None, reason=reason, producer=f"serve:{self.replica}")
+        ev.weights_version = self.engine.version
+        await self._report(ev)
