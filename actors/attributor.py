@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from actors.bus import EventActor, Poison
+from actors.actor import EventActor
+from actors.bus import Poison
 from actors.events import (MIXED_WEIGHTS, Feedback, Judgement, Rollout, Sample, WeightsPromoted,
                            WeightsRolledBack)
 from envs.live import trajectory

@@ -22,18 +22,17 @@ atomically; evaluations are cached per version.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 import uuid
 from datetime import datetime
 
-from actors.bus import EventActor, Poison
+from actors.actor import EventActor
+from actors.bus import Poison
 from actors.events import (Feedback, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected,
                            WeightsRolledBack, WeightsStatus, WeightsSwapped)
 from envs.registry import make_envs
-from policies.gate import (canary_verdict, clearly_worse, gate, heldout_success, reference_nll, reference_pairs,
-                           watch_verdict)
+from policies.gate import GateScores, canary_verdict, clearly_worse, gate, reference_pairs, watch_verdict
 from actors.lifecycles import IllegalTransition, WeightsState as S, transition
 from policies.live_policy import LivePolicy
 from policies.model_store import BASE_VERSION, atomic_write_bytes, sha256_file, version_number
@@ -64,13 +63,9 @@ class Broadcaster(EventActor):
         self.pairs = await asyncio.to_thread(reference_pairs, self.envs, s.gate.nll_entries)
         d = s.state / "broadcaster"
         d.mkdir(parents=True, exist_ok=True)
-        self.cache_file, self.state_file = d / "evals.json", d / "state.json"
-        cached = json.loads(self.cache_file.read_text()) if self.cache_file.exists() else {}
-        # cached scores hold only for the same suite (entries, reference actions, decoding settings)
-        self.suite = hashlib.sha256(json.dumps([self.heldout, self.pairs, s.rollout.max_new_tokens,
-                                                s.rollout.call_prefix]).encode()).hexdigest()[:16]
-        fresh = cached.get("_suite") == self.suite
-        self.scores: dict[str, dict] = {v: x for v, x in cached.items() if isinstance(x, dict) and fresh}
+        self.state_file = d / "state.json"
+        self.scores = GateScores(d / "evals.json", self.envs, self.heldout, self.pairs,
+                                 max_new_tokens=s.rollout.max_new_tokens, call_prefix=s.rollout.call_prefix)
         st = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
         live = self.policy.live_version
         self.status: dict[str, str] = st.get("status", {live: S.LIVE})
@@ -166,21 +161,7 @@ class Broadcaster(EventActor):
             self._save()
 
     def _score(self, version: str, success: bool = True) -> dict:
-        """The version's gate scores, cached per version (the live version's never change, so a gate
-        evaluates only the candidate); `success=False` computes only the likelihood part."""
-        sc = self.scores.setdefault(version, {})
-        need_nll, need_success = bool(self.pairs) and "nll" not in sc, success and "success" not in sc
-        if need_nll or need_success:
-            if self.engine.version != version:
-                self.engine.load_weights(self._ref(version).path, version)
-            s = self.settings
-            if need_nll:
-                sc["nll"] = reference_nll(self.engine, self.pairs)
-            if need_success:
-                sc.update(heldout_success(self.engine, self.envs, self.heldout, max_new_tokens=s.rollout.max_new_tokens,
-                                          call_prefix=s.rollout.call_prefix))
-            atomic_write_bytes(self.cache_file, json.dumps({**self.scores, "_suite": self.suite}).encode())
-        return sc
+        return self.scores.score(self.engine, version, lambda: self._ref(version).path, success)
 
     async def _evaluate(self, staged: list[str]) -> None:
         newest = staged[-1]
@@ -298,4 +279,4 @@ class Broadcaster(EventActor):
     def health(self) -> dict:
         return {**super().health(), **getattr(self, "counts", {}), "canary": getattr(self, "canary", None),
                 "history": getattr(self, "history", [])[-5:], "replicas": getattr(self, "replicas", {}),
-                "scores": {v: {k: round(x, 3) for k, x in s.items()} for v, s in list(getattr(self, "scores", {}).items())[-5:]}}
+                "scores": self.scores.recent() if hasattr(self, "scores") else {}}

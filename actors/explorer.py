@@ -17,7 +17,8 @@ import asyncio
 import math
 import uuid
 
-from actors.bus import EventActor, Poison, heartbeat
+from actors.actor import EventActor, heartbeat
+from actors.bus import Poison
 from actors.events import (RetrieveReply, RetrieveRequest, Rollout, Task, WeightsPromoted, WeightsPublished,
                            WeightsRejected, WeightsRolledBack)
 from envs.registry import make_envs

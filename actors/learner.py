@@ -22,7 +22,7 @@ import asyncio
 import time
 import uuid
 
-from actors.bus import HOLD, EventActor, heartbeat
+from actors.actor import HOLD, EventActor, heartbeat
 from actors.events import (MIXED_WEIGHTS, Judgement, LearnerStep, WeightsPromoted, WeightsPublished, WeightsRef,
                            WeightsRejected, WeightsRolledBack)
 from config import telemetry

@@ -26,12 +26,13 @@ import random
 import uuid
 from collections import Counter, deque
 
-from actors.bus import EventActor
-from actors.events import Interaction, Judgement, Task, TaskStatus
+from actors.actor import EventActor
+from actors.events import Interaction, Judgement, Task
+from actors.lifecycles import TaskState as T
 from envs.registry import make_envs
-from policies.adca import self_consistency
-from policies.curriculum import Ladder, schedule
+from policies.curriculum import DatasetPools, Ladder, train_pool
 from policies.model_store import atomic_write_bytes
+from policies.task_book import SyntheticTask, TaskBook, band_decision
 
 
 SYNTHETIC = "synthetic"  # the ladder of self-written tasks: rung n asks for n + 1 calls
@@ -39,31 +40,6 @@ SYNTHETIC = "synthetic"  # the ladder of self-written tasks: rung n asks for n +
 
 def task_event_id(entry_id: str, round_: int) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:task:{entry_id}:{round_}"))
-
-
-def status_event_id(task_id: str, status: str, n: int = 0) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:task_status:{task_id}:{status}:{n}"))
-
-
-def ordered_pool(entries: list[str], round_: int, seed: int = 0) -> list[str]:
-    pool = sorted(entries)
-    random.Random(f"{seed}:{round_}").shuffle(pool)
-    return pool
-
-
-def train_pool(envs: dict) -> list[str]:
-    """"env<TAB>entry" for every train entry of every environment (held-out entries never appear)."""
-    return [f"{name}\t{e}" for name, env in envs.items() for e in env.entries("train")]
-
-
-def band_decision(outcomes: list[float], low: float, high: float) -> tuple[float, str | None]:
-    """(self-consistency, retirement reason or None to keep the task active)."""
-    p = self_consistency(outcomes)
-    if p < low or p > high:
-        wins = sum(o >= 0.5 for o in outcomes)
-        return p, ("too easy: the group agrees it succeeds" if wins * 2 > len(outcomes)
-                   else "too hard: the group agrees it fails") + f" (consistency {p:.2f})"
-    return p, None
 
 
 class Questioner(EventActor):
@@ -79,7 +55,7 @@ class Questioner(EventActor):
         self.state_file = s.state / "actors" / "questioner.json"
         st = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
         self._init_pools(st)
-        self.synth: dict[str, dict] = st.get("synth", {})  # task_id -> record
+        self.book = TaskBook(st.get("synth"))
         self.sigs: set[str] = set(st.get("sigs", []))
         self.visits = Counter(st.get("visits", {}))
         self.mix = st.get("mix", {"env": 0, "synthetic": 0})
@@ -94,17 +70,14 @@ class Questioner(EventActor):
 
     def _init_pools(self, st: dict) -> None:
         """Per-environment train pools, cursors and the ladder (from the persisted state `st`)."""
-        self.pools = {name: sorted(env.entries("train")) for name, env in self.envs.items()}
-        self.pools = {name: pool for name, pool in self.pools.items() if pool}
-        self.cursors: dict[str, dict] = st.get("cursors", {})  # env -> {"round", "pos"}
-        self.turn = st.get("turn", 0)
-        self.levels = {name: sorted({env.level_of(e) for e in self.pools[name]}) if hasattr(env, "level_of") else [0]
-                       for name, env in self.envs.items() if name in self.pools}
+        self.data = DatasetPools(self.envs, st)
+        self.levels = self.data.levels
         self.ladder = Ladder(mastery=self.settings.questioner.band_high, state=st.get("ladder"))
 
     def _load_models(self) -> None:
         from policies.embedder import Embedder
-        from policies.synthesis import TaskIndex, make_generator
+        from policies.synthesis import TaskIndex
+        from policies.task_generators import make_generator
 
         s = self.settings
         self._embedder = Embedder(s.embedding.source, s.embedding.dtype)
@@ -125,12 +98,9 @@ class Questioner(EventActor):
     handle_weights_rolled_back = handle_weights_promoted
 
     def _save(self) -> None:
-        done = [t for t, r in self.synth.items() if r["status"] in ("rejected", "retired")]
-        for t in done[: max(0, len(done) - 500)]:  # the stream keeps the history; the file keeps recent ones
-            del self.synth[t]
         atomic_write_bytes(self.state_file, json.dumps({
-            "cursors": self.cursors, "turn": self.turn, "ladder": self.ladder.state(), "synth": self.synth, "sigs": sorted(self.sigs), "visits": dict(self.visits),
-            "mix": self.mix}).encode())
+            **self.data.state(), "ladder": self.ladder.state(), "synth": self.book.dump(),
+            "sigs": sorted(self.sigs), "visits": dict(self.visits), "mix": self.mix}).encode())
 
     # ------------------------------------------------------------------ inputs
     async def handle_interaction(self, ev: Interaction, msg):
@@ -141,22 +111,20 @@ class Questioner(EventActor):
     async def handle_judgement(self, j: Judgement, msg):
         if j.source == "rollout" and j.origin == "env":
             self._climb(j)
-        rec = self.synth.get(j.task_id)
-        if j.origin != "synthetic" or rec is None or rec["status"] != "active":
+        rec = self.book.get(j.task_id)
+        if j.origin != "synthetic" or rec is None or rec.status != T.ACTIVE:
             return
         # synthetic tasks climb too: rung n = references of n + 1 calls (one explicit call first)
-        self.ladder.record(SYNTHETIC, len(rec["reference"]) - 1, [s.outcome for s in j.samples if not s.off_policy])
+        self.ladder.record(SYNTHETIC, len(rec.reference) - 1, [s.outcome for s in j.samples if not s.off_policy])
         p, reason = band_decision([s.outcome for s in j.samples if not s.off_policy], self.settings.questioner.band_low,
                                   self.settings.questioner.band_high)
-        rec["consistency"] = p
-        rec["judged"] = rec.get("judged", 0) + 1
-        if reason is None and rec["issued"] >= self.settings.questioner.max_issues:
-            reason = f"issued {rec['issued']} times while in band (consistency {p:.2f}); done"
+        rec.consistency, rec.judged = p, rec.judged + 1
+        if reason is None and rec.issued >= self.settings.questioner.max_issues:
+            reason = f"issued {rec.issued} times while in band (consistency {p:.2f}); done"
         if reason is None:
-            rec["due"] = True  # in the band: issue it again
+            rec.due = True  # in the band: issue it again
         else:
-            rec["status"] = "retired"
-            await self._status(j.task_id, rec, "retired", reason)
+            await self._status(rec, T.RETIRED, reason)
         self._save()
 
     def _climb(self, j: Judgement) -> None:
@@ -171,14 +139,9 @@ class Questioner(EventActor):
         self._save()
 
     # ------------------------------------------------------------------ outputs
-    async def _status(self, task_id: str, rec: dict, status: str, reason: str) -> None:
-        ev = TaskStatus(event_id=status_event_id(task_id, status, rec.get("issued", 0) if status == "active" else 0),
-                        task_id=task_id, status=status, reason=reason, env=rec["env"], query=rec["query"],
-                        reference=rec["reference"], base_entry_id=rec["base"], consistency=rec.get("consistency"),
-                        synthesizer=rec.get("synthesizer", ""),
-                        exploration=rec.get("exploration", []) if status == "proposed" else [])
-        await self.bus.publish(ev, weights_version=self.weights_version)
-        self.log.info("task.status", task_id=task_id, status=status, reason=reason[:200])
+    async def _status(self, rec: SyntheticTask, new: T, reason: str) -> None:
+        await self.bus.publish(self.book.move(rec, new, reason), weights_version=self.weights_version)
+        self.log.info("task.status", task_id=rec.task_id, status=str(new), reason=reason[:200])
 
     async def backlog(self) -> int:
         try:
@@ -188,26 +151,7 @@ class Questioner(EventActor):
         return int(info.num_pending) + int(info.num_ack_pending)
 
     def next_entry(self) -> tuple[str, int]:
-        """("env<TAB>entry", round): environments take turns (`questioner.env_weights` each); a laddered one
-        skips entries off its rung."""
-        turns = schedule(list(self.pools), self.settings.questioner.env_weights)
-        name = turns[self.turn % len(turns)]
-        self.turn += 1
-        env, pool = self.envs[name], self.pools[name]
-        rung = self.ladder.rung(name, self.levels[name])
-        cur = self.cursors.get(name, {"round": 0, "pos": 0})
-        r, p = cur["round"], cur["pos"]
-        order = ordered_pool(pool, r)
-        for _ in range(2 * len(pool)):  # at most two passes: every rung has entries
-            if p >= len(pool):
-                r, p = r + 1, 0
-                order = ordered_pool(pool, r)
-            entry = order[p]
-            p += 1
-            if not hasattr(env, "level_of") or env.level_of(entry) == rung:
-                break
-        self.cursors[name] = {"round": r, "pos": p}
-        return f"{name}\t{entry}", r
+        return self.data.next_entry(self.ladder, self.settings.questioner.env_weights)
 
     def _want_synthetic(self) -> bool:
         share = self.settings.questioner.synthetic_share
@@ -220,8 +164,7 @@ class Questioner(EventActor):
         if not self.pool or await self.backlog() >= self.settings.rollout.max_tasks_in_flight:
             return
         if self._want_synthetic():
-            task_id = next((t for t, r in self.synth.items() if r["status"] == "verified"
-                            or (r["status"] == "active" and r.get("due"))), None)
+            task_id = self.book.next_due()
             if task_id is None:
                 task_id = await self.synthesize()
             if task_id is not None:
@@ -242,20 +185,18 @@ class Questioner(EventActor):
         self.log.info("task.proposed", task_id=event.task_id, event_id=event.event_id)
 
     async def issue_synthetic(self, task_id: str) -> None:
-        rec = self.synth[task_id]
-        rec["issued"] = rec.get("issued", 0) + 1
-        rec["due"] = False
-        if rec["status"] == "verified":
-            rec["status"] = "active"
-            await self._status(task_id, rec, "active", "issued to the explorer")
-        event = Task(event_id=task_event_id(task_id, rec["issued"]), task_id=task_id, env=rec["env"],
-                     entry_id=rec["entry"], split="train", origin="synthetic", query=rec["query"],
-                     reference=rec["reference"], base_entry_id=rec["base"])
+        rec = self.book.get(task_id)
+        rec.issued, rec.due = rec.issued + 1, False
+        if rec.status == T.VERIFIED:
+            await self._status(rec, T.ACTIVE, "issued to the explorer")
+        event = Task(event_id=task_event_id(task_id, rec.issued), task_id=task_id, env=rec.env, entry_id=rec.entry,
+                     split="train", origin="synthetic", query=rec.query, reference=rec.reference,
+                     base_entry_id=rec.base)
         await self.bus.publish(event, weights_version=self.weights_version)
         self.mix["synthetic"] += 1
         self._save()
         self.proposed += 1
-        self.log.info("task.issued", task_id=task_id, issue=rec["issued"])
+        self.log.info("task.issued", task_id=task_id, issue=rec.issued)
 
     # ------------------------------------------------------------------ synthesis
     def _entry_vectors(self, env_name: str):
@@ -302,19 +243,19 @@ class Questioner(EventActor):
         query = syn.normalise(query)
         sig = syn.signature(env_name, base, exp.reference)
         entry = syn.task_entry_id(sig)
-        rec = {"env": env_name, "entry": entry, "base": base, "query": query, "reference": exp.reference,
-               "synthesizer": synthesizer, "issued": 0, "task_id": f"syn:{entry}", "sig": sig, "exploration": trace}
+        rec = SyntheticTask(task_id=f"syn:{entry}", env=env_name, entry=entry, base=base, query=query,
+                            reference=exp.reference, synthesizer=synthesizer, sig=sig, exploration=trace)
         if sig in self.sigs:  # the very same task again: nothing new to propose
-            return {**rec, "outcome": "empty"}
+            return {"outcome": "empty", "base": base}
         vec = self._embedder.embed([query])[0]
         near = self._index.nearest(vec)
         if near and near[1] >= q.dedup_threshold:
-            return {**rec, "outcome": "rejected", "reason": f"duplicate of {near[0]} (cosine {near[1]:.3f})"}
+            return {"task": rec, "outcome": "rejected", "reason": f"duplicate of {near[0]} (cosine {near[1]:.3f})"}
         ok, why = syn.verify(env, entry, {"base_entry_id": base, "query": query, "reference": exp.reference})
         if not ok:
-            return {**rec, "outcome": "rejected", "reason": why}
-        self._index.add(rec["task_id"], vec, query)
-        return {**rec, "outcome": "verified", "reason": why}
+            return {"task": rec, "outcome": "rejected", "reason": why}
+        self._index.add(rec.task_id, vec, query)
+        return {"task": rec, "outcome": "verified", "reason": why}
 
     def _record(self, env_name: str, base: str, trace: list[str]) -> None:
         """Every exploration is kept (JSON lines in the state dir; the file rolls over at 20 MB)."""
@@ -335,26 +276,17 @@ class Questioner(EventActor):
         if rec is None or rec["outcome"] == "empty":
             self.log.info("synthesis.nothing_new", base=rec and rec.get("base"))
             return None
-        outcome, reason = rec.pop("outcome"), rec.pop("reason")
-        task_id = rec["task_id"]
-        rec["status"] = "proposed"
-        await self._status(task_id, rec, "proposed", f"written by {rec['synthesizer']} from exploring {rec['base']}")
-        self.sigs.add(rec["sig"])
-        if outcome == "rejected":
-            rec["status"] = "rejected"
-            await self._status(task_id, rec, "rejected", reason)
-            self.synth[task_id] = rec
-            self._save()
-            return None
-        rec["status"] = "verified"
-        await self._status(task_id, rec, "verified", reason)
-        self.synth[task_id] = rec
+        task: SyntheticTask = rec["task"]
+        await self._status(task, T.PROPOSED, f"written by {task.synthesizer} from exploring {task.base}")
+        self.sigs.add(task.sig)
+        verified = rec["outcome"] == "verified"
+        await self._status(task, T.VERIFIED if verified else T.REJECTED, rec["reason"])
         self._save()
-        return task_id
+        return task.task_id if verified else None
 
     def health(self) -> dict:
-        counts = Counter(r["status"] for r in getattr(self, "synth", {}).values())
+        counts = self.book.counts() if hasattr(self, "book") else {}
         ladder = self.ladder.summary({**self.levels, SYNTHETIC: list(range(self.settings.questioner.max_reference_calls))}
                                      ) if hasattr(self, "ladder") else {}
-        return {**super().health(), "proposed": self.proposed, "cursors": getattr(self, "cursors", None), "ladder": ladder,
+        return {**super().health(), "proposed": self.proposed, "cursors": self.data.cursors if hasattr(self, "data") else None, "ladder": ladder,
                 "synthetic": dict(counts), "mix": getattr(self, "mix", None)}

@@ -137,19 +137,3 @@ def get_actor(name: str):
     import ray
 
     return ray.get_actor(f"kaizen-{name}", namespace=NAMESPACE)
-
-
-def loopback_replica_grpc() -> None:
-    """Ray Serve 2.60 starts each replica's inter-deployment gRPC server on "[::]:0", every interface, once
-    the deployment's __init__ has run. Everything of ours listens on loopback: bind it to 127.0.0.1 (the
-    replica and its callers are on this node)."""
-    import ray.serve._private.replica as replica
-
-    bind = replica.add_port_to_grpc_server
-    if getattr(bind, "loopback", False):
-        return
-
-    def loopback(server, address: str):
-        return bind(server, address.replace("[::]", "127.0.0.1", 1))
-    loopback.loopback = True
-    replica.add_port_to_grpc_server = loopback

@@ -11,6 +11,8 @@ Environments without levels are a single rung.
 """
 from __future__ import annotations
 
+import random
+
 
 class Ladder:
     def __init__(self, window: int = 8, min_groups: int = 4, mastery: float = 0.8, state: dict | None = None):
@@ -69,3 +71,52 @@ def schedule(names: list[str], weights: dict[str, int]) -> list[str]:
         cur[pick] -= sum(w.values())
         out.append(pick)
     return out
+
+
+def ordered_pool(entries: list[str], round_: int, seed: int = 0) -> list[str]:
+    pool = sorted(entries)
+    random.Random(f"{seed}:{round_}").shuffle(pool)
+    return pool
+
+
+def train_pool(envs: dict) -> list[str]:
+    """"env<TAB>entry" for every train entry of every environment (held-out entries never appear)."""
+    return [f"{name}\t{e}" for name, env in envs.items() for e in env.entries("train")]
+
+
+class DatasetPools:
+    """Dataset tasks: per environment, its train pool in a fixed shuffled order per round, with a persisted
+    cursor; environments take turns by weight (`schedule`), and a laddered one skips entries off its rung."""
+
+    def __init__(self, envs: dict, st: dict):
+        self.envs = envs
+        self.pools = {name: sorted(env.entries("train")) for name, env in envs.items()}
+        self.pools = {name: pool for name, pool in self.pools.items() if pool}
+        self.cursors: dict[str, dict] = st.get("cursors", {})  # env -> {"round", "pos"}
+        self.turn = st.get("turn", 0)
+        self.levels = {name: sorted({env.level_of(e) for e in self.pools[name]}) if hasattr(env, "level_of") else [0]
+                       for name, env in envs.items() if name in self.pools}
+
+    def state(self) -> dict:
+        return {"cursors": self.cursors, "turn": self.turn}
+
+    def next_entry(self, ladder: Ladder, env_weights: dict[str, int]) -> tuple[str, int]:
+        """("env<TAB>entry", round) of the next dataset task."""
+        turns = schedule(list(self.pools), env_weights)
+        name = turns[self.turn % len(turns)]
+        self.turn += 1
+        env, pool = self.envs[name], self.pools[name]
+        rung = ladder.rung(name, self.levels[name])
+        cur = self.cursors.get(name, {"round": 0, "pos": 0})
+        r, p = cur["round"], cur["pos"]
+        order = ordered_pool(pool, r)
+        for _ in range(2 * len(pool)):  # at most two passes: every rung has entries
+            if p >= len(pool):
+                r, p = r + 1, 0
+                order = ordered_pool(pool, r)
+            entry = order[p]
+            p += 1
+            if not hasattr(env, "level_of") or env.level_of(entry) == rung:
+                break
+        self.cursors[name] = {"round": r, "pos": p}
+        return f"{name}\t{entry}", r

@@ -22,10 +22,15 @@ few unlucky ratings do not roll back a good version, while a broken one (all neg
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 from policies.chat import assistant_text, render
+from policies.model_store import atomic_write_bytes
 
 Z_95 = 1.645
 
@@ -146,3 +151,36 @@ def watch_verdict(live: list[float], previous: list[float], *, window: int, marg
         return False, ""
     d = significant_drop(live[-window:], previous[-window:], margin)
     return d.worse, f"live feedback dropped: {d.reason}" if d.worse else d.reason
+
+
+class GateScores:
+    """Each version's gate scores, cached on disk per version (the live version's never change, so a gate
+    evaluates only the candidate). Cached scores hold only for the same suite: entries, reference actions
+    and decoding settings."""
+
+    def __init__(self, path: Path, envs: dict, heldout: dict[str, list[str]], pairs, *, max_new_tokens: int,
+                 call_prefix: bool):
+        self.path, self.envs, self.heldout, self.pairs = Path(path), envs, heldout, pairs
+        self.opts = {"max_new_tokens": max_new_tokens, "call_prefix": call_prefix}
+        self.suite = hashlib.sha256(json.dumps([heldout, pairs, max_new_tokens, call_prefix]).encode()).hexdigest()[:16]
+        cached = json.loads(self.path.read_text()) if self.path.exists() else {}
+        fresh = cached.get("_suite") == self.suite
+        self.scores: dict[str, dict] = {v: x for v, x in cached.items() if isinstance(x, dict) and fresh}
+
+    def score(self, engine, version: str, weights: Callable[[], str], success: bool = True) -> dict:
+        """The version's scores (loading `weights()` into `engine` when something is missing); `success=False`
+        computes only the likelihood part (seconds)."""
+        sc = self.scores.setdefault(version, {})
+        need_nll, need_success = bool(self.pairs) and "nll" not in sc, success and "success" not in sc
+        if need_nll or need_success:
+            if engine.version != version:
+                engine.load_weights(weights(), version)
+            if need_nll:
+                sc["nll"] = reference_nll(engine, self.pairs)
+            if need_success:
+                sc.update(heldout_success(engine, self.envs, self.heldout, **self.opts))
+            atomic_write_bytes(self.path, json.dumps({**self.scores, "_suite": self.suite}).encode())
+        return sc
+
+    def recent(self, n: int = 5) -> dict:
+        return {v: {k: round(x, 3) for k, x in s.items()} for v, s in list(self.scores.items())[-n:]}

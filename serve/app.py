@@ -4,19 +4,13 @@ Routes (DESIGN.md "HTTP"): POST /v1/chat/completions (tools, stream), GET /v1/mo
 POST /v1/feedback, GET /healthz, GET /readyz. Every /v1 route needs `Authorization: Bearer <key>`.
 Bodies are size-checked and validated before the model runs; bad input is a 4xx with a message.
 
-Each replica retrieves experiences from the navigator for the live request (the fast loop),
-publishes `evo.interaction` (and `evo.feedback`), and follows the LIVE pointer the broadcaster
-writes: a new live version is copied into the engine in place between requests (the engine lock),
-and during a canary a second engine holds the candidate and answers `canary_share` of the requests
-(chosen by a hash of the interaction id); when the canary goes live the two engines swap roles, so
-nothing is loaded and no request waits. Every interaction records the version that answered it,
-and the replica reports what it serves (`evo.weights_swapped`: on start, and after each change).
-On start it loads the live version (and the canary) before it takes traffic.
+Each replica retrieves experiences from the navigator for the live request (the fast loop) and
+writes `evo.interaction` (and `evo.feedback`) through a durable outbox. Its weights follow the LIVE
+pointer (`serve/weights.py`); every interaction records the version that answered it. The OpenAI
+wire format is `serve/wire.py`, the network edge (auth, body checks, loopback) `serve/net.py`.
 """
 import asyncio
 import functools
-import hashlib
-import hmac
 import json
 import os
 import socket
@@ -31,18 +25,17 @@ from ray import serve
 
 from actors import events
 from actors.bus import Bus
-from actors.events import (ChatMessage, Feedback, Interaction, RetrieveReply, RetrieveRequest,
-                           WeightsSwapped)
+from actors.events import ChatMessage, Feedback, RetrieveReply, RetrieveRequest, WeightsSwapped
 from config import telemetry
 from config.settings import Settings
-from deploy.ray_local import loopback_replica_grpc
-from policies.chat import CALL_PREFIX, call_opening, parse_forced, render
+from policies.chat import CALL_PREFIX, call_opening, render
 from policies.live_policy import LivePolicy
-from serve.interactions import InteractionLog
+from serve.interactions import InteractionLog, Turn
+from serve.net import authorized, loopback_replica_grpc, read_body
 from serve.outbox import Outbox
-from serve.schemas import ChatRequest, FeedbackRequest
+from serve.schemas import FeedbackRequest
 from serve.weights import ReplicaWeights
-from serve.wire import MAX_DEPTH, BadRequest, check_json, completion, error, parse_chat, pretty
+from serve.wire import BadRequest, completion, error, parse_chat, pretty
 
 app = FastAPI(title="Kaizen", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -115,32 +108,8 @@ class KaizenServer:
     def engine(self):
         return self.weights.engine
 
-    @property
-    def engines(self):
-        return self.weights.engines
-
-    def _authorized(self, request: Request) -> bool:
-        h = request.headers.get("authorization", "")
-        return h.startswith("Bearer ") and hmac.compare_digest(h[7:].strip().encode(), self.key.encode())
-
     async def _body(self, request: Request):
-        if not self._authorized(request):
-            return None, error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error")
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.s.serve.max_body_bytes:
-            return None, error(413, f"request body larger than {self.s.serve.max_body_bytes} bytes")
-        raw = await request.body()
-        if len(raw) > self.s.serve.max_body_bytes:
-            return None, error(413, f"request body larger than {self.s.serve.max_body_bytes} bytes")
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return None, error(400, f"body is not valid JSON: {exc}")
-        except RecursionError:
-            return None, error(400, f"body is nested deeper than {MAX_DEPTH} levels")
-        if problem := check_json(body):
-            return None, error(400, problem)
-        return body, None
+        return await read_body(request, self.key, self.s.serve.max_body_bytes)
 
     async def _retrieve(self, query: str) -> RetrieveReply:
         if self.bus is not None and not self.bus.connected:  # down: answer without memory, at once
@@ -171,16 +140,16 @@ class KaizenServer:
         return {"status": "ready" if bus == "connected" else "degraded", "bus": bus,
                 "outbox": await asyncio.to_thread(self.outbox.size),
                 "weights_version": self.engine.version, "replica": self.replica,
-                "canary": self.engines.canary.version if self.engines.canary else None,
-                "canary_share": self.engines.share}
+                "canary": self.weights.engines.canary.version if self.weights.engines.canary else None,
+                "canary_share": self.weights.engines.share}
 
     @app.get("/v1/models")
     async def models(self, request: Request):
-        if not self._authorized(request):
+        if not authorized(request, self.key):
             return error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error")
         return {"object": "list", "data": [{"id": self.s.model.name, "object": "model", "owned_by": "kaizen",
                                             "created": 0, "weights_version": self.engine.version,
-                                            "canary_version": self.engines.canary.version if self.engines.canary
+                                            "canary_version": self.weights.engines.canary.version if self.weights.engines.canary
                                             else None,
                                             "replica": self.replica}]}
 
@@ -224,7 +193,7 @@ class KaizenServer:
             return exc.response()
         query = next((m.content for m in reversed(messages) if m.role == "user"), "")
         iid = f"chatcmpl-{uuid.uuid4().hex}"
-        engine = self.engines.pick(iid)  # this request is answered by one engine from start to end
+        engine = self.weights.engines.pick(iid)  # this request is answered by one engine from start to end
         with self.tracer.start_as_current_span("serve.chat") as span:
             mem = await self._retrieve(query) if req.memory else RetrieveReply()
             exps = [e.text for e in mem.experiences]
@@ -241,30 +210,28 @@ class KaizenServer:
             span.set_attribute("kaizen.interaction_id", iid)
             trace_id = telemetry.current_trace_id()
             trace_headers = telemetry.inject_headers({})
-            ctx = dict(req=req, messages=messages, tools=tools, exps=mem, prompt=prompt, forced=forced, max_new=max_new,
-                       iid=iid, trace_id=trace_id, trace_headers=trace_headers, request=request, t0=time.perf_counter(),
-                       engine=engine)
+            turn = Turn(req=req, messages=messages, tools=tools, memory=mem, prompt=prompt, forced=forced,
+                        max_new=max_new, iid=iid, trace_id=trace_id, trace_headers=trace_headers, engine=engine)
             if req.stream:
-                return StreamingResponse(self._stream(ctx), media_type="text/event-stream")
+                return StreamingResponse(self._stream(turn), media_type="text/event-stream")
             gen = (await self._in_pool(engine.generate, [prompt], max_new, req.temperature, req.top_p))[0]
             version = gen.version or engine.version
-            answer = (parse_forced(forced, gen.text) if tools
-                      else ChatMessage(role="assistant", content=gen.text.strip()))
-            await self._record(ctx, answer, version, gen.straddled)
+            answer = turn.answer(gen.text)
+            await self._record(turn, answer, version, gen.straddled)
             return completion(iid, self.s.model.name, version, answer, gen, n_prompt)
 
-    async def _stream(self, ctx):
+    async def _stream(self, turn: Turn):
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
-        req, iid, name = ctx["req"], ctx["iid"], self.s.model.name
-        plain = not ctx["tools"]  # with tools the text is parsed whole, then sent as one delta
+        req, iid, name = turn.req, turn.iid, self.s.model.name
+        plain = not turn.tools  # with tools the text is parsed whole, then sent as one delta
 
         def on_text(piece: str):
             if plain:
                 loop.call_soon_threadsafe(q.put_nowait, piece)
 
-        engine = ctx["engine"]
-        task = asyncio.create_task(self._in_pool(engine.generate, [ctx["prompt"]], ctx["max_new"],
+        engine = turn.engine
+        task = asyncio.create_task(self._in_pool(engine.generate, [turn.prompt], turn.max_new,
                                                      req.temperature, req.top_p, on_text))
         version = engine.version  # the fingerprint of the first chunk; the record uses what really answered
         created = int(time.time())
@@ -283,8 +250,7 @@ class KaizenServer:
                 continue
         gen = task.result()[0]
         version = gen.version or version
-        answer = (parse_forced(ctx["forced"], gen.text) if not plain
-                  else ChatMessage(role="assistant", content=gen.text.strip()))
+        answer = turn.answer(gen.text)
         if not plain:
             delta = {"content": answer.content or None}
             if answer.tool_calls:
@@ -295,23 +261,16 @@ class KaizenServer:
         finish = "tool_calls" if answer.tool_calls else ("length" if gen.finish_reason == "length" else "stop")
         yield chunk({}, finish)
         yield "data: [DONE]\n\n"
-        await self._record(ctx, answer, version, gen.straddled)
+        await self._record(turn, answer, version, gen.straddled)
 
-    async def _record(self, ctx, answer: ChatMessage, version: str, straddled: bool = False) -> None:
-        req: ChatRequest = ctx["req"]
-        user = (req.user or "") + "|" + hashlib.sha256(self.key.encode()).hexdigest()[:8]
-        ev = Interaction(interaction_id=ctx["iid"], user_hash=hashlib.sha256(user.encode()).hexdigest()[:16],
-                         messages=ctx["messages"], tools=ctx["tools"], response=answer,
-                         experience_ids=[e.experience_id for e in ctx["exps"].experiences],
-                         latency_ms=(time.perf_counter() - ctx["t0"]) * 1000, replica=self.replica,
-                         trace_id=ctx["trace_id"], trace_context=ctx["trace_headers"], mixed_weights=straddled)
-        ev.weights_version, ev.producer = version, f"serve:{self.replica}"
+    async def _record(self, turn: Turn, answer: ChatMessage, version: str, straddled: bool = False) -> None:
+        ev = turn.interaction(answer, version, straddled, self.replica, self.key)
         await asyncio.to_thread(self.interactions.put, ev)
         self.served += 1
         try:
-            await asyncio.to_thread(self.outbox.put, ev, ctx["trace_headers"])  # published by the drainer
+            await asyncio.to_thread(self.outbox.put, ev, turn.trace_headers)  # published by the drainer
         except Exception:  # the user got the answer; the record stays in the interaction log
-            self.log.exception("interaction.not_queued", interaction_id=ctx["iid"])
+            self.log.exception("interaction.not_queued", interaction_id=turn.iid)
 
 
 def build_app(settings: Settings, api_key: str):

@@ -1,11 +1,46 @@
-"""The interactions a deployment served, by id (feedback looks them up): sqlite in the state dir."""
+"""One chat request on its way through a replica (`Turn`), and the interactions a deployment served, by id
+(feedback looks them up): sqlite in the state dir."""
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass, field
 
-from actors.events import Interaction
+from actors.events import ChatMessage, Interaction, RetrieveReply, ToolSpec
+from policies.chat import parse_forced
+from serve.schemas import ChatRequest
+
+
+@dataclass
+class Turn:
+    req: ChatRequest
+    messages: list[ChatMessage]
+    tools: list[ToolSpec]
+    memory: RetrieveReply
+    prompt: str
+    forced: str = ""
+    max_new: int = 0
+    iid: str = ""
+    trace_id: str | None = None
+    trace_headers: dict = field(default_factory=dict)
+    engine: object = None  # this request is answered by one engine from start to end
+    t0: float = field(default_factory=time.perf_counter)
+
+    def answer(self, text: str) -> ChatMessage:
+        """The assistant message: with tools, the whole text parsed (a forced call keeps its name)."""
+        return parse_forced(self.forced, text) if self.tools else ChatMessage(role="assistant", content=text.strip())
+
+    def interaction(self, answer: ChatMessage, version: str, straddled: bool, replica: str, key: str) -> Interaction:
+        user = (self.req.user or "") + "|" + hashlib.sha256(key.encode()).hexdigest()[:8]
+        ev = Interaction(interaction_id=self.iid, user_hash=hashlib.sha256(user.encode()).hexdigest()[:16],
+                         messages=self.messages, tools=self.tools, response=answer,
+                         experience_ids=[e.experience_id for e in self.memory.experiences],
+                         latency_ms=(time.perf_counter() - self.t0) * 1000, replica=replica, trace_id=self.trace_id,
+                         trace_context=self.trace_headers, mixed_weights=straddled)
+        ev.weights_version, ev.producer = version, f"serve:{replica}"
+        return ev
 
 
 class InteractionLog:

@@ -4,7 +4,8 @@ import uuid
 
 import pytest
 
-from actors.bus import HOLD, Bus, EventActor, Poison, Transient
+from actors.actor import HOLD, EventActor
+from actors.bus import Bus, Poison, Transient
 from actors.events import DeadLetter, Task, parse_event
 from deploy.nats import EmbeddedNats
 

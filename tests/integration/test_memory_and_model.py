@@ -4,7 +4,7 @@ import json
 import pytest
 
 from actors.events import ChatMessage, Judgement, Sample, ToolCall
-from actors.navigator import distil
+from policies.experience import distil
 from policies.memory_pool import MemoryPool
 from policies.embedder import Embedder
 

@@ -160,7 +160,7 @@ async def test_snapshot_keeps_memory_that_retention_dropped_from_the_stream(nav_
 
 
 def test_guided_helped_and_utility():
-    from actors.navigator import guided_helped, utility
+    from policies.experience import guided_helped, utility
 
     j = _judgement("q")
     j.samples = [j.samples[0].model_copy(update={"guided": True, "experience_ids": ["e1"]}), j.samples[0]]

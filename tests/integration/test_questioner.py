@@ -53,7 +53,7 @@ async def test_synthetic_task_lifecycle(settings, nats_server):
         q._pick_base = lambda env_name: fs[0]
         q._gen = Scripted("Please create a directory named reports for me.")
         task_id = await q.synthesize()
-        assert task_id and q.synth[task_id]["status"] == "verified"
+        assert task_id and q.book.get(task_id).status == "verified"
         await q.issue_synthetic(task_id)
         # the same request from another start state is a semantic duplicate
         q._pick_base = lambda env_name: fs[1]
@@ -66,10 +66,10 @@ async def test_synthetic_task_lifecycle(settings, nats_server):
                              step_labels=[[] for _ in outcomes], origin="synthetic")
 
         await q.handle_judgement(judged([1.0, 0.0, 1.0, 0.0]), None)  # consistency 0.5: in band
-        assert q.synth[task_id]["status"] == "active" and q.synth[task_id]["due"]
+        assert q.book.get(task_id).status == "active" and q.book.get(task_id).due
         await q.issue_synthetic(task_id)
         await q.handle_judgement(judged([1.0, 1.0, 1.0, 1.0]), None)  # too easy now
-        assert q.synth[task_id]["status"] == "retired"
+        assert q.book.get(task_id).status == "retired"
 
         evs = await _events(bus, ["task_status", "task"])
         st = [(e.task_id, e.status) for e in evs if isinstance(e, TaskStatus)]

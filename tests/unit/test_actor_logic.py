@@ -1,8 +1,9 @@
 """Pure pieces of the actors, without Ray or NATS."""
 from actors.attributor import score_rollout
 from actors.events import ChatMessage, Judgement, Sample
-from actors.navigator import distil
-from actors.questioner import ordered_pool, task_event_id
+from policies.experience import distil
+from actors.questioner import task_event_id
+from policies.curriculum import ordered_pool
 
 
 def _sample(outcome, signals, calls=()):
@@ -37,7 +38,7 @@ def test_a_live_answer_made_across_a_weights_swap_is_never_trained_on(tmp_path):
     import asyncio
     from types import SimpleNamespace
 
-    from actors.bus import HOLD
+    from actors.actor import HOLD
     from actors.events import MIXED_WEIGHTS, Judgement, Sample
     from actors.learner import Learner
     from config.settings import load_settings

@@ -6,7 +6,8 @@ import pytest
 from actors.bus import Poison
 from actors.events import Task
 from actors.explorer import Explorer
-from actors.questioner import train_pool
+from policies.curriculum import train_pool
+from policies.task_book import TaskBook
 from config.settings import load_settings
 from envs.registry import make_envs
 
@@ -47,13 +48,14 @@ def _questioner(envs, tmp_path):
     q = Questioner(s, bus=object())
     q.envs = envs
     q._init_pools({})
+    q.book = TaskBook()
     return q
 
 
 def test_questioner_alternates_envs_and_climbs_the_code_ladder(envs, tmp_path):
     from actors.events import Judgement, Sample
     q = _questioner(envs, tmp_path)
-    q._save, q.synth, q.proposed = (lambda: None), {}, 0
+    q._save, q.book, q.proposed = (lambda: None), TaskBook(), 0
     code, train = envs["code"], {n: set(e.entries("train")) for n, e in envs.items()}
     picks = [q.next_entry()[0].split("\t") for _ in range(8)]
     assert [n for n, _ in picks] == ["code", "bfcl", "code", "code"] * 2  # the preset's env_weights {code: 3, bfcl: 1}
@@ -82,7 +84,8 @@ def test_synthetic_tasks_start_with_one_call_and_climb(envs, tmp_path):
     q._status = status  # retiring a too-easy task publishes its status; no bus here
     assert q.ladder.rung(SYNTHETIC, [0, 1]) == 0  # one explicit call first
     for i in range(4):
-        q.synth = {f"t{i}": {"status": "active", "reference": ["ls()"], "issued": 1}}
+        q.book = TaskBook({f"t{i}": {"task_id": f"t{i}", "env": "bfcl", "entry": "e", "base": "b", "query": "q",
+                                     "status": "active", "reference": ["ls()"], "issued": 1}})
         smp = [Sample(sample_id=str(k), messages=[], outcome=1.0) for k in range(4)]
         asyncio.run(q.handle_judgement(Judgement(group_id=str(i), source="rollout", task_id=f"t{i}", origin="synthetic",
                                                  samples=smp, outcomes=[1.0] * 4, step_labels=[[]] * 4), None))

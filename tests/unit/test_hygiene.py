@@ -1,7 +1,7 @@
 import pytest
 
 from actors.events import ChatMessage, Judgement, Sample
-from actors.navigator import distil
+from policies.experience import distil
 from policies.hygiene import looks_like_injection, scrub
 
 

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from actors.events import ChatMessage, ToolCall
-from actors.questioner import band_decision
+from policies.task_book import band_decision
 from envs.bfcl import BfclEnvironment
 from policies import synthesis as syn
 

@@ -1,0 +1,185 @@
+"""The loop every actor runs: `run()` -> `_loop()` -> `_once()` -> `handle_<kind>()`.
+
+Acks are the error policy: ack on success, nak(delay) on `Transient`, term + `dead_letter` on
+`Poison` or after `max_deliver` attempts. Handlers are idempotent by `event_id`: applied ids are
+kept in a small sqlite file per actor in the state dir. A handler returns `HOLD` when it acks the
+message itself later (the learner); `heartbeat` keeps long-held messages from being redelivered.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+from opentelemetry import trace
+from pydantic import ValidationError
+
+from actors import events
+from actors.bus import Bus, Poison, Transient
+from actors.events import parse_event
+from config import telemetry
+
+HOLD = object()  # a handler returns HOLD when it acks the message itself later (e.g. the learner)
+
+
+class AppliedIds:
+    """Event ids an actor has applied, durable across restarts (sqlite in the state dir)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(path), check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS applied (event_id TEXT PRIMARY KEY, at REAL)")
+        self.db.commit()
+
+    def __contains__(self, event_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM applied WHERE event_id=?", (event_id,)).fetchone() is not None
+
+    def add(self, event_id: str) -> None:
+        self.db.execute("INSERT OR IGNORE INTO applied VALUES (?, ?)", (event_id, time.time()))
+        self.db.commit()
+
+
+class EventActor:
+    """Base loop of every actor. Subclasses set `name`, `kinds`, and write `handle_<kind>()`."""
+
+    name: str = "actor"
+    kinds: tuple[str, ...] = ()
+    batch: int = 8
+    fetch_timeout_s: float = 1.0
+    nak_delay_s: float = 2.0
+
+    def __init__(self, settings, bus: Bus | None = None):
+        self.settings = settings
+        self.bus = bus
+        self.stop = asyncio.Event()
+        self.applied = AppliedIds(settings.state / "actors" / f"{self.name}.db")
+        self.log = telemetry.log(actor=self.name)
+        self.tracer = telemetry.tracer(f"kaizen.{self.name}")
+        self.weights_version = "w-000000"
+        self.handled = 0
+        self.failures = 0
+        self.last_error: str | None = None
+        self._sub = None
+
+    # -------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Connect, bind the durable consumer; subclasses extend (load models, open stores)."""
+        if self.settings.telemetry.strict_events:
+            events.strict()
+        nice = self.settings.ray.actor_nice.get(self.name, 0)
+        if nice > 0 and self.bus is None:  # only in its own process (a test's in-process actor keeps its priority)
+            os.nice(nice)
+        if self.bus is None:
+            n = self.settings.nats
+            self.bus = await Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix,
+                                 producer=self.name, dedup_window_s=n.dedup_window_s, max_age_s=n.max_age_days * 86400,
+                                 max_bytes=n.max_bytes).connect()
+        if self.kinds:
+            self._sub = await self.bus.pull(self.name, list(self.kinds), ack_wait_s=self.settings.nats.ack_wait_s,
+                                            max_deliver=self.settings.nats.max_deliver)
+
+    async def run(self) -> None:
+        await self.start()
+        self.log.info("actor.started", kinds=list(self.kinds))
+        try:
+            await self._loop()
+        finally:
+            await self.shutdown()
+
+    async def shutdown(self) -> None:
+        if self.bus:
+            await self.bus.close()
+
+    async def _loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                await self._once()
+                await self.tick()
+            except Exception as exc:  # log and survive a failed tick
+                self.failures += 1
+                self.last_error = repr(exc)[:500]
+                self.log.exception("actor.tick_failed")
+                await asyncio.sleep(1.0)
+
+    async def tick(self) -> None:
+        """Periodic work between fetches (questioner's pacing, learner's batching)."""
+
+    async def _once(self) -> None:
+        if self._sub is None:
+            await asyncio.sleep(self.fetch_timeout_s)
+            return
+        try:
+            msgs = await self._sub.fetch(self.batch, timeout=self.fetch_timeout_s)
+        except TimeoutError:
+            return
+        for msg in msgs:
+            await self._dispatch(msg)
+
+    async def _dispatch(self, msg) -> None:
+        try:
+            event = parse_event(msg.data)
+        except ValidationError as exc:
+            await self._poison(msg, f"invalid event: {exc.errors()[:3]}", None)
+            return
+        log = self.log.bind(event_id=event.event_id, kind=event.kind, weights_version=event.weights_version)
+        if event.event_id in self.applied:
+            await msg.ack()
+            return
+        handler = getattr(self, f"handle_{event.kind}", None)
+        if handler is None:
+            await msg.ack()
+            return
+        ctx = telemetry.context_from_headers(msg.headers)
+        with self.tracer.start_as_current_span(f"{self.name}.handle_{event.kind}", context=ctx,
+                                               kind=trace.SpanKind.CONSUMER) as span:
+            span.set_attribute("kaizen.event_id", event.event_id)
+            try:
+                result = await handler(event, msg)
+            except Poison as exc:
+                await self._poison(msg, str(exc), event.event_id)
+                return
+            except Exception as exc:
+                self.failures += 1
+                self.last_error = repr(exc)[:500]
+                delivered = msg.metadata.num_delivered
+                if not isinstance(exc, Transient):
+                    log.exception("handler.failed", delivered=delivered)
+                if delivered >= self.settings.nats.max_deliver:
+                    await self._poison(msg, f"failed {delivered} times: {exc!r}"[:2000], event.event_id)
+                else:
+                    await msg.nak(delay=self.nak_delay_s * delivered)
+                return
+        if result is HOLD:
+            return
+        self.applied.add(event.event_id)
+        await msg.ack_sync()
+        self.handled += 1
+
+    async def _poison(self, msg, reason: str, event_id: str | None) -> None:
+        self.log.warning("event.dead_lettered", reason=reason[:300], event_id=event_id)
+        await self.bus.dead_letter(msg, self.name, reason, event_id)
+        await msg.term()
+
+    def health(self) -> dict:
+        return {"actor": self.name, "handled": self.handled, "failures": self.failures,
+                "last_error": self.last_error, "weights_version": self.weights_version}
+
+
+@contextlib.asynccontextmanager
+async def heartbeat(msgs, every_s: float = 15.0):
+    """Keep long-held messages from being redelivered while work is in progress."""
+    async def beat():
+        while True:
+            await asyncio.sleep(every_s)
+            for m in list(msgs):
+                with contextlib.suppress(Exception):
+                    await m.in_progress()
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
