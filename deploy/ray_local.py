@@ -30,8 +30,8 @@ def ray_env() -> dict[str, str]:
             "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def ray_auth(state) -> None:
-    """Token auth on, with the token kept in the state dir (0600) instead of ~/.ray."""
+def ray_auth_env(state) -> dict[str, str]:
+    """Token auth on, with the token kept in the state dir (0600) instead of ~/.ray: the variables that say so."""
     import secrets
     from pathlib import Path
 
@@ -41,13 +41,19 @@ def ray_auth(state) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))
-    os.environ["RAY_AUTH_MODE"] = "token"
-    os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
+
+
+def process_env(state) -> dict[str, str]:
+    """What a process that starts or joins our Ray needs in its environment before the first `import ray`
+    (Ray's constants read it at import): main.py sets it, the only place that writes the environment."""
+    return {**ray_env(), **ray_auth_env(state)}
 
 
 def init_ray(settings) -> None:
-    os.environ.update(ray_env())  # before the first `import ray`: its constants read the environment
-    ray_auth(settings.state)
+    if os.environ.get("RAY_AUTH_MODE") != "token":
+        raise RuntimeError("the process environment for Ray is not set: os.environ.update(ray_local.process_env("
+                           "state)) before the first `import ray` (main.py does)")
     import ray
 
     if settings.ray.address:

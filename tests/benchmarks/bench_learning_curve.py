@@ -148,8 +148,7 @@ def main():
             stats_file.write_text(json.dumps(stats))
         stop.set()
         th.join(timeout=400)
-        sys.argv = ["main.py"]
-        import main as cli
+        from deploy import stream_view as cli
 
         s = load_settings(root / "config.yaml")
         s.state_dir = str(state)
@@ -166,8 +165,8 @@ KINDS = ["judgement", "learner_step", "weights_published", "weights_status", "we
 
 def rescore(a) -> None:
     """Read a finished run's events from its stored stream (a nats-server on its store) and score it."""
-    import main as cli
     from config.settings import load_settings
+    from deploy import stream_view as cli
     from deploy.nats import EmbeddedNats
 
     root = Path(a.from_run)
@@ -191,7 +190,7 @@ def _p50(xs: list[float]) -> float | None:
 
 
 def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
-    import main as cli
+    from deploy import reports as cli
     from envs.registry import make_envs
     from policies import lineage
     from policies.engine import make_engine

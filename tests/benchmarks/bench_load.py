@@ -266,7 +266,7 @@ def main():
         import asyncio
 
         sys.argv = ["main.py"]
-        import main as cli_mod
+        from deploy import stream_view as cli_mod
 
         events = asyncio.run(cli_mod.read_events(s, run, ["interaction", "feedback", "weights_swapped"]))
         inter = [e.interaction_id for e in events if e.kind == "interaction"]

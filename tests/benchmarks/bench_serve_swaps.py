@@ -13,6 +13,7 @@ request is attributed to its block.
 """
 import argparse
 import asyncio
+import os
 import json
 import statistics
 import tempfile
@@ -66,6 +67,7 @@ def main():
         bus = await Bus(s.nats.url, s.nats.user, s.nats.password, producer="bench").connect()
         await bus.close()
     asyncio.run(ensure_stream())
+    os.environ.update(ray_local.process_env(s.state))  # this script is its own entry point, like main.py
     ray_local.init_ray(s)
     from ray import serve
 

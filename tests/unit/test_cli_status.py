@@ -50,6 +50,6 @@ def test_down_kills_what_does_not_stop(tmp_path):
     proc.wait(10)  # reap our child (init reaps the grandchild)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "killing 2 processes" in r.stdout and took < 20
-    import main
+    from deploy.launch import pid_alive
 
-    assert not any(main.pid_alive(p) for p in tree) and not (state / "run.json").exists()
+    assert not any(pid_alive(p) for p in tree) and not (state / "run.json").exists()

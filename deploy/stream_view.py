@@ -1,0 +1,137 @@
+"""The stream as the command line shows it: `events` (a live tail, one line per event, read through the
+event models) and `read_events` (every stored event of some kinds, for `report` and the benchmarks).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from pydantic import ValidationError
+
+from actors import events as E
+from config.settings import Settings
+
+
+async def connect(s: Settings, run: dict):
+    from actors.bus import Bus
+
+    pw = (s.state / "nats.password").read_text().strip() if (s.state / "nats.password").exists() else s.nats.password
+    return await Bus(run["nats_url"], run["nats_user"], pw, stream=s.nats.stream, prefix=s.nats.subject_prefix,
+                     producer="cli").connect(ensure_stream=False, attempts=3, connect_timeout=5.0)
+
+
+def summarize(ev: E.Event) -> str:
+    """One line per event, read through its model."""
+    if isinstance(ev, E.Interaction):
+        return f"{ev.interaction_id} replica={ev.replica} experiences={len(ev.experience_ids)}"
+    if isinstance(ev, E.Feedback):
+        return f"{ev.interaction_id} score={ev.score}"
+    if isinstance(ev, E.Task):
+        return f"{ev.task_id} origin={ev.origin}" + (f" query={ev.query[:80]!r}" if ev.origin == "synthetic" else "")
+    if isinstance(ev, E.TaskStatus):
+        p = f" consistency={ev.consistency:.2f}" if ev.consistency is not None else ""
+        return f"{ev.task_id} {ev.status}{p}: {ev.reason[:100]}"
+    if isinstance(ev, E.Rollout):
+        return f"{ev.task.task_id} outcomes={[round(x.outcome, 2) for x in ev.samples]} {ev.duration_s:.0f}s"
+    if isinstance(ev, E.Judgement):
+        agree = f" agreement={ev.agreement:.2f}" if ev.agreement is not None else ""
+        return (f"{ev.task_id[:40]} origin={ev.origin} judge={ev.judge} "
+                f"outcomes={[round(x, 2) for x in ev.outcomes]}{agree}")
+    if isinstance(ev, E.Experience):
+        return f"{'success' if ev.success else 'failure'}: {ev.text[:100]}"
+    if isinstance(ev, E.LearnerStep):
+        m = ev.metrics
+        mix = " ".join(f"{o}={int(m[f'groups_{o}'])}" for o in ("env", "synthetic", "live") if m.get(f"groups_{o}"))
+        return f"step={ev.step} loss={ev.loss:.4f} reward={ev.mean_reward:.3f} samples={ev.samples} {mix}"
+    if isinstance(ev, (E.WeightsPublished, E.WeightsPromoted, E.WeightsRejected)):
+        extra = ""
+        if not isinstance(ev, E.WeightsPublished):
+            extra = f" candidate={ev.candidate_score:.3f} live={ev.live_score:.3f}"
+            if ev.candidate_nll is not None and ev.live_nll is not None:
+                extra += f" nll={ev.candidate_nll:.3f}/{ev.live_nll:.3f}"
+        if isinstance(ev, E.WeightsPromoted):
+            extra += f" stage={ev.stage}" + (f" share={ev.canary_share}" if ev.stage == "canary" else "")
+        if isinstance(ev, E.WeightsPublished) and ev.force:
+            extra += " forced"
+        return f"{ev.weights.version} sha256={ev.weights.sha256[:12]}{extra}"
+    if isinstance(ev, E.WeightsStatus):
+        return f"{ev.version} {ev.previous_status or 'new'} -> {ev.status}: {ev.reason[:110]}"
+    if isinstance(ev, E.WeightsRolledBack):
+        return f"{ev.from_version} -> {ev.to.version}: {ev.reason[:110]}"
+    if isinstance(ev, E.WeightsSwapped):
+        canary = f" canary={ev.canary}" if ev.canary else ""
+        return f"{ev.version}{canary} replica={ev.replica} swap_ms={ev.swap_ms:.0f} {ev.reason}"
+    if isinstance(ev, E.DeadLetter):
+        return f"{ev.subject} consumer={ev.consumer} reason={ev.reason[:120]}"
+    return ""
+
+
+def line(ev: E.Event) -> str:
+    return f"{ev.occurred_at[11:19]} {ev.kind:<18} {ev.weights_version:<9} {summarize(ev)}"
+
+
+def show_events(s: Settings, run: dict, args) -> int:
+    """`main.py events`: a live tail of evo.> (or a subject), or the stored events too with --all."""
+
+    async def tail():
+        from nats.js import api
+
+        bus = await connect(s, run)
+        subject = args.subject or f"{s.nats.subject_prefix}.>"
+        if not subject.startswith(s.nats.subject_prefix + "."):
+            subject = f"{s.nats.subject_prefix}.{subject}"
+        policy = api.DeliverPolicy.ALL if args.all else api.DeliverPolicy.NEW
+        sub = await bus.js.subscribe(subject, ordered_consumer=True, config=api.ConsumerConfig(deliver_policy=policy))
+        deadline = time.monotonic() + args.seconds if args.seconds else None
+        try:
+            while deadline is None or time.monotonic() < deadline:
+                try:
+                    m = await sub.next_msg(timeout=1.0)
+                except (TimeoutError, asyncio.TimeoutError):
+                    continue
+                try:
+                    print(line(E.parse_event(m.data)), flush=True)
+                except ValidationError as exc:
+                    print(f"{m.subject} <not a valid event ({exc.error_count()} errors), {len(m.data)} bytes>", flush=True)
+        finally:
+            await bus.close()
+    try:
+        asyncio.run(tail())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+async def read_events(s: Settings, run: dict, kinds: list[str]) -> list:
+    """Every stored event of these kinds, oldest first, as event models (unparseable ones are skipped)."""
+    from nats.js import api
+
+    bus = await connect(s, run)
+    out = []
+    try:
+        for kind in kinds:
+            subject = f"{s.nats.subject_prefix}.{kind}"
+            try:
+                total = (await bus.js.stream_info(s.nats.stream, subjects_filter=subject)).state.subjects or {}
+            except Exception:
+                total = {}
+            want = int(total.get(subject, 0))
+            if not want:
+                continue
+            sub = await bus.js.subscribe(subject, ordered_consumer=True,
+                                         config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
+            got = 0
+            while got < want:
+                try:
+                    m = await sub.next_msg(timeout=5.0)
+                except (TimeoutError, asyncio.TimeoutError):
+                    break
+                got += 1
+                try:
+                    out.append(E.parse_event(m.data))
+                except Exception:
+                    pass
+            await sub.unsubscribe()
+    finally:
+        await bus.close()
+    return sorted(out, key=lambda e: e.occurred_at)
