@@ -77,6 +77,22 @@ class Broadcaster(EventActor):
         self.counts: dict[str, int] = st.get("counts", {"promoted": 0, "rejected": 0, "rolled_back": 0})
         self.weights_version = live
         self._dirty = False
+        self._repair_pointer()
+
+    def _repair_pointer(self) -> None:
+        """LIVE is the projection of the lifecycle on the stream: a pointer written just before a crash that kept
+        its status event off the stream names a version that is not live (or a canary that is not one) in the
+        lifecycle; it is rewritten from the lifecycle."""
+        ptr = self.policy.pointer()
+        live = sorted((v for v, st in self.status.items() if st == S.LIVE), key=version_number)
+        want = ptr.version if ptr.version in live or not live else live[-1]
+        canary = self.canary["version"] if self.canary and self.status.get(self.canary["version"]) == S.CANARY else None
+        if (want, canary) != (ptr.version, ptr.canary.version if ptr.canary else None):
+            self.log.warning("live.pointer_repaired", pointer=ptr.version, pointer_canary=ptr.canary and ptr.canary.version,
+                             live=want, canary=canary)
+            self.policy.publish_live(self._ref(want), canary=self._ref(canary) if canary else None,
+                                     share=self.settings.gate.canary_share)
+        self.canary = self.canary if canary else None
 
     # ------------------------------------------------------------------ state
     def _save(self) -> None:

@@ -1,0 +1,78 @@
+"""LivePolicy (the one follower of the live policy) and the broadcaster keeping LIVE a projection of the lifecycle."""
+import torch
+from safetensors.torch import save_file
+
+from actors.events import WeightsRef
+from actors.lifecycles import WeightsState as S
+from config.settings import load_settings
+from policies.live_policy import LivePolicy
+
+
+class FakeEngine:
+    def __init__(self):
+        self.version, self.loads = "w-000000", []
+
+    def load_weights(self, path, version):
+        self.loads.append((version, str(path)))
+        self.version = version
+
+
+def _policy(tmp_path):
+    (tmp_path / "base").mkdir()
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "base" / "model.safetensors"))
+    s = load_settings(None, state_dir=str(tmp_path / "state"))
+    return LivePolicy(s, engine=FakeEngine(), base=tmp_path / "base")
+
+
+def _version(policy, n: int, parent: str) -> WeightsRef:
+    v = f"w-{n:06d}"
+    path, sha = policy.store.save({"w": torch.full((2,), float(n))}, v, {"parent": parent, "step": n})
+    return WeightsRef(version=v, path=str(path), sha256=sha, parent=parent, step=n)
+
+
+def test_follows_live_then_a_published_version_until_its_branch_is_rejected(tmp_path):
+    p = _policy(tmp_path)
+    assert p.live_version == "w-000000" and p.sync() == "w-000000" and p.engine.loads == []
+    r1 = _version(p, 1, "w-000000")
+    ptr = p.publish_live(r1)
+    assert ptr.version == "w-000001" and ptr.stat is not None  # the verified file's stat is pinned
+    assert p.sync() == "w-000001"
+    r2, r3 = _version(p, 2, "w-000001"), _version(p, 3, "w-000002")
+    p.aim(r3)
+    assert p.follow() == "w-000003"
+    assert p.descends_from("w-000003", "w-000001") and not p.descends_from("w-000001", "w-000003")
+    assert not p.drop_branch("w-000009")  # unrelated: the target stays
+    assert p.drop_branch(r2.version) and p.target is None  # w-000003 descends from the rejected w-000002
+    assert p.follow() == "w-000001"  # back to live
+    assert p.file("w-000000") == tmp_path / "base" / "model.safetensors"
+
+
+def test_a_canary_is_part_of_the_pointer(tmp_path):
+    p = _policy(tmp_path)
+    r1 = _version(p, 1, "w-000000")
+    base = WeightsRef(version="w-000000", path=str(p.file("w-000000")), sha256="", parent="", step=0)
+    ptr = p.publish_live(base, canary=r1, share=0.25)
+    assert ptr.canary.version == "w-000001" and ptr.canary.share == 0.25 and ptr.canary.stat is not None
+    assert p.pointer() == ptr
+
+
+def test_the_broadcaster_rewrites_a_pointer_that_ran_ahead_of_the_lifecycle(tmp_path):
+    """A crash between writing LIVE and publishing the status event: on start the pointer is rewritten
+    from the lifecycle (which is what the stream says)."""
+    from actors.broadcaster import Broadcaster
+
+    p = _policy(tmp_path)
+    r1, r2 = _version(p, 1, "w-000000"), _version(p, 2, "w-000001")
+    b = Broadcaster(p.settings, bus=object())
+    b.policy, b.store, b.base_path, b.refs = p, p.store, p.base, {}
+    b.status, b.canary = {"w-000000": S.RETIRED, "w-000001": S.LIVE, "w-000002": S.EVALUATING}, None
+    p.publish_live(r2)  # written, then the crash: w-000002 never became live on the stream
+    b._repair_pointer()
+    assert p.pointer().version == "w-000001" and p.pointer().canary is None
+    b.status["w-000002"] = S.CANARY
+    b.canary = {"version": "w-000002", "baseline": "w-000001", "started": 0.0}
+    b._repair_pointer()  # the canary is in the lifecycle but not in the pointer: added
+    assert p.pointer().version == "w-000001" and p.pointer().canary.version == "w-000002"
+    before = p.publish_live(r1, canary=r2, share=0.5)
+    b._repair_pointer()  # consistent with the lifecycle: not rewritten
+    assert p.pointer() == before
