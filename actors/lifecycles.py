@@ -56,18 +56,23 @@ class IllegalTransition(ValueError):
     pass
 
 
-def transition(current: WeightsState | str | None, new: WeightsState | str) -> WeightsState:
-    """Check one state change; `current` None means the version is new (it may only be staged, or be
-    the base model going live). Returns the new state; raises IllegalTransition otherwise."""
-    new = WeightsState(new)
+def _check(table: dict, first: tuple, what: str, current, new):
+    """One state change against `table`; `current` None means a new item, which may only enter at `first`."""
+    new = type(first[0])(new)
     if current is None:
-        if new in (S.STAGED, S.LIVE):
+        if new in first:
             return new
-        raise IllegalTransition(f"a new version can only be staged (or live), not {new}")
-    current = WeightsState(current)
-    if new not in TRANSITIONS[current]:
-        raise IllegalTransition(f"{current} -> {new} is not a weights lifecycle transition")
+        raise IllegalTransition(f"a new {what} can only be {' or '.join(first)}, not {new}")
+    current = type(first[0])(current)
+    if new not in table[current]:
+        raise IllegalTransition(f"{current} -> {new} is not a {what} lifecycle transition")
     return new
+
+
+def transition(current: WeightsState | str | None, new: WeightsState | str) -> WeightsState:
+    """Check one weights version's state change; a new version may only be staged, or be the base model going
+    live. Returns the new state; raises IllegalTransition otherwise."""
+    return _check(TRANSITIONS, (S.STAGED, S.LIVE), "weights version", current, new)
 
 
 class TaskState(StrEnum):
@@ -89,16 +94,8 @@ TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
 
 
 def task_transition(current: TaskState | str | None, new: TaskState | str) -> TaskState:
-    """Check one change of a synthetic task; `current` None means a new task (it may only be proposed)."""
-    new = TaskState(new)
-    if current is None:
-        if new == T.PROPOSED:
-            return new
-        raise IllegalTransition(f"a new task can only be proposed, not {new}")
-    current = TaskState(current)
-    if new not in TASK_TRANSITIONS[current]:
-        raise IllegalTransition(f"{current} -> {new} is not a task lifecycle transition")
-    return new
+    """Check one change of a synthetic task; a new task may only be proposed."""
+    return _check(TASK_TRANSITIONS, (T.PROPOSED,), "synthetic task", current, new)
 
 
 class CanaryRef(BaseModel):

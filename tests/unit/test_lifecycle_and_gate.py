@@ -3,8 +3,8 @@ import math
 
 import pytest
 
+from actors.lifecycles import IllegalTransition, TaskState as T, WeightsState as S, task_transition, transition
 from policies.gate import canary_verdict, gate, significant_drop, watch_verdict
-from actors.lifecycles import IllegalTransition, WeightsState as S, transition
 
 
 def test_lifecycle_allows_the_documented_paths_only():
@@ -20,6 +20,16 @@ def test_lifecycle_allows_the_documented_paths_only():
                 (None, S.EVALUATING), (S.LIVE, S.CANARY)]:
         with pytest.raises(IllegalTransition):
             transition(*bad)
+
+
+def test_task_lifecycle_allows_the_documented_paths_only():
+    for path in ([None, T.PROPOSED, T.VERIFIED, T.ACTIVE, T.ACTIVE, T.RETIRED], [None, T.PROPOSED, T.REJECTED]):
+        for a, b in zip(path, path[1:]):
+            assert task_transition(a, b) == b
+    for a, b in ((None, T.ACTIVE), (T.PROPOSED, T.ACTIVE), (T.REJECTED, T.VERIFIED), (T.RETIRED, T.ACTIVE),
+                 (T.VERIFIED, T.RETIRED)):
+        with pytest.raises(IllegalTransition):
+            task_transition(a, b)
 
 
 def test_gate_needs_both_success_and_reference_likelihood():
