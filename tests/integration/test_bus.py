@@ -103,7 +103,11 @@ async def test_durable_consumer_survives_server_restart(tmp_path):
         bus = await _bus(server, p)
         sub = await bus.pull("c", ["task"])
         rest = await sub.fetch(10, timeout=3)
-        assert sorted(int(parse_event(m.data).entry_id) for m in rest) == [5, 6, 7, 8, 9]
+        got = sorted(int(parse_event(m.data).entry_id) for m in rest)
+        # nothing unacked is lost; an acked one may come back: nats-server writes consumer state to disk
+        # asynchronously, and after a kill -9 the ack floor can fall back (nats-server #8036). Delivery is at
+        # least once; handlers are idempotent by event id (AppliedIds), so a comeback has no effect.
+        assert {5, 6, 7, 8, 9} <= set(got) and set(got) <= set(range(10)), got
         await bus.close()
     finally:
         server.stop()
