@@ -25,7 +25,7 @@ def status(s: Settings, run: dict, args) -> int:
     except Exception as exc:
         out["served_weights_version"] = f"unreachable: {exc!r}"[:120]
     try:
-        out.update(asyncio.run(asyncio.wait_for(_bus_status(s, run), 20.0)))  # connecting is bounded to 3 s
+        out.update(asyncio.run(asyncio.wait_for(_bus_status(s, run), 30.0)))  # connecting: 10 s
         out["bus"] = "connected"
     except Exception as exc:  # status answers, and says so, while nats-server is down
         out.update({"bus": f"down: {exc!r}"[:200], "stream": {}, "consumers": {}, "last": {}})
@@ -94,7 +94,7 @@ def _heldout_delta(s: Settings) -> dict:
 async def _bus_status(s: Settings, run: dict) -> dict:
     from actors.events import subject_for
 
-    bus = await asyncio.wait_for(connect(s, run), 3.0)  # a bus that is down fails here, fast
+    bus = await asyncio.wait_for(connect(s, run), 10.0)  # refused at once when down; a loaded one gets time
     try:
         info = await bus.stream_info()
         consumers = {}

@@ -9,10 +9,10 @@ traffic carries signal too. The questions are drawn fresh (not the environments'
 Then it stops `up` and scores the base and every version that was served (canary or live) on the
 same fixed held-out suite (`policies/heldout.py`: the first `--per-category` held-out entries of
 every category, avg@k with k = `--k`), each compared with the base by the paired sign-flip test.
-The default suite is fixed before the run: 32 entries each of the code ladder's first two rungs (add,
-muladd: where the 135M starts near 0 but not beyond reach; the loop rungs are 0 for base and every
-version) and 2 of each BFCL category (8 per rung gave p = 0.076 for a +12.5-point gain: too few entries
-for the paired test). `--max-versions` bounds the scoring time (~7 min a version on 2 cores).
+The default suite is fixed before the run: up to 32 entries each of the code ladder's first two rungs
+(add, muladd: where the 135M starts near 0 but not beyond reach; the loop rungs are 0 for base and every
+version), which is every held-out entry they have (17 + 23 = 40), and 2 of each BFCL category (8 per
+rung gave p = 0.076 for a +12.5-point gain: too few entries for the paired test). `--max-versions` bounds the scoring time (~7 min a version on 2 cores).
 Writes JSON and a PNG curve (`--out`, default tests/benchmarks/results/learning_curve_cpu.*) and
 prints the lineage table (as `main.py report` does).
 
