@@ -13,7 +13,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import nats
 from nats.js import api
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServerError
 from pydantic import BaseModel
 
 from actors.events import KINDS, DeadLetter, Event, subject_for
@@ -68,14 +68,20 @@ class Bus:
         """Create the stream, or bring an existing one to this configuration (subjects, limits)."""
         cfg = self.stream_config()
         try:
-            info = await self.js.stream_info(self.stream)
-        except NotFoundError:
-            await self.js.add_stream(cfg)
-            return
-        have = info.config
-        if (sorted(have.subjects or []) != sorted(cfg.subjects) or (have.max_bytes or -1) != cfg.max_bytes
-                or abs((have.max_age or 0) - (cfg.max_age or 0)) > 1e-3):
-            await self.js.update_stream(cfg)
+            try:
+                info = await self.js.stream_info(self.stream)
+            except NotFoundError:
+                await self.js.add_stream(cfg)
+                return
+            have = info.config
+            if (sorted(have.subjects or []) != sorted(cfg.subjects) or (have.max_bytes or -1) != cfg.max_bytes
+                    or abs((have.max_age or 0) - (cfg.max_age or 0)) > 1e-3):
+                await self.js.update_stream(cfg)
+        except ServerError as exc:
+            if exc.err_code == 10047:  # JetStream reserves max_bytes on the store's disk up front
+                raise RuntimeError(f"nats-server cannot reserve {cfg.max_bytes} bytes for stream {self.stream} on the "
+                                   "disk of its store: free disk space or lower nats.max_bytes") from exc
+            raise
 
     # ------------------------------------------------------------------ publish
 

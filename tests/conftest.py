@@ -45,4 +45,5 @@ def settings(tmp_path, nats_server):
     s.state_dir = str(tmp_path / "state")
     s.nats.url, s.nats.password = nats_server.url, nats_server.password
     s.telemetry.strict_events = True
+    s.nats.max_bytes = 64 * 1024 * 1024  # JetStream reserves it on disk per stream; tests make many streams
     return s
