@@ -63,7 +63,7 @@ def run(args) -> int:
         return reports.evaluate(s, args)
     run_info = launch.read_run(s)
     return {"status": console.status, "events": stream_view.show_events, "promote": console.promote,
-            "report": reports.report, "down": lambda s_, _r, a: launch.down(s_, a)}[args.cmd](s, run_info, args)
+            "report": reports.report, "down": launch.down}[args.cmd](s, run_info, args)
 
 
 def main(argv=None) -> int:

@@ -45,7 +45,7 @@ class Explorer(EventActor):
 
             workers = await asyncio.to_thread(start_workers, s, s.env.pool_workers)
             self.envs = {n: PooledEnvironment(e, workers, s.env.max_concurrent) for n, e in self.envs.items()}
-        self.policy = await asyncio.to_thread(LivePolicy, s, "explorer")
+        self.policy = await asyncio.to_thread(LivePolicy, s, "explorer", log=self.log)
         self.engine = self.policy.engine
         await self._follow()
         self.groups = 0

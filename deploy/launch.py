@@ -204,8 +204,7 @@ def _wait_ready(s: Settings, timeout_s: float = 600) -> None:
     raise TimeoutError(f"{url} not ready after {timeout_s}s")
 
 
-def down(s: Settings, args) -> int:
-    run = read_run(s)
+def down(s: Settings, run: dict, args) -> int:
     pid = run["pid"]
     if not pid_alive(pid):
         run_file(s).unlink(missing_ok=True)

@@ -20,7 +20,7 @@ from policies.model_store import WeightsStore, ensure_base_model
 
 
 class LivePolicy:
-    def __init__(self, settings, role: str | None = None, *, engine=None, base: Path | None = None):
+    def __init__(self, settings, role: str | None = None, *, engine=None, base: Path | None = None, log=None):
         """`role` names the engine to build ("serve", "explorer", "judge", ...); None builds none (the learner
         trains its own copy, and uses the store, the base and the lineage from here). A test may hand in
         the engine and the base model folder."""
@@ -30,6 +30,7 @@ class LivePolicy:
             settings.state, settings.model.source, settings.model.path, progress=False)
         self.engine = engine if engine is not None else self.make_engine(role) if role else None
         self.target: WeightsRef | None = None  # the newest published version to sample with; None = live
+        self.log = log
 
     def make_engine(self, role: str):
         from policies.engine import make_engine
@@ -75,6 +76,8 @@ class LivePolicy:
             return self.sync()
         if t.version != self.engine.version:
             if not self.store.verify(t.path, t.sha256):  # pruned or damaged: back to live
+                if self.log:
+                    self.log.warning("weights.target_unusable", version=t.version)
                 self.target = None
                 return self.sync()
             self.engine.load_weights(t.path, t.version)
