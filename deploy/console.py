@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 
 from config.settings import Settings
@@ -14,24 +16,26 @@ from deploy.reports import heldout_cache
 from deploy.stream_view import connect
 
 
-def status(s: Settings, run: dict, args) -> int:
-    import httpx
+STATUS_BUDGET_S = 45.0  # every part is asked at once; one that has not answered by then is reported as such
 
+
+def status(s: Settings, run: dict, args) -> int:
     out: dict = {"endpoint": run["endpoint"], "pid": run["pid"], "up": pid_alive(run["pid"])}
-    key = Path(run["api_key_file"]).read_text().strip() if run.get("api_key_file") else s.serve.api_key
-    try:
-        r = httpx.get(run["endpoint"] + "/models", headers={"Authorization": f"Bearer {key}"}, timeout=5)
-        out["served_weights_version"] = r.json()["data"][0]["weights_version"]
-    except Exception as exc:
-        out["served_weights_version"] = f"unreachable: {exc!r}"[:120]
-    try:
-        out.update(asyncio.run(asyncio.wait_for(_bus_status(s, run), 30.0)))  # connecting: 10 s
-        out["bus"] = "connected"
-    except Exception as exc:  # status answers, and says so, while nats-server is down
-        out.update({"bus": f"down: {exc!r}"[:200], "stream": {}, "consumers": {}, "last": {}})
+    parts = {"served": lambda: _served_version(s, run), "bus": lambda: asyncio.run(asyncio.wait_for(_bus_status(s, run), 30.0)),
+             "heldout": lambda: _heldout_delta(s)}
     if not args.no_actors:
-        out["actors"] = _actor_health(run, s.state)
-    out["heldout"] = _heldout_delta(s)
+        parts["actors"] = lambda: _actor_health(run, s.state)
+    got, took = _gather(parts, STATUS_BUDGET_S)
+    out["served_weights_version"] = got["served"] if isinstance(got["served"], str) else f"unreachable: {got['served']!r}"[:120]
+    if isinstance(got["bus"], dict):
+        out.update(got["bus"])
+        out["bus"] = "connected"
+    else:  # status answers, and says so, while nats-server is down
+        out.update({"bus": f"down: {got['bus']!r}"[:200], "stream": {}, "consumers": {}, "last": {}})
+    if "actors" in got:
+        out["actors"] = got["actors"] if isinstance(got["actors"], dict) else {"error": repr(got["actors"])[:200]}
+    out["heldout"] = got["heldout"] if isinstance(got["heldout"], dict) else {"error": repr(got["heldout"])[:200]}
+    out["took_s"] = took
     if args.json:
         print(json.dumps(out, indent=1, default=str))
         return 0
@@ -74,6 +78,42 @@ def status(s: Settings, run: dict, args) -> int:
     else:
         print("held-out        no version scored yet (main.py report --eval)")
     return 0
+
+
+class NoAnswer(Exception):
+    """A status part that had not answered within the budget."""
+
+
+def _gather(parts: dict, budget_s: float) -> tuple[dict, dict]:
+    """Runs every part in its own daemon thread and waits at most `budget_s` in all. A part's value is what
+    it returned, the exception it raised, or NoAnswer; `took` says how long each one took (None: no answer)."""
+    got: dict = {}
+    took: dict = {}
+
+    def one(name, fn):
+        t0 = time.monotonic()
+        try:
+            got[name] = fn()
+        except Exception as exc:
+            got[name] = exc
+        took[name] = round(time.monotonic() - t0, 2)
+
+    threads = [threading.Thread(target=one, args=item, daemon=True, name=f"status-{item[0]}") for item in parts.items()]
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + budget_s
+    for th in threads:
+        th.join(max(0.0, deadline - time.monotonic()))
+    return ({n: got.get(n, NoAnswer(f"no answer within {budget_s:.0f} s")) for n in parts},
+            {n: took.get(n) for n in parts})
+
+
+def _served_version(s: Settings, run: dict) -> str:
+    import httpx
+
+    key = Path(run["api_key_file"]).read_text().strip() if run.get("api_key_file") else s.serve.api_key
+    r = httpx.get(run["endpoint"] + "/models", headers={"Authorization": f"Bearer {key}"}, timeout=5)
+    return r.json()["data"][0]["weights_version"]
 
 
 def _heldout_delta(s: Settings) -> dict:

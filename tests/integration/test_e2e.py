@@ -31,6 +31,13 @@ def _cli(state, *args, timeout=120):
                           text=True, timeout=timeout)
 
 
+def _status(state) -> dict:
+    """`status --json`, which answers within its budget whatever part is slow; its stderr on failure."""
+    r = _cli(state, "status", "--json", timeout=180)
+    assert r.returncode == 0 and r.stdout.strip(), f"status failed ({r.returncode}): {r.stderr[-3000:]}"
+    return json.loads(r.stdout)
+
+
 @pytest.fixture(scope="module")
 def system(tmp_path_factory, model_dir):
     state = tmp_path_factory.mktemp("e2e") / "state"
@@ -175,7 +182,7 @@ def test_killed_actor_comes_back_and_endpoint_keeps_answering(system):
     import openai
 
     for _ in range(10):  # a loaded machine may leave an actor's answer out of one status read
-        st = json.loads(_cli(system["state"], "status", "--json", timeout=180).stdout)
+        st = _status(system["state"])
         if victim := st["actors"].get("attributor", {}).get("pid"):
             break
         time.sleep(3)
@@ -187,7 +194,7 @@ def test_killed_actor_comes_back_and_endpoint_keeps_answering(system):
                json={"interaction_id": r.id, "score": 0.5})
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        st = json.loads(_cli(system["state"], "status", "--json", timeout=180).stdout)
+        st = _status(system["state"])
         a, c = st["actors"].get("attributor", {}), st["consumers"].get("attributor", {})  # {}: not answered this time
         if a.get("alive") and a.get("pid") != victim and c.get("pending") == 0 and c.get("unacked") == 0:
             return

@@ -53,3 +53,22 @@ def test_down_kills_what_does_not_stop(tmp_path):
     from deploy.launch import pid_alive
 
     assert not any(pid_alive(p) for p in tree) and not (state / "run.json").exists()
+
+
+def test_status_parts_are_asked_at_once_and_a_hung_one_is_reported_not_waited_for():
+    """A loaded machine once made one part of `status` (Ray, or the held-out cache) so slow that the whole
+    command hit its watchdog and printed nothing; now every part runs at once within one budget."""
+    import threading
+
+    from deploy.console import NoAnswer, _gather
+
+    release = threading.Event()
+    t0 = time.monotonic()
+    got, took = _gather({"fast": lambda: {"ok": 1}, "slow": lambda: (time.sleep(0.3), "done")[1],
+                         "hung": lambda: release.wait(60), "broken": lambda: 1 / 0}, budget_s=1.0)
+    elapsed = time.monotonic() - t0
+    release.set()
+    assert got["fast"] == {"ok": 1} and got["slow"] == "done"
+    assert isinstance(got["hung"], NoAnswer) and "1 s" in str(got["hung"]) and took["hung"] is None
+    assert isinstance(got["broken"], ZeroDivisionError)
+    assert 0.3 <= took["slow"] < 1.0 and 0.9 <= elapsed < 5.0, (took, elapsed)
