@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 class WeightsState(StrEnum):
     STAGED = "staged"
     EVALUATING = "evaluating"
+    PASSED = "passed"  # passed its gate against the running canary; the canary after it
     CANARY = "canary"
     LIVE = "live"
     RETIRED = "retired"
@@ -41,7 +42,8 @@ class WeightsState(StrEnum):
 S = WeightsState
 TRANSITIONS: dict[WeightsState, frozenset[WeightsState]] = {
     S.STAGED: frozenset({S.EVALUATING, S.SUPERSEDED, S.LIVE}),  # -> live only when forced
-    S.EVALUATING: frozenset({S.CANARY, S.LIVE, S.REJECTED}),
+    S.EVALUATING: frozenset({S.CANARY, S.LIVE, S.REJECTED, S.PASSED}),
+    S.PASSED: frozenset({S.CANARY, S.SUPERSEDED, S.LIVE}),  # superseded: the canary it passed against rolled back
     S.CANARY: frozenset({S.LIVE, S.ROLLED_BACK, S.RETIRED}),
     S.LIVE: frozenset({S.RETIRED, S.ROLLED_BACK}),
     S.RETIRED: frozenset({S.LIVE}),  # a rollback makes the predecessor live again

@@ -39,12 +39,13 @@ class RaySettings(_Section):
     num_cpus: float = Field(8, description="Logical CPUs declared to local Ray (actors take fractions)")
     actor_cpus: float = Field(0.5, description="Logical CPUs reserved by each evolution actor")
     actor_gpus: dict[str, float] = Field({}, description="GPUs per evolution actor by name, e.g. {learner: 0.3}")
-    actor_nice: dict[str, int] = Field({"explorer": 15, "questioner": 15, "attributor": 10, "learner": 10,
-                                        "broadcaster": 10},
+    actor_nice: dict[str, int] = Field({"explorer": 15, "questioner": 15, "attributor": 10, "learner": 5,
+                                        "broadcaster": 5},
                                        description="OS niceness added to an actor's process. Users first: the serving "
                                        "replicas and the navigator (memory for live requests) keep 0, so the loop "
                                        "runs on what users leave; within the loop, the path from an interaction to "
-                                       "served weights (judge, learner, gate) goes before exploration and task writing")
+                                       "served weights goes first (learner, gate: 5; judge: 10), then exploration and "
+                                       "task writing (15)")
 
 
 class ServeSettings(_Section):
@@ -210,6 +211,10 @@ class GateSettings(_Section):
                                 "a canary (0 = promote straight to live)")
     canary_min_feedback: int = Field(8, description="Rated canary requests (and as many rated live ones) before the "
                                      "canary is judged")
+    canary_min_s: float | None = Field(120.0, description="A successor that passed its gate against the running canary "
+                                       "ends that canary after this long, unless the canary's feedback so far is worse "
+                                       "than live: the canary goes live and the successor becomes the canary (the live "
+                                       "watch still rolls back). None: every canary runs to its verdict")
     canary_max_s: float = Field(900.0, description="A canary without enough feedback after this long goes live "
                                 "(it passed the gate)")
     rollback_margin: float = Field(0.3, description="Rollback when the version's mean feedback is this much below "

@@ -53,7 +53,7 @@ def status(s: Settings, run: dict, args) -> int:
         print(f"{name:<13} {c.get('pending', '-'):>7}  {c.get('unacked', '-'):>7}  {json.dumps(h)[:160]}")
     b = out.get("actors", {}).get("broadcaster", {})
     if b.get("replicas") is not None:
-        print(f"canary          {json.dumps(b.get('canary'))}; live history {b.get('history')}")
+        print(f"canary          {json.dumps(b.get('canary'))}; next {b.get('passed') or '-'}; live history {b.get('history')}")
         for name, r in sorted(b["replicas"].items()):
             print(f"replica         {name}: serves {r['version']}" + (f" + canary {r['canary']}" if r.get("canary") else "")
                   + f" (last change: {r.get('reason')}, {r.get('swap_ms')} ms)")

@@ -145,6 +145,17 @@ def canary_verdict(canary: list[float], baseline: list[float], *, min_feedback: 
     return "wait", ""
 
 
+def handoff_verdict(canary: list[float], baseline: list[float], *, elapsed_s: float, min_s: float | None,
+                    margin: float) -> tuple[bool, str]:
+    """(may it go live now?, reason) for a running canary whose successor has passed its gate against it: after
+    `min_s`, unless its feedback so far is `margin` or more below live's (then it runs to its own verdict)."""
+    if min_s is None or elapsed_s < min_s:
+        return False, ""
+    if canary and baseline and sum(baseline) / len(baseline) - sum(canary) / len(canary) >= margin:
+        return False, ""
+    return True, f"no feedback against it after {elapsed_s:.0f}s of canary ({len(canary)} canary / {len(baseline)} live ratings)"
+
+
 def watch_verdict(live: list[float], previous: list[float], *, window: int, margin: float) -> tuple[bool, str]:
     """(roll back?, reason) for the live version against the version it replaced."""
     if len(live) < window or len(previous) < window:

@@ -1,9 +1,10 @@
 """The lineage of weights versions, from the event stream: what `main.py report` prints.
 
 One row per published version: its parent and learner step, when it was published, the gate's
-decision and reason (`evo.weights_status`: rejected / superseded / canary / live), the canary's
-verdict (went live, or rolled back and why), how long after the judged groups it learned from it
-was published and first served (canary or live), and its held-out scores next to the base's (`policies/heldout.py`,
+decision and reason (`evo.weights_status`: rejected / superseded / passed / canary / live), the
+canary's verdict (went live, or rolled back and why), per stage: the learner step's duration, how
+long after the judged groups it learned from it was published, how long its gate took from
+publication to a decision, and when it was first served (canary or live), and its held-out scores next to the base's (`policies/heldout.py`,
 paired on the same entries). Pure: it takes typed events, so it is tested without a bus.
 """
 from __future__ import annotations
@@ -22,9 +23,10 @@ def lineage(events: list[Event]) -> list[dict]:
     judged = {e.event_id: _t(e.occurred_at) for e in events if isinstance(e, Judgement)}
     rows: dict[str, dict] = {}
     step_sources: dict[int, list[str]] = {}
+    step_s: dict[int, float] = {}
     for e in events:
         if isinstance(e, LearnerStep):
-            step_sources[e.step] = e.source_event_ids
+            step_sources[e.step], step_s[e.step] = e.source_event_ids, round(e.duration_s, 1)
     for e in events:
         if isinstance(e, WeightsPublished):
             w = e.weights
@@ -32,12 +34,15 @@ def lineage(events: list[Event]) -> list[dict]:
             rows.setdefault(w.version, {"version": w.version, "parent": w.parent, "step": w.step, "status": "published",
                                         "published_at": e.occurred_at, "learned_from": min(srcs) if srcs else None,
                                         "published_after_s": round(_t(e.occurred_at) - min(srcs), 1) if srcs else None,
+                                        "step_s": step_s.get(w.step), "gate_s": None,
                                         "gate": "", "canary": "", "served_after_s": None, "forced": e.force})
     for e in events:
         row = rows.get(getattr(e, "version", None) or getattr(getattr(e, "weights", None), "version", None) or "")
         if isinstance(e, WeightsStatus) and row is not None:
             status = row["status"] = str(e.status)
-            if status in ("rejected", "superseded", "canary"):
+            if status in ("passed", "canary", "rejected", "live") and row["gate_s"] is None and not row["forced"]:
+                row["gate_s"] = round(_t(e.occurred_at) - _t(row["published_at"]), 1)  # published -> decided
+            if status in ("rejected", "superseded", "canary", "passed"):
                 row["gate"] = f"{status}: {e.reason}"
             elif status == "live" and row["gate"].startswith("canary"):
                 row["canary"] = f"live: {e.reason}"

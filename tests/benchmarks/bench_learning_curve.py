@@ -222,7 +222,8 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
     print(lineage.table(rows, held, base_scores))
     shares = learner[-1].metrics if learner else {}
     newest = served[-1]["version"] if served else None
-    stages = {key: _p50([r[key] for r in rows if r[key] is not None]) for key in ("published_after_s", "served_after_s")}
+    stages = {key: _p50([r[key] for r in rows if r[key] is not None])
+              for key in ("step_s", "published_after_s", "gate_s", "served_after_s")}
     out = {"minutes": a.minutes, "k": a.k, "per_category": a.per_category, "categories": cats, "suite": cache.entries,
            "cycle_p50_s": stages,
            "wall_s": round(wall_s) if wall_s else None, "users": stats, "learner_steps": len(learner),
@@ -235,7 +236,8 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
     if base_scores:
         lineage.curve(served, held, base_scores, Path(a.out).with_suffix(".png"))
     print(f"cycle p50: published {stages['published_after_s']} s, served {stages['served_after_s']} s after the "
-          f"oldest judged group a version learned from")
+          f"oldest judged group a version learned from; learner step {stages['step_s']} s, gate (published -> "
+          f"decided) {stages['gate_s']} s")
     print(f"learner steps {len(learner)}; served versions {len(served)}; informative groups own "
           f"{shares.get('informative_own_share')}, with references {shares.get('informative_share')}")
     for env, d in out["newest_vs_base"].items():

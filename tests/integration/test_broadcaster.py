@@ -108,7 +108,7 @@ async def test_gate_canary_and_rollback(settings, nats_server, model_dir):
         assert "live feedback dropped" in ev.reason
         await _wait(bus, p, "weights_rolled_back", lambda e: e.from_version == "w-000001" and e.to.version == "w-000002")
         assert store.live().version == "w-000002"
-        assert actor.counts == {"promoted": 2, "rejected": 1, "rolled_back": 1}
+        assert actor.book.counts == {"promoted": 2, "rejected": 1, "rolled_back": 1}
     finally:
         actor.stop.set()
         await asyncio.wait_for(task, 60)

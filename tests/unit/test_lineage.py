@@ -19,7 +19,7 @@ def test_lineage_rows_from_events(tmp_path):
                        occurred_at=t(0)), \
         Judgement(group_id="b", source="rollout", task_id="y", samples=[], outcomes=[], step_labels=[], occurred_at=t(5))
     ev = [j1, j2,
-          LearnerStep(step=1, groups=2, samples=8, loss=0, mean_reward=0, grad_norm=0, duration_s=1,
+          LearnerStep(step=1, groups=2, samples=8, loss=0, mean_reward=0, grad_norm=0, duration_s=4.04,
                       source_event_ids=[j1.event_id, j2.event_id], occurred_at=t(10)),
           WeightsPublished(weights=_ref("w-000001", "w-000000", 1), occurred_at=t(11)),
           WeightsStatus(version="w-000001", status="evaluating", occurred_at=t(12)),
@@ -38,6 +38,8 @@ def test_lineage_rows_from_events(tmp_path):
     assert r1["parent"] == "w-000000" and r1["gate"].startswith("canary: held-out")
     assert r1["served_after_s"] == pytest.approx(21.0)  # first served 21 s after its oldest judged group
     assert r1["published_after_s"] == pytest.approx(11.0)
+    assert r1["step_s"] == 4.0 and r1["gate_s"] == pytest.approx(9.0)  # published at 11, canary at 20
+    assert r2["gate_s"] == pytest.approx(8.0)  # a rejection is a decision too
     assert r1["canary"] == "rolled back: feedback dropped"
     assert r2["status"] == "rejected" and r2["gate"].startswith("rejected: reference NLL") and r2["served_after_s"] is None
     text = lineage.table(rows, {"w-000001": {"code": {"avg": 0.5, "delta": 0.25, "p_value": 0.03}}},

@@ -6,6 +6,7 @@ from actors.events import WeightsRef
 from actors.lifecycles import WeightsState as S
 from config.settings import load_settings
 from policies.live_policy import LivePolicy
+from policies.promotion import PromotionBook
 
 
 class FakeEngine:
@@ -64,13 +65,14 @@ def test_the_broadcaster_rewrites_a_pointer_that_ran_ahead_of_the_lifecycle(tmp_
     p = _policy(tmp_path)
     r1, r2 = _version(p, 1, "w-000000"), _version(p, 2, "w-000001")
     b = Broadcaster(p.settings, bus=object())
-    b.policy, b.store, b.base_path, b.refs = p, p.store, p.base, {}
-    b.status, b.canary = {"w-000000": S.RETIRED, "w-000001": S.LIVE, "w-000002": S.EVALUATING}, None
+    b.policy, b.store, b.base_path = p, p.store, p.base
+    b.book = PromotionBook(tmp_path / "state.json", {"w-000000": S.RETIRED, "w-000001": S.LIVE,
+                                                      "w-000002": S.EVALUATING}, ["w-000000", "w-000001"])
     p.publish_live(r2)  # written, then the crash: w-000002 never became live on the stream
     b._repair_pointer()
     assert p.pointer().version == "w-000001" and p.pointer().canary is None
-    b.status["w-000002"] = S.CANARY
-    b.canary = {"version": "w-000002", "baseline": "w-000001", "started": 0.0}
+    b.book.status["w-000002"] = S.CANARY
+    b.book.canary = {"version": "w-000002", "baseline": "w-000001", "started": 0.0}
     b._repair_pointer()  # the canary is in the lifecycle but not in the pointer: added
     assert p.pointer().version == "w-000001" and p.pointer().canary.version == "w-000002"
     before = p.publish_live(r1, canary=r2, share=0.5)

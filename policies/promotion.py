@@ -1,0 +1,108 @@
+"""The broadcaster's book of weights versions: each version's lifecycle status, its `WeightsRef`, the
+versions that went live (oldest first), the running canary and the passed successor waiting behind it,
+users' ratings per version, what each replica serves, and counters.
+
+It is what the broadcaster persists between restarts (one JSON file, written atomically); every status
+change is also an `evo.weights_status` event, so the stream holds the history.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from actors.events import WeightsRef, WeightsStatus
+from actors.lifecycles import WeightsState as S, transition
+from policies.model_store import BASE_VERSION, WeightsStore, atomic_write_bytes, sha256_file, version_number
+
+FEEDBACK_KEPT = 500  # ratings kept per version
+HISTORY_KEPT = 50
+
+
+def event_time(iso: str) -> float:
+    try:
+        return datetime.fromisoformat(iso).timestamp()
+    except ValueError:
+        return time.time()
+
+
+@dataclass
+class PromotionBook:
+    path: Path
+    status: dict[str, str]
+    history: list[str]  # versions that went live, oldest first
+    refs: dict[str, dict] = field(default_factory=dict)  # version -> WeightsRef fields
+    canary: dict | None = None  # {"version", "baseline", "started"}
+    passed: dict | None = None  # the canary after the running one: {"version", "against", "why", "metrics", ...}
+    feedback: dict[str, list[list[float]]] = field(default_factory=dict)  # version -> [[time, score]]
+    replicas: dict[str, dict] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: {"promoted": 0, "rejected": 0, "rolled_back": 0})
+
+    @classmethod
+    def load(cls, path: Path, live: str) -> PromotionBook:
+        st = json.loads(path.read_text()) if path.exists() else {}
+        book = cls(path, st.get("status", {live: S.LIVE}), st.get("history", [live]))
+        for k in ("refs", "canary", "passed", "feedback", "replicas", "counts"):
+            if k in st:
+                setattr(book, k, st[k])
+        return book
+
+    def save(self) -> None:
+        atomic_write_bytes(self.path, json.dumps({
+            "status": self.status, "refs": self.refs, "history": self.history[-HISTORY_KEPT:], "canary": self.canary,
+            "passed": self.passed, "feedback": self.feedback, "replicas": self.replicas, "counts": self.counts}).encode())
+
+    def move(self, version: str, new: S, reason: str, metrics: dict | None = None) -> WeightsStatus:
+        """Change a version's status (IllegalTransition if the table forbids it); returns the event to publish."""
+        old = self.status.get(version)
+        transition(old, new)
+        self.status[version] = new
+        n = len(self.history)  # distinguishes a version going live a second time
+        return WeightsStatus(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:weights_status:{version}:{new}:{old}:{n}")),
+                             version=version, status=new, previous_status=old, reason=reason[:1000],
+                             metrics={k: float(v) for k, v in (metrics or {}).items()})
+
+    def staged(self, keep=lambda v: True) -> list[str]:
+        return sorted((v for v, st in self.status.items() if st == S.STAGED and keep(v)), key=version_number)
+
+    def rate(self, version: str, at: float, score: float) -> None:
+        rows = self.feedback.setdefault(version, [])
+        rows.append([at, score])
+        del rows[:-FEEDBACK_KEPT]
+
+    def scores(self, version: str, since: float = 0.0) -> list[float]:
+        return [s for t, s in self.feedback.get(version, []) if t >= since]
+
+    def protected(self) -> set[str]:
+        """Versions whose files must stay: live, recent live ones, and every one still moving to users."""
+        return {*self.history[-3:], *(v for v, st in self.status.items()
+                                       if st in (S.STAGED, S.EVALUATING, S.PASSED, S.CANARY))}
+
+    def ref(self, version: str, store: WeightsStore, base_path: Path) -> WeightsRef:
+        """The version's WeightsRef: as published, or (the base, or one from before this book) from the store."""
+        if version in self.refs:
+            return WeightsRef(**self.refs[version])
+        if version == BASE_VERSION:
+            path = store.file(version, base_path)
+            ref = WeightsRef(version=version, path=str(path), sha256=sha256_file(path), parent="", step=0)
+        else:
+            man = store.manifest(version) or {}
+            ref = WeightsRef(version=version, path=man.get("path", ""), sha256=man.get("sha256", ""),
+                             parent=man.get("parent", ""), step=int(man.get("step", 0)))
+        self.refs[version] = ref.model_dump()
+        return ref
+
+    def lifecycle_pointer(self, pointed: str) -> tuple[str, str | None]:
+        """(live, canary) as the lifecycle has them, for checking the LIVE pointer after a crash: the pointed
+        version stays if the lifecycle has it live. A canary or passed record the lifecycle does not confirm
+        is dropped."""
+        live = sorted((v for v, st in self.status.items() if st == S.LIVE), key=version_number)
+        want = pointed if pointed in live or not live else live[-1]
+        if self.canary and self.status.get(self.canary["version"]) != S.CANARY:
+            self.canary = None
+        if self.passed and self.status.get(self.passed["version"]) != S.PASSED:
+            self.passed = None
+        return want, self.canary and self.canary["version"]
