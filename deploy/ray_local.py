@@ -25,9 +25,11 @@ NAMESPACE = "kaizen"
 
 
 def ray_env() -> dict[str, str]:
-    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps every Ray address on loopback (127.0.0.1)
-    return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps every Ray address on loopback (127.0.0.1).
+    # RAY_worker_niceness=0: Ray starts every worker process at nice 15 by default, serving replicas included,
+    # which would leave `ray.actor_nice` (added on top, capped at 19) no room to put users first.
+    return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "RAY_worker_niceness": "0"}
 
 
 def ray_auth_env(state) -> dict[str, str]:

@@ -202,6 +202,27 @@ def test_killed_actor_comes_back_and_endpoint_keeps_answering(system):
     pytest.fail(f"attributor did not come back and catch up: {st['actors']} {st['consumers']} bus {st['bus']}")
 
 
+def test_users_first_priorities(system):
+    """Replicas and the navigator at nice 0, the learner 5, exploration 15, in every thread (Ray's own default
+    would start every worker, replicas included, at 15)."""
+    from deploy.procs import descendants
+
+    def nices(pid):
+        out = set()
+        for t in os.listdir(f"/proc/{pid}/task"):
+            try:
+                out.add(os.getpriority(os.PRIO_PROCESS, int(t)))
+            except OSError:  # a thread that ended meanwhile
+                pass
+        return out
+
+    st = _status(system["state"])
+    for name, want in (("navigator", 0), ("learner", 5), ("explorer", 15)):
+        assert nices(st["actors"][name]["pid"]) == {want}, (name, st["actors"][name])
+    replicas = [p for p in descendants(system["pid"]) if open(f"/proc/{p}/comm").read().startswith("ray::ServeRepli")]
+    assert replicas and all(nices(p) == {0} for p in replicas)
+
+
 def test_nats_server_kill_loses_nothing(system):
     """kill -9 of nats-server: `up` restarts it on the same store; meanwhile chat answers, feedback is
     accepted, readyz and status say the bus is down, and afterwards every interaction is on the stream."""
