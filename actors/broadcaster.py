@@ -63,6 +63,11 @@ class Broadcaster(EventActor):
         self.weights_version = live
         self._dirty = False
         self._repair_pointer()
+        await self._resume_gates()
+
+    async def _resume_gates(self) -> None:
+        for v in [v for v, st in self.book.status.items() if st == S.EVALUATING]:  # a gate a crash cut short
+            await self._set(v, S.STAGED, "the broadcaster restarted during its gate: evaluated again")
 
     def _repair_pointer(self) -> None:
         """LIVE is the projection of the lifecycle on the stream: a pointer written just before a crash that kept
@@ -291,6 +296,4 @@ class Broadcaster(EventActor):
 
     def health(self) -> dict:
         b = getattr(self, "book", None)
-        return {**super().health(), **(b.counts if b else {}), "canary": b and b.canary, "passed": b and b.passed and
-                b.passed["version"], "history": b.history[-5:] if b else [], "replicas": b.replicas if b else {},
-                "scores": self.scores.recent() if hasattr(self, "scores") else {}}
+        return {**super().health(), **(b.summary() if b else {}), "scores": self.scores.recent() if b else {}}

@@ -42,7 +42,7 @@ class WeightsState(StrEnum):
 S = WeightsState
 TRANSITIONS: dict[WeightsState, frozenset[WeightsState]] = {
     S.STAGED: frozenset({S.EVALUATING, S.SUPERSEDED, S.LIVE}),  # -> live only when forced
-    S.EVALUATING: frozenset({S.CANARY, S.LIVE, S.REJECTED, S.PASSED}),
+    S.EVALUATING: frozenset({S.CANARY, S.LIVE, S.REJECTED, S.PASSED, S.STAGED}),  # staged: a gate cut by a restart
     S.PASSED: frozenset({S.CANARY, S.SUPERSEDED, S.LIVE}),  # superseded: the canary it passed against rolled back
     S.CANARY: frozenset({S.LIVE, S.ROLLED_BACK, S.RETIRED}),
     S.LIVE: frozenset({S.RETIRED, S.ROLLED_BACK}),

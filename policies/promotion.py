@@ -76,6 +76,10 @@ class PromotionBook:
     def scores(self, version: str, since: float = 0.0) -> list[float]:
         return [s for t, s in self.feedback.get(version, []) if t >= since]
 
+    def summary(self) -> dict:
+        return {**self.counts, "canary": self.canary, "passed": self.passed and self.passed["version"],
+                "history": self.history[-5:], "replicas": self.replicas}
+
     def protected(self) -> set[str]:
         """Versions whose files must stay: live, recent live ones, and every one still moving to users."""
         return {*self.history[-3:], *(v for v, st in self.status.items()

@@ -123,3 +123,16 @@ def test_handoff_verdict():
     assert not handoff_verdict([0.0], [1.0, 0.5], elapsed_s=61, **kw)[0]  # 0.75 below live: hold
     assert handoff_verdict([0.6], [1.0, 0.6], elapsed_s=61, **kw)[0]  # 0.2 below: within the margin
     assert not handoff_verdict([1.0], [1.0], elapsed_s=10_000, min_s=None, margin=0.3)[0]
+
+
+def test_a_gate_cut_short_by_a_restart_is_run_again(tmp_path):
+    async def go():
+        b, refs = _broadcaster(tmp_path)
+        await _publish(b, refs["w-000001"])
+        b.book.move("w-000001", S.EVALUATING, "gate started, then kill -9")
+        await b._resume_gates()  # what start() does
+        assert b.book.status["w-000001"] == S.STAGED
+        await b.tick()
+        assert b.book.status["w-000001"] == S.CANARY
+
+    asyncio.run(go())
