@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sqlite3
 import time
 from pathlib import Path
@@ -43,20 +42,6 @@ class AppliedIds:
         self.db.commit()
 
 
-def renice_process(n: int) -> None:
-    """Add `n` to the niceness of every thread of this process (at most 19). Linux niceness is per thread, and
-    Ray runs an actor's code on a thread of its own: `os.nice` there would leave the others, and every thread
-    they start later, at the old priority."""
-    tids = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []
-    if not tids:
-        os.nice(n)
-    for tid in map(int, tids):
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + n))
-        except OSError:  # a thread that ended meanwhile
-            pass
-
-
 class EventActor:
     """Base loop of every actor. Subclasses set `name`, `kinds`, and write `handle_<kind>()`."""
 
@@ -84,9 +69,6 @@ class EventActor:
         """Connect, bind the durable consumer; subclasses extend (load models, open stores)."""
         if self.settings.telemetry.strict_events:
             events.strict()
-        nice = self.settings.ray.actor_nice.get(self.name, 0)
-        if nice > 0 and self.bus is None:  # only in its own process (a test's in-process actor keeps its priority)
-            renice_process(nice)
         if self.bus is None:
             n = self.settings.nats
             self.bus = await Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix,

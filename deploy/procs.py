@@ -1,5 +1,5 @@
 """Which processes `up` runs and what they listen on, read from /proc (Linux): `status` and the tests use it
-to check that nothing of ours or Ray's listens on a non-loopback address."""
+to check that nothing of ours or Ray's listens on a non-loopback address. And an actor process's priority."""
 from __future__ import annotations
 
 import ipaddress
@@ -77,3 +77,17 @@ def listeners(pids: list[int]) -> list[dict]:
 def exposed(pids: list[int]) -> list[dict]:
     """The listeners that are not on a loopback address."""
     return [x for x in listeners(pids) if not ipaddress.ip_address(x["host"]).is_loopback]
+
+
+def renice_process(n: int) -> None:
+    """Add `n` to the niceness of every thread of this process (at most 19). Linux niceness is per thread, and
+    Ray runs an actor's code on a thread of its own: `os.nice` there would leave the others, and every thread
+    they start later, at the old priority."""
+    tids = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []
+    if not tids:
+        os.nice(n)
+    for tid in map(int, tids):
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + n))
+        except OSError:  # a thread that ended meanwhile
+            pass

@@ -71,6 +71,7 @@ class ActorHost:
     def __init__(self, target: str, settings_json: str):
         from config import telemetry
         from config.settings import Settings
+        from deploy.procs import renice_process
 
         self.settings = Settings.model_validate_json(settings_json)
         name = target.split(":")[1].lower()
@@ -78,6 +79,9 @@ class ActorHost:
         logs.mkdir(parents=True, exist_ok=True)
         telemetry.setup(name, self.settings.telemetry.log_level, self.settings.telemetry.otlp_endpoint,
                         stream=open(logs / f"{name}.log", "a", buffering=1))
+        nice = self.settings.ray.actor_nice.get(name, 0)
+        if nice > 0:  # this process is the actor's own (an actor run in a test's process keeps its priority)
+            renice_process(nice)
         mod, cls = target.split(":")
         self.actor = getattr(importlib.import_module(mod), cls)(self.settings)
         self.started = time.time()

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_renice_process_lowers_every_thread_and_threads_started_after():
     code = textwrap.dedent("""
         import os, threading, time
-        from actors.actor import renice_process
+        from deploy.procs import renice_process
 
         def nices():
             return {int(t): os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")}
