@@ -32,8 +32,8 @@ from actors.bus import Poison
 from actors.events import (Feedback, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected,
                            WeightsRolledBack, WeightsSwapped)
 from envs.registry import make_envs
-from policies.gate import (GateScores, canary_verdict, clearly_worse, gate, handoff_verdict, reference_pairs,
-                           watch_verdict)
+from policies.gate import (GateScores, canary_verdict, clearly_worse, gate, gate_metrics, handoff_verdict,
+                           reference_pairs, watch_verdict)
 from actors.lifecycles import IllegalTransition, WeightsState as S
 from policies.live_policy import LivePolicy
 from policies.model_store import BASE_VERSION, version_number
@@ -180,7 +180,7 @@ class Broadcaster(EventActor):
             ok, why = gate(cand_s, live_s, g.tolerance, g.nll_tolerance, base_s, g.base_nll_tolerance)
         else:
             ok, why = False, early
-        metrics = {**{f"candidate_{k}": v for k, v in cand_s.items()}, **{f"live_{k}": v for k, v in live_s.items()}}
+        metrics = gate_metrics(cand_s, live_s)
         ref = self._ref(newest)
         if not ok:
             await self._set(newest, S.REJECTED, why, metrics)
@@ -194,8 +194,7 @@ class Broadcaster(EventActor):
         if g.canary_share <= 0:
             await self._go_live(newest, why, metrics, cand_s, live_s)
             return
-        self.book.passed = {"version": newest, "against": against, "why": why, "metrics": metrics, "cand": cand_s,
-                            "live": live_s}
+        self.book.passed = {"version": newest, "against": against, "why": why, "cand": cand_s, "live": live_s}
         if against != live:  # the running canary's successor
             await self._set(newest, S.PASSED, f"{why}; the canary after {against}", metrics)
             return
@@ -211,7 +210,7 @@ class Broadcaster(EventActor):
         ref = self._ref(p["version"])
         self.policy.publish_live(self._ref(live), canary=ref, share=g.canary_share)  # the pointer first: whoever
         self.book.canary = {"version": p["version"], "baseline": live, "started": time.time()}  # reacts reads it
-        await self._set(p["version"], S.CANARY, p["why"], p["metrics"])
+        await self._set(p["version"], S.CANARY, p["why"], gate_metrics(p["cand"], p["live"]))
         await self.bus.publish(WeightsPromoted(weights=ref, candidate_score=p["cand"]["success"],
                                                live_score=p["live"]["success"], previous=live, stage="canary",
                                                canary_share=g.canary_share, candidate_nll=p["cand"].get("nll"),

@@ -111,6 +111,11 @@ def gate(cand: dict, live: dict, tolerance: float, nll_tolerance: float, base: d
     return True, f"held-out success {cand['success']:.3f} vs live {live['success']:.3f}{nll}"
 
 
+def gate_metrics(cand: dict, live: dict) -> dict:
+    """A gate's scores as the metrics of its `evo.weights_status` event."""
+    return {**{f"candidate_{k}": v for k, v in cand.items()}, **{f"live_{k}": v for k, v in live.items()}}
+
+
 # ---------------------------------------------------------------------------- feedback checks
 @dataclass
 class Drop:
@@ -151,7 +156,7 @@ def handoff_verdict(canary: list[float], baseline: list[float], *, elapsed_s: fl
     `min_s`, unless its feedback so far is `margin` or more below live's (then it runs to its own verdict)."""
     if min_s is None or elapsed_s < min_s:
         return False, ""
-    if canary and baseline and sum(baseline) / len(baseline) - sum(canary) / len(canary) >= margin:
+    if canary and baseline and _mean_var(baseline)[0] - _mean_var(canary)[0] >= margin:
         return False, ""
     return True, f"no feedback against it after {elapsed_s:.0f}s of canary ({len(canary)} canary / {len(baseline)} live ratings)"
 

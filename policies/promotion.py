@@ -36,7 +36,7 @@ class PromotionBook:
     history: list[str]  # versions that went live, oldest first
     refs: dict[str, dict] = field(default_factory=dict)  # version -> WeightsRef fields
     canary: dict | None = None  # {"version", "baseline", "started"}
-    passed: dict | None = None  # the canary after the running one: {"version", "against", "why", "metrics", ...}
+    passed: dict | None = None  # the canary after the running one: {"version", "against", "why", "cand", "live"}
     feedback: dict[str, list[list[float]]] = field(default_factory=dict)  # version -> [[time, score]]
     replicas: dict[str, dict] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=lambda: {"promoted": 0, "rejected": 0, "rolled_back": 0})
