@@ -151,6 +151,11 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
 
 
+def fit_width(row: torch.Tensor, width: int) -> torch.Tensor:
+    """A per-sample [T] row cut or zero-padded to `width` (past the sample's length its mask is 0)."""
+    return row[:width] if len(row) >= width else torch.nn.functional.pad(row, (0, width - len(row)))
+
+
 def pad(rows: list[list[int]], value: int) -> torch.Tensor:
     width = max(len(r) for r in rows)
     return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=torch.long)

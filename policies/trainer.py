@@ -211,45 +211,52 @@ class Trainer:
         total_tokens = int(mask.sum())
         t0 = time.monotonic()
         n, mb = len(samples), max(1, L.micro_batch_size)
-        batches = [list(range(i, min(n, i + mb))) for i in range(0, n, mb)]
+        lens = [len(t.input_ids) for t in samples]
+        # micro-batches of similar length, each cut to its own longest sample: a short code sample beside a
+        # BFCL prompt four times its length does not pay for the padding (token-mean loss: order is free)
+        order = sorted(range(n), key=lambda i: lens[i])
+        batches = [order[i:i + mb] for i in range(0, n, mb)]
         behav: dict[int, object] = {}  # sample -> pi_behav log-probs, for samples older weights generated
-        stale = [i for i in range(n) if versions[i] != self.version and not off[i]]
+        stale = [i for i in order if versions[i] != self.version and not off[i]]
         for v in sorted({versions[i] for i in stale}):  # one weights load per older version
             rows = [i for i in stale if versions[i] == v]
             with self._behaviour_model(v) as model:
                 for j in range(0, len(rows), mb):
-                    b = rows[j:j + mb]
-                    for i, row in zip(b, self._logprobs(model, ids[b], attn[b])):
-                        behav[i] = row
-        ref = None
+                    b, w = rows[j:j + mb], max(lens[i] for i in rows[j:j + mb])
+                    behav.update(zip(b, self._logprobs(model, ids[b, :w], attn[b, :w])))
+        ref: dict[int, object] = {}
         if L.kl_coef > 0:
             with self._reference() as model:
-                ref = torch.cat([self._logprobs(model, ids[b], attn[b]) for b in batches])
+                for b in batches:
+                    w = max(lens[i] for i in b)
+                    ref.update(zip(b, self._logprobs(model, ids[b, :w], attn[b, :w])))
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         loss_sum, kl_sum, metrics, boosted0, weights = 0.0, 0.0, {}, self.boosted, []
         for b in batches:
-            live = [i for i in b if int(mask[i].sum()) and (float(adv[i].abs().sum()) or ref is not None)]
+            live = [i for i in b if int(mask[i].sum()) and (float(adv[i].abs().sum()) or ref)]
             if not live:
                 continue
-            lp = grpo.token_logprobs(self.model, ids[live], attn[live], L.bf16)
+            W = max(lens[i] for i in live)
+            m_, a_ = mask[:, :W], adv[:, :W]
+            lp = grpo.token_logprobs(self.model, ids[live, :W], attn[live, :W], L.bf16)
             prox = lp.detach()  # one update per step: the weights being trained, before it
-            beh = torch.stack([behav[i] if i in behav else prox[r] for r, i in enumerate(live)])
-            w, _ = grpo.is_weights(prox, beh, mask[live], L.is_threshold)
-            weights.append(w[mask[live].bool()])
+            beh = torch.stack([grpo.fit_width(behav[i], W) if i in behav else prox[r] for r, i in enumerate(live)])
+            w, _ = grpo.is_weights(prox, beh, m_[live], L.is_threshold)
+            weights.append(w[m_[live].bool()])
             total = 0.0
             for r, i in enumerate(live):  # per-sample clip ranges (ADPO, selective boosting)
                 n_i = int(mask[i].sum())
                 if off[i]:
-                    loss = grpo.off_policy_loss(lp[r:r + 1], adv[i:i + 1], mask[i:i + 1], L.off_policy_gamma,
+                    loss = grpo.off_policy_loss(lp[r:r + 1], a_[i:i + 1], m_[i:i + 1], L.off_policy_gamma,
                                                 L.loss_agg_mode)
                 else:
-                    loss, metrics = grpo.policy_loss(prox[r:r + 1], lp[r:r + 1], adv[i:i + 1], mask[i:i + 1],
+                    loss, metrics = grpo.policy_loss(prox[r:r + 1], lp[r:r + 1], a_[i:i + 1], m_[i:i + 1],
                                                      L.clip_ratio_low,
                                                      self._clip_high(clip_high[i], guided[i], adv[i], mask[i]),
                                                      L.loss_agg_mode, is_weights=w[r:r + 1])
-                if ref is not None:
-                    kl = grpo.kl_loss(lp[r:r + 1], ref[i:i + 1], mask[i:i + 1], L.kl_type)
+                if ref:
+                    kl = grpo.kl_loss(lp[r:r + 1], grpo.fit_width(ref[i], W).unsqueeze(0), m_[i:i + 1], L.kl_type)
                     loss = loss + L.kl_coef * kl
                     kl_sum += float(kl.detach()) * n_i / total_tokens
                 total = total + loss * n_i / total_tokens  # token-mean over the whole batch
