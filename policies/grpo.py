@@ -17,6 +17,7 @@ Nothing here re-implements what verl provides.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -134,21 +135,56 @@ def kl_loss(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: t
     return agg_loss(kl_penalty(log_prob, ref_log_prob, kind), response_mask.float(), "token-mean")
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, bf16: bool = False) -> torch.Tensor:
-    """[B, T] log-probs of each token given its prefix (position 0 gets 0). With `bf16`, the transformer
-    body runs under bfloat16 autocast (about 1.5x faster on CPUs with AVX512-BF16) while the output
-    projection and the log-softmax stay in float32, so log-probs keep their precision."""
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, bf16: bool = False,
+                   shared: int = 0, start: int = 1) -> torch.Tensor:
+    """[B, T] log-probs of each token given its prefix; positions before `start` get 0 (a prompt needs no
+    output projection: at BFCL's ~850-token prompts that is most of the head's cost). `shared` = the
+    length of a prefix every row holds (a group's prompt): the body runs it once and the rows continue
+    from its key/value cache, gradients included. With `bf16`, the transformer body runs under bfloat16
+    autocast (about 1.5x faster on CPUs with AVX512-BF16) while the output projection and the
+    log-softmax stay in float32, so log-probs keep their precision."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a LoRA (peft) model
-    if bf16 and hasattr(inner, "lm_head") and hasattr(inner, "model"):
-        with torch.autocast(input_ids.device.type, dtype=torch.bfloat16):
-            h = inner.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        head = inner.lm_head  # in float32 even when the frozen base is bf16 (LoRA)
-        logits = torch.nn.functional.linear(h[:, :-1].float(), head.weight.float(),
-                                            None if head.bias is None else head.bias.float())
+    B, T = input_ids.shape
+    start = max(1, min(start, T))
+    if not (hasattr(inner, "lm_head") and hasattr(inner, "model")):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, start - 1:-1].float()
     else:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+        with torch.autocast(input_ids.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            h = _hidden(inner, input_ids, attention_mask, shared, start)
+        head = inner.lm_head  # in float32 even when the frozen base is bf16 (LoRA)
+        if bf16:
+            logits = torch.nn.functional.linear(h.float(), head.weight.float(),
+                                                None if head.bias is None else head.bias.float())
+        else:
+            logits = head(h).float()
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, start:].unsqueeze(-1)).squeeze(-1)
+    return torch.cat([torch.zeros_like(input_ids[:, :start], dtype=lp.dtype), lp], dim=1)
+
+
+def _hidden(inner, ids: torch.Tensor, attn: torch.Tensor, shared: int, start: int) -> torch.Tensor:
+    """Hidden states at positions start-1 .. T-2 (those that predict tokens start .. T-1)."""
+    B, T = ids.shape
+    checkpointing = getattr(inner, "is_gradient_checkpointing", False) and torch.is_grad_enabled()
+    shared = min(shared, T - 1)
+    if B == 1 or shared < 2 or checkpointing:  # (checkpointing turns the cache off)
+        return inner.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, start - 1:-1]
+    pre = inner.model(input_ids=ids[:1, :shared], attention_mask=attn[:1, :shared], use_cache=True)
+    cache = pre.past_key_values
+    cache.batch_repeat_interleave(B)
+    rest = inner.model(input_ids=ids[:, shared:], attention_mask=attn, past_key_values=cache,
+                       use_cache=True).last_hidden_state
+    if start - 1 >= shared:  # rest[:, j] is position shared + j
+        return rest[:, start - 1 - shared:T - 1 - shared]
+    return torch.cat([pre.last_hidden_state[:, start - 1:].expand(B, -1, -1), rest], dim=1)[:, :T - start]
+
+
+def shared_prefix(rows: torch.Tensor, lengths: list[int]) -> int:
+    """How many leading tokens every row of `rows` [B, T] has in common (within each row's length)."""
+    n = min(lengths)
+    if rows.shape[0] < 2 or n == 0:
+        return 0
+    same = (rows[:, :n] == rows[:1, :n]).all(dim=0)
+    return n if bool(same.all()) else int(same.int().argmin())
 
 
 def fit_width(row: torch.Tensor, width: int) -> torch.Tensor:

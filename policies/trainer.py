@@ -25,11 +25,16 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import namedtuple
 from pathlib import Path
 
 from actors.events import Judgement
 from policies import adca, grpo, lora
 from policies.model_store import BASE_VERSION, WeightsStore, aliases
+
+
+# one step's samples, padded: token ids, attention mask, each sample's length and its first response token
+Batch = namedtuple("Batch", "ids attn lens first")
 
 
 def floor_scales(groups: list[Judgement], adv, negative_scale: float) -> list[float]:
@@ -142,9 +147,14 @@ class Trainer:
         return {k: v.detach().to("cpu", dt) for k, v in sd.items() if k not in skip}
 
     # ------------------------------------------------------------------ log-probs
-    def _logprobs(self, model, ids, attn):
-        with self.torch.no_grad():
-            return grpo.token_logprobs(model, ids, attn, self.s.learner.bf16)
+    def _logprobs(self, model, rows: list[int], batch: Batch):
+        """Log-probs of some samples of one micro-batch, cut to the longest of them; the prompt they share
+        runs once and the head starts at their first response token."""
+        width = max(batch.lens[i] for i in rows)
+        ids, attn = batch.ids[rows, :width], batch.attn[rows, :width]
+        return grpo.token_logprobs(model, ids, attn, self.s.learner.bf16,
+                                   shared=grpo.shared_prefix(ids, [batch.lens[i] for i in rows]),
+                                   start=min(batch.first[i] for i in rows))
 
     @contextlib.contextmanager
     def _behaviour_model(self, version: str):
@@ -184,6 +194,7 @@ class Trainer:
         torch, L = self.torch, self.s.learner
         samples, scores, index, step_adv, scale, clip_high, guided, versions = [], [], [], [], [], [], [], []
         off: list[bool] = []
+        member: list[int] = []  # sample -> its group
         for gi, g in enumerate(groups):
             p = adca.self_consistency([o for s, o in zip(g.samples, g.outcomes) if not s.off_policy])
             use_adpo = L.adpo and g.source == "rollout"
@@ -198,6 +209,7 @@ class Trainer:
                 off.append(s.off_policy)
                 scores.append(o)
                 index.append(g.group_id)
+                member.append(gi)
         mask = grpo.pad([t.response_mask for t in samples], 0)
         if L.adca_alpha > 0:
             adv = adca.token_advantages([t.step_ids for t in samples], step_adv, mask.shape[1]) * mask
@@ -211,25 +223,27 @@ class Trainer:
         total_tokens = int(mask.sum())
         t0 = time.monotonic()
         n, mb = len(samples), max(1, L.micro_batch_size)
-        lens = [len(t.input_ids) for t in samples]
-        # micro-batches of similar length, each cut to its own longest sample: a short code sample beside a
-        # BFCL prompt four times its length does not pay for the padding (token-mean loss: order is free)
-        order = sorted(range(n), key=lambda i: lens[i])
-        batches = [order[i:i + mb] for i in range(0, n, mb)]
+        batch = Batch(ids, attn, [len(t.input_ids) for t in samples],
+                      [t.response_mask.index(1) if 1 in t.response_mask else len(t.input_ids) for t in samples])
+        # micro-batches within a group, of similar length, each cut to its own longest sample: the group's
+        # prompt runs once, and a short code sample beside a BFCL prompt four times its length does not pay
+        # for the padding (the loss is a token-mean over the whole step: order is free)
+        batches = []
+        for gi in range(len(groups)):
+            rows = sorted((i for i in range(n) if member[i] == gi), key=lambda i: batch.lens[i])
+            batches += [rows[j:j + mb] for j in range(0, len(rows), mb)]
         behav: dict[int, object] = {}  # sample -> pi_behav log-probs, for samples older weights generated
-        stale = [i for i in order if versions[i] != self.version and not off[i]]
+        stale = {i for i in range(n) if versions[i] != self.version and not off[i]}
         for v in sorted({versions[i] for i in stale}):  # one weights load per older version
-            rows = [i for i in stale if versions[i] == v]
-            with self._behaviour_model(v) as model:
-                for j in range(0, len(rows), mb):
-                    b, w = rows[j:j + mb], max(lens[i] for i in rows[j:j + mb])
-                    behav.update(zip(b, self._logprobs(model, ids[b, :w], attn[b, :w])))
+            with self._behaviour_model(v) as model, torch.no_grad():
+                for b in batches:
+                    if rows := [i for i in b if i in stale and versions[i] == v]:
+                        behav.update(zip(rows, self._logprobs(model, rows, batch)))
         ref: dict[int, object] = {}
         if L.kl_coef > 0:
-            with self._reference() as model:
+            with self._reference() as model, torch.no_grad():
                 for b in batches:
-                    w = max(lens[i] for i in b)
-                    ref.update(zip(b, self._logprobs(model, ids[b, :w], attn[b, :w])))
+                    ref.update(zip(b, self._logprobs(model, b, batch)))
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         loss_sum, kl_sum, metrics, boosted0, weights = 0.0, 0.0, {}, self.boosted, []
@@ -237,9 +251,9 @@ class Trainer:
             live = [i for i in b if int(mask[i].sum()) and (float(adv[i].abs().sum()) or ref)]
             if not live:
                 continue
-            W = max(lens[i] for i in live)
+            W = max(batch.lens[i] for i in live)
             m_, a_ = mask[:, :W], adv[:, :W]
-            lp = grpo.token_logprobs(self.model, ids[live, :W], attn[live, :W], L.bf16)
+            lp = self._logprobs(self.model, live, batch)
             prox = lp.detach()  # one update per step: the weights being trained, before it
             beh = torch.stack([grpo.fit_width(behav[i], W) if i in behav else prox[r] for r, i in enumerate(live)])
             w, _ = grpo.is_weights(prox, beh, m_[live], L.is_threshold)

@@ -110,3 +110,43 @@ def test_a_reference_in_an_all_failed_group_gets_the_only_positive_advantage():
     adv = adca.step_advantages([["BAD"]] * 4 + [["GOOD"]], [0.0] * 4 + [1.0], alpha=0.0)
     # outcomes mean 0.2, population std 0.4 -> failures -0.5, reference +2.0
     assert [a[0] for a in adv] == pytest.approx([-0.5] * 4 + [2.0])
+
+
+def test_shared_prefix_counts_the_common_leading_tokens():
+    rows = torch.tensor([[1, 2, 3, 4, 0], [1, 2, 3, 5, 6], [1, 2, 3, 4, 7]])
+    assert grpo.shared_prefix(rows, [4, 5, 5]) == 3
+    assert grpo.shared_prefix(rows[[0, 2]], [4, 5]) == 4  # all of the shorter row
+    assert grpo.shared_prefix(rows[:1], [4]) == 0  # one row shares nothing
+    assert grpo.shared_prefix(torch.tensor([[9, 1], [8, 1]]), [2, 2]) == 0
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_shared_prompt_and_a_late_head_give_the_same_logprobs_and_gradients(bf16):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    prompt = torch.randint(0, 100, (12,)).tolist()
+    rows = [prompt + torch.randint(0, 100, (k,)).tolist() for k in (5, 9, 3, 1)]
+    lens = [len(r) for r in rows]
+    ids, attn = grpo.pad(rows, 0), grpo.pad([[1] * n for n in lens], 0)
+    shared = grpo.shared_prefix(ids, lens)
+    assert shared == 12
+    tol = dict(atol=5e-4, rtol=2e-2) if bf16 else dict(atol=1e-5, rtol=1e-4)
+    for start in (1, 5, 12, 13, 15):  # the head from the prompt's middle, its end, or inside the answers
+        mask = torch.zeros(len(rows), ids.shape[1])
+        for i, n in enumerate(lens):
+            mask[i, start:n] = 1
+        out = []
+        for kw in ({}, {"shared": shared, "start": start}):
+            model.zero_grad()
+            lp = grpo.token_logprobs(model, ids, attn, bf16, **kw)
+            (lp * mask).sum().backward()
+            out.append((lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        (full, g_full), (fast, g_fast) = out
+        assert fast.shape == full.shape and not fast[:, :start].any()  # no head before `start`
+        torch.testing.assert_close(fast * mask, full * mask, **tol)
+        assert g_fast.keys() == g_full.keys()
+        for n in g_full:  # bf16 rounds single elements differently: compare each gradient as a whole
+            assert float((g_fast[n] - g_full[n]).norm()) <= tol["rtol"] * float(g_full[n].norm()) + 1e-7, n

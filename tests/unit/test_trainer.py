@@ -82,11 +82,18 @@ def test_micro_batches_accumulate_the_same_gradient(tmp_path, tiny_dir):
     from policies.trainer import Trainer
 
     grads = []
-    for mb in (1, 3):
-        t = Trainer(_settings(tmp_path / str(mb), lr=0.0, grad_clip=1e9, micro_batch_size=mb, kl_coef=0.01, bf16=False),
-                    tiny_dir)
-        stats = t.train_step([_group()])
-        assert stats["micro_batches"] == (4 if mb == 1 else 2)
+    long = _group().model_copy(update={"group_id": "long", "samples": [
+        s.model_copy(update={"messages": [s.messages[0].model_copy(update={"content": "You call functions. " * 40}),
+                                          *s.messages[1:]]}) for s in _group().samples]})
+    for mb in (1, 3, 8):  # one sample at a time; a group in two parts; each group at once, its prompt run once
+        s = _settings(tmp_path / str(mb), lr=0.0, grad_clip=1e9, micro_batch_size=mb, kl_coef=0.01, bf16=False)
+        store = WeightsStore(s.state)
+        t = Trainer(s, tiny_dir, store)
+        _perturb(t)
+        store.save(t.export("float32"), "w-000001", {"parent": "w-000000"})
+        t.version = "w-000001"
+        stats = t.train_step([_group(), long], [["w-000000"] * 4, [t.version] * 4])  # with a stale group
+        assert stats["micro_batches"] == {1: 8, 3: 4, 8: 2}[mb] and stats["stale_samples"] == 4
         grads.append({n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for n in grads[0]:
