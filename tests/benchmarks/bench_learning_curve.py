@@ -79,7 +79,9 @@ def users(run: dict, stop: threading.Event, stats: dict, pause_s: float, seed: i
         q, truth = question(rng)
         msgs = [{"role": "user", "content": q}]
         try:
-            r = c.chat.completions.create(model="m", messages=msgs, tools=[PYTHON_TOOL], max_tokens=48)
+            # an agent client that wants its sums run: the first turn must call the tool
+            r = c.chat.completions.create(model="m", messages=msgs, tools=[PYTHON_TOOL], max_tokens=48,
+                                          tool_choice="required")
             stats["requests"] += 1
             m = r.choices[0].message
             if m.tool_calls:
@@ -89,6 +91,7 @@ def users(run: dict, stop: threading.Event, stats: dict, pause_s: float, seed: i
                 except (ValueError, AttributeError):
                     code = ""
                 out = run_python(notebook_cell(code)).stdout if isinstance(code, str) and code else ""
+                stats["tool_right"] += right(out, truth)
                 rate(r, 1.0 if right(out, truth) else -1.0)
                 msgs += [m.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": tc.id, "content": out or "(no output)"}]
                 r = c.chat.completions.create(model="m", messages=msgs, tools=[PYTHON_TOOL], max_tokens=32)
@@ -137,7 +140,7 @@ def main():
     assert up.returncode == 0, up.stdout + up.stderr
     run = json.loads((state / "run.json").read_text())
     print(f"up in {time.time() - t_start:.0f}s; state {state}; scripted users for {a.minutes:.0f} min", flush=True)
-    stop, stats = threading.Event(), {"requests": 0, "rated": 0, "right": 0, "failed": 0}
+    stop, stats = threading.Event(), {"requests": 0, "rated": 0, "tool_right": 0, "right": 0, "failed": 0}
     stats_file = root / "users.json"
     th = threading.Thread(target=users, args=(run, stop, stats, a.user_pause_s, a.seed), daemon=True)
     th.start()
