@@ -4,7 +4,8 @@
 evaluate / get_info / release; a background thread releases instances idle for longer than
 `idle_s`. `PooledEnvironment` looks like a local `Environment` to the rollout code, but each
 `episode()` is created on a worker (round robin) and counts against a concurrency limit until it
-is released. Tool execution, and its failures, stay out of the explorer's process.
+is released. The pool renews a lease on the episodes it holds (`touch`, every `keepalive_s`), so a
+slow generation between two steps never loses them; only an owner that died stops renewing. Tool execution, and its failures, stay out of the explorer's process.
 """
 from __future__ import annotations
 
@@ -51,6 +52,15 @@ class EnvWorker:
                 raise KeyError(f"unknown or released environment instance {iid}")
             self.touched[iid] = time.monotonic()
             return ep
+
+    def touch(self, iids: list[str]) -> int:
+        """Renew the lease of these instances (their owner is alive); returns how many are still held."""
+        now = time.monotonic()
+        with self._lock:
+            held = [i for i in iids if i in self.episodes]
+            for i in held:
+                self.touched[i] = now
+        return len(held)
 
     def create(self, env: str, entry_id: str, spec: dict | None = None) -> dict:
         ep = self.envs[env].episode(entry_id, spec)
@@ -137,12 +147,37 @@ def _local_call(method, *args):
 class PooledEnvironment:
     """A local environment's catalogue (entries, queries, categories) with episodes on the pool."""
 
-    def __init__(self, local_env, workers: list, max_concurrent: int, remote: bool = True, slot_timeout_s: float = 600):
+    def __init__(self, local_env, workers: list, max_concurrent: int, remote: bool = True, slot_timeout_s: float = 600,
+                 keepalive_s: float = 30.0):
         self.local, self.name = local_env, local_env.name
         self.workers = itertools.cycle(workers)
         self.slots = threading.BoundedSemaphore(max_concurrent)
         self.call = _ray_call if remote else _local_call
         self.slot_timeout_s = slot_timeout_s
+        self.held: dict[str, RemoteEpisode] = {}  # instance id -> episode, until released
+        self._held_lock = threading.Lock()
+        if keepalive_s > 0:  # 0: no lease renewal (tests of a dead owner)
+            threading.Thread(target=self._keepalive, args=(keepalive_s,), daemon=True).start()
+
+    def _keepalive(self, every_s: float) -> None:
+        while True:
+            time.sleep(every_s)
+            self.renew()
+
+    def renew(self) -> int:
+        """Touch every held episode on its worker (one call per worker); returns how many are still held."""
+        with self._held_lock:
+            eps = list(self.held.values())
+        by_worker: dict[int, tuple] = {}
+        for ep in eps:
+            by_worker.setdefault(id(ep.w), (ep.w, []))[1].append(ep.iid)
+        n = 0
+        for worker, iids in by_worker.values():
+            try:
+                n += self.call(worker.touch, iids)
+            except Exception:  # a restarting worker lost them anyway; the episode's next call says so
+                pass
+        return n
 
     def entries(self, split):
         return self.local.entries(split)
@@ -164,11 +199,23 @@ class PooledEnvironment:
     def episode(self, entry_id: str, spec: dict | None = None) -> RemoteEpisode:
         if not self.slots.acquire(timeout=self.slot_timeout_s):
             raise TimeoutError(f"no environment slot free within {self.slot_timeout_s} s")
+        box: list[RemoteEpisode] = []
+
+        def released():
+            if box:
+                with self._held_lock:
+                    self.held.pop(box[0].iid, None)
+            self.slots.release()
+
         try:
-            return RemoteEpisode(next(self.workers), self.call, self.name, entry_id, self.slots.release, spec)
+            ep = RemoteEpisode(next(self.workers), self.call, self.name, entry_id, released, spec)
         except BaseException:
             self.slots.release()
             raise
+        box.append(ep)
+        with self._held_lock:
+            self.held[ep.iid] = ep
+        return ep
 
 
 def start_workers(settings, n: int) -> list:
