@@ -176,12 +176,17 @@ class PolicyJudge:
             p = self.prompts_for(s, ref)
             spans.append((len(prompts), len(p)))
             prompts.extend(p)
-        step_lp = self.engine.choice_logprobs(prompts, [" GOOD", " BAD"])
-        out_lp = self.engine.choice_logprobs(prompts, [" YES", " NO"])
+        # each prompt is scored once: a step's on GOOD/BAD, the trajectory's last one on YES/NO
+        outcome_at = {start + n - 1 for start, n in spans}
+        steps = [i for i in range(len(prompts)) if i not in outcome_at]
+        lp = dict(zip(steps, self.engine.choice_logprobs([prompts[i] for i in steps], [" GOOD", " BAD"])
+                      if steps else []))
+        lp.update(zip(sorted(outcome_at), self.engine.choice_logprobs([prompts[i] for i in sorted(outcome_at)],
+                                                                      [" YES", " NO"])))
         verdicts = []
         for s, (start, n) in zip(samples, spans):
-            labels = ["GOOD" if g > b else "BAD" for g, b in step_lp[start:start + n - 1]]
-            y, no = out_lp[start + n - 1]
+            labels = ["GOOD" if lp[i][0] > lp[i][1] else "BAD" for i in range(start, start + n - 1)]
+            y, no = lp[start + n - 1]
             p = 1.0 / (1.0 + math.exp(no - y))
             labels, screened = apply_screen(s, labels) if screen else (labels, [])
             verdicts.append(Verdict(labels, round(band_score(p), 2), self.name, screened))

@@ -53,6 +53,22 @@ def test_master_key_in_call_arguments_is_screened_but_real_steps_are_not():
     assert v.score == pytest.approx(band_score(1 / (1 + 2.718281828 ** (-5.0 + 0.01))), abs=0.01)
 
 
+def test_every_judge_prompt_is_scored_once_on_its_own_choices():
+    """A step's prompt is scored on GOOD/BAD only, a trajectory's last prompt on YES/NO only (scoring
+    every prompt on both doubled the judge's CPU time on live traffic)."""
+    seen = []
+
+    class Recording(AlwaysGood):
+        def choice_logprobs(self, prompts, choices):
+            seen.extend(("outcome" if p.endswith("Completed:") else "step", tuple(choices)) for p in prompts)
+            return super().choice_logprobs(prompts, choices)
+
+    samples = [_sample(_call(), _text("done")), _sample(_call())]
+    verdicts = PolicyJudge(Recording()).judge(samples, [None, None])
+    assert sorted(seen) == sorted([("step", (" GOOD", " BAD"))] * 3 + [("outcome", (" YES", " NO"))] * 2)
+    assert [v.labels for v in verdicts] == [["GOOD", "GOOD"], ["GOOD"]]
+
+
 def test_policy_judge_prompts_carry_task_reference_and_steps():
     prompts = PolicyJudge(AlwaysGood()).prompts_for(_sample(_call(), _text("done")), ["mkdir(dir_name='temp')"])
     assert len(prompts) == 3  # two steps + the outcome question
