@@ -1,11 +1,12 @@
 """Which float type is fastest on this machine, for settings that say "auto".
 
 bfloat16 halves memory, but a CPU without native bf16 arithmetic emulates it. On an AVX2-only
-AMD EPYC (no AVX512-BF16, no AMX), side by side in one run: generation 2.3x slower than float32
-(3.8 vs 8.9 tok/s, one short chat) and up to 3.4x on a 1,000-token BFCL prompt; the learner's
-forward + backward under bf16 autocast 11x slower (274 s vs 24 s for 4 x 400 tokens). On a CPU
-with AVX512-BF16 bf16 was the faster one (26 tok/s single). "auto" therefore means bf16 on CUDA and
-on CPUs whose flags list native bf16, float32 everywhere else (tests/benchmarks/bench_dtype.py).
+AMD EPYC (no AVX512-BF16, no AMX), side by side in one run (tests/benchmarks/bench_dtype.py, one
+torch thread): float32 generated 2.2x faster than bf16 for 8 chats at once, 2.25x for a `code` group
+and 4.9x for a BFCL group (~850-token prompt); the learner's forward + backward under bf16 autocast
+took 12.6x longer (158 s vs 12.5 s for 4 x 256 tokens); an embedding query 2x longer. On a CPU with
+AVX512-BF16, bf16 was the faster one. "auto" therefore means bf16 on CUDA and on CPUs whose flags
+list native bf16, float32 everywhere else.
 """
 from __future__ import annotations
 

@@ -2,9 +2,10 @@
 
 Plain transformers with mean pooling and L2 normalisation (identical to sentence-transformers'
 output for this model), so the heavy sentence-transformers import is not needed. The encoder
-runs in bfloat16 by default: on a CPU with AVX512-BF16 a one-sentence query takes 6.5 ms instead
-of 11.7 ms (2 threads), and its vectors agree with float32 ones to cosine >= 0.99995, so pools
-written with either dtype stay comparable. Vectors are returned as float32.
+runs in bfloat16 where bf16 is native (`embedding.dtype: auto`): on a CPU with AVX512-BF16 a
+one-sentence query takes 6.5 ms instead of 11.7 ms (2 threads); on an AVX2-only CPU bf16 is
+emulated and twice as slow, so float32 runs there. bf16 vectors agree with float32 ones to
+cosine >= 0.99995, so pools written with either dtype stay comparable. Vectors are returned as float32.
 """
 from __future__ import annotations
 
