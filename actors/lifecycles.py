@@ -118,3 +118,5 @@ class LivePointer(BaseModel):
     stat: list[int] | None = None
     canary: CanaryRef | None = None
     at: float = 0.0
+    shared: dict | None = Field(None, description="a SharedRef (policies/shared_weights.py): where the weights of "
+                                "one version named here can be copied from memory instead of the file")

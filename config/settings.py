@@ -65,6 +65,10 @@ class ServeSettings(_Section):
     max_prompt_tokens: int = Field(3072, description="Longest accepted prompt, in tokens")
     retrieve_timeout_s: float = Field(0.5, description="How long a request waits for memory retrieval")
     experiences_k: int = Field(2, description="Experiences put into the live agent's context")
+    weights_transport: Literal["file", "shared"] = Field(
+        "file", description="How a swap reaches the replicas: file (the verified safetensors file, read by every "
+        "replica) or shared (the gate engine's weights in place: CUDA IPC on a GPU, shared memory on a CPU; the "
+        "file when the gate engine holds another version or its weights change during the copy)")
 
 
 class ModelSettings(_Section):

@@ -14,6 +14,8 @@ not fit, naming the knob to change. Figures are estimates with stated formulas (
   micro-batch of `max_seq_tokens` (hidden states of every layer, or one per layer with gradient
   checkpointing) plus three float32 [tokens, vocab] tensors (logits, log-softmax, their gradient);
 - every GPU process pays ~0.5 GiB of CUDA context;
+- swaps from memory (`serve.weights_transport: shared`) copy the gate engine's bf16 weights over CUDA IPC:
+  no extra copy, but the gate must be on the GPU;
 - disk: the base model, `gate.keep_versions` served versions in bf16, `learner.checkpoints_kept`
   checkpoints (full: fp32 weights + AdamW = 12 bytes a parameter; LoRA: adapters only) and the stream's
   `nats.max_bytes`.
@@ -144,6 +146,9 @@ def plan(s, shape: Shape, gpu_gib: float, disk_gib: float) -> Plan:
         if act > 0.25 * gpu_gib:
             p.problems.append(f"learner activations {act:.0f} GiB: lower learner.max_seq_tokens or "
                               "learner.micro_batch_size, or set learner.gradient_checkpointing")
+    if s.serve.weights_transport == "shared" and m.engine == "vllm" and not on_gpu:
+        p.problems.append("serve.weights_transport shared copies the gate engine's weights over CUDA IPC, but the "
+                          "gate runs on the CPU: set model.device cuda, or serve.weights_transport file")
     if p.gpu_total > gpu_gib:
         biggest = max(p.gpu, key=lambda x: x[1])[0]
         p.problems.append(f"GPU needs {p.gpu_total:.1f} GiB of {gpu_gib:.1f} (largest: {biggest}); set "

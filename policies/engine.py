@@ -45,6 +45,8 @@ class TransformersEngine:
         self._cv = threading.Condition()  # guards model/version/_users and the flip
         self._users: dict[int, int] = {}  # id(model) -> calls using it
         self.standby, self._standby, self._swapping = standby, None, threading.Lock()
+        self.shared = None  # SharedWeights once `share()` exported this engine's parameters
+        self.last_load = ""  # how the last update arrived: "shared", "file", or "file (why shared failed)"
         self._paused = threading.Event()
         self._paused.set()  # set = running
         self.generated_tokens = 0
@@ -177,10 +179,22 @@ class TransformersEngine:
                 past, logits = out.past_key_values, out.logits[0, -1].float()
 
     def load_state_dict(self, sd: dict, version: str) -> None:
+        self._load(lambda model: self._copy_into(model, sd), version)
+
+    def _load(self, fill, version: str) -> None:
+        """`fill(model)` writes the new weights: in place (between calls), or into the standby copy, then flip."""
         with self._swapping:
             if not self.standby:
                 with self._lock:
-                    self._copy_into(self.model, sd)
+                    ok = False
+                    if self.shared is not None:
+                        self.shared.begin()  # readers of the shared weights see a write in progress
+                    try:
+                        fill(self.model)
+                        ok = True
+                    finally:
+                        if self.shared is not None:
+                            self.shared.end(version if ok else "?")
                     with self._cv:
                         self.version = version
                 return
@@ -191,9 +205,21 @@ class TransformersEngine:
                 import copy
 
                 target = copy.deepcopy(self.model)
-            self._copy_into(target, sd)
+            fill(target)
             with self._cv:
                 self._standby, self.model, self.version = self.model, target, version
+
+    def share(self, layout_path):
+        """Export this engine's parameters for other processes to copy (`policies.shared_weights`); in-place
+        engines only (a standby engine's weights move between two copies)."""
+        from policies.shared_weights import SharedWeights
+
+        if self.standby:
+            raise ValueError("a standby engine cannot share its weights: they flip between two copies")
+        with self._swapping, self._lock:
+            if self.shared is None:
+                self.shared = SharedWeights(self.model, self.version, layout_path)
+        return self.shared
 
     def _copy_into(self, model, sd: dict) -> None:
         from policies.model_store import aliases
@@ -208,13 +234,25 @@ class TransformersEngine:
                 if k in params:
                     params[k].copy_(v.to(params[k].dtype))
 
-    def load_weights(self, path, version) -> float:
-        """Copy a safetensors file into the live model in place; returns milliseconds."""
+    def load_weights(self, path, version, shared: dict | None = None) -> float:
+        """Copy a version into the model (in place, or standby then flip); returns milliseconds. With `shared`
+        (a `SharedRef` of this version) the weights come from another engine's memory, else, or when that
+        fails, from the safetensors file."""
         from safetensors.torch import load_file
 
+        from policies.shared_weights import read_shared
+
         t0 = time.perf_counter()
-        sd = load_file(str(path))
-        self.load_state_dict(sd, version)
+        if shared is not None and shared.get("version") == version:
+            try:
+                self._load(lambda m: read_shared(shared, lambda views: self._copy_into(m, dict(views))), version)
+                self.last_load = "shared"
+                return (time.perf_counter() - t0) * 1000
+            except Exception as exc:  # rewritten meanwhile, or its producer is gone: the file is the record
+                self.last_load = f"file ({type(exc).__name__}: {str(exc)[:160]})"
+        else:
+            self.last_load = "file"
+        self.load_state_dict(load_file(str(path)), version)
         return (time.perf_counter() - t0) * 1000
 
     def pause(self) -> None:
@@ -225,7 +263,8 @@ class TransformersEngine:
 
     def health(self) -> dict:
         return {"engine": "transformers", "version": self.version, "device": self.device,
-                "generated_tokens": self.generated_tokens, "paused": not self._paused.is_set()}
+                "generated_tokens": self.generated_tokens, "paused": not self._paused.is_set(),
+                "last_load": self.last_load, "shares": self.shared is not None}
 
 
 ROLES = ("serve", "canary", "explorer", "gate", "judge", "questioner", "eval")

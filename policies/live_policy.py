@@ -29,6 +29,9 @@ class LivePolicy:
         self.base = Path(base) if base is not None else ensure_base_model(
             settings.state, settings.model.source, settings.model.path, progress=False)
         self.engine = engine if engine is not None else self.make_engine(role) if role else None
+        if role == "gate" and settings.serve.weights_transport == "shared" and hasattr(self.engine, "share"):
+            # the gate engine holds each candidate it scored: replicas copy it from there
+            self.engine.share(self.store.dir / "shared-layout.json")
         self.target: WeightsRef | None = None  # the newest published version to sample with; None = live
         self.log = log
 
@@ -62,7 +65,8 @@ class LivePolicy:
             path = self.file(live.version, live.path)
             if path is None:
                 raise FileNotFoundError(f"cannot load {live.version}: no weights file (base folder {self.base})")
-            self.engine.load_weights(path, live.version)
+            shared = {"shared": live.shared} if live.shared and live.shared.get("version") == live.version else {}
+            self.engine.load_weights(path, live.version, **shared)
         return self.engine.version
 
     def aim(self, ref: WeightsRef) -> None:
@@ -95,4 +99,19 @@ class LivePolicy:
     def publish_live(self, live: WeightsRef, canary: WeightsRef | None = None, share: float = 0.0) -> LivePointer:
         """Write the pointer (the broadcaster only, right before the event that announces it)."""
         c = CanaryRef(version=canary.version, path=canary.path, sha256=canary.sha256, share=share) if canary else None
-        return self.store.set_live(live.version, live.path or None, live.sha256 or None, canary=c)
+        return self.store.set_live(live.version, live.path or None, live.sha256 or None, canary=c,
+                                   shared=self.shared_ref({live.version, canary.version if canary else live.version}))
+
+    def shared_ref(self, versions: set[str]) -> dict | None:
+        """A `SharedRef` of this engine's weights, when they are shared and hold one of `versions` (the gate
+        has just scored the version it promotes, so they usually do; otherwise replicas read the file)."""
+        shared = getattr(self.engine, "shared", None)
+        if shared is None:
+            return None
+        from policies.shared_weights import SharedChanged
+
+        try:
+            ref = shared.ref()
+        except SharedChanged:  # being written: the file it is
+            return None
+        return ref if ref["version"] in versions else None

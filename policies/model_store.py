@@ -187,14 +187,14 @@ class WeightsStore:
             self.verify(path, sha256)
         return self._verified.get(str(path))
 
-    def set_live(self, version: str, path: str | None, sha256: str | None, canary: CanaryRef | None = None
-                 ) -> LivePointer:
+    def set_live(self, version: str, path: str | None, sha256: str | None, canary: CanaryRef | None = None,
+                 shared: dict | None = None) -> LivePointer:
         """Write the pointer, with the verified files' stat pinned: a replica checks that (a stat call) instead
         of re-hashing gigabytes on every swap; a file changed since verification no longer matches."""
         if canary is not None:
             canary = canary.model_copy(update={"stat": self._pinned(canary.path, canary.sha256)})
         ptr = LivePointer(version=version, path=path, sha256=sha256, stat=self._pinned(path, sha256), canary=canary,
-                          at=time.time())
+                          at=time.time(), shared=shared)
         atomic_write_bytes(self.dir / "LIVE", ptr.model_dump_json().encode())
         return ptr
 

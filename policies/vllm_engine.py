@@ -5,7 +5,9 @@ coroutines to it, so concurrent callers (Serve requests, a rollout group) are ba
 scheduler. A weight update (`load_weights`) is vLLM's in-place protocol:
 
     pause_generation(mode="keep")   running requests freeze, nothing is aborted
-    collective_rpc("kaizen_load_weights", path)   every worker loads the file (`vllm_worker.py`)
+    collective_rpc("kaizen_load_shared", ref)   every worker copies the gate engine's weights over CUDA IPC
+                                    (`vllm_worker.py`); or, without a ref or when that fails,
+    collective_rpc("kaizen_load_weights", path)   every worker loads the file
     reset_prefix_cache(reset_running_requests=True)   no prefix cached under the old weights is
                                     reused; running requests are recomputed under the new ones.
                                     vLLM returns False when it could not reset: that is an error.
@@ -43,6 +45,7 @@ class VllmEngine:
         self.generated_tokens = 0
         self.swap_ms: list[float] = []
         self.swaps = 0
+        self.last_load = ""
         self._sampling = sampling_params
         if engine is None:
             engine = self._run(self._make(str(model_dir), dtype, gpu_memory_utilization, max_model_len, enforce_eager,
@@ -155,23 +158,31 @@ class VllmEngine:
         return self._run(walk())
 
     # ------------------------------------------------------------------ weights
-    async def _update(self, path: str, version: str) -> None:
+    async def _update(self, path: str, version: str, shared: dict | None) -> None:
         await self.llm.pause_generation(mode="keep", clear_cache=False)
         try:
-            await self.llm.collective_rpc("kaizen_load_weights", args=(path,))
+            how = "file"
+            if shared is not None and shared.get("version") == version:  # the gate engine's memory, over CUDA IPC
+                res = await self.llm.collective_rpc("kaizen_load_shared", args=(shared,))
+                bad = [r for r in res if not (isinstance(r, dict) and r.get("ok"))]
+                how = "shared" if not bad else f"file ({bad[0].get('error') if isinstance(bad[0], dict) else bad[0]})"
+            if how != "shared":  # a partial shared copy is overwritten whole, still paused
+                await self.llm.collective_rpc("kaizen_load_weights", args=(path,))
             if not await self.llm.reset_prefix_cache(reset_running_requests=True):
                 raise RuntimeError("vLLM did not reset its prefix cache after a weight update; refusing to serve "
                                    "prefixes computed with the old weights")
             self.version = version  # requests that start from here on are the new version's alone
             self.swaps += 1  # running ones continue under the new weights: they are marked straddled
+            self.last_load = how
         finally:
             await self.llm.resume_generation()
 
-    def load_weights(self, path, version) -> float:
-        """In-place update with requests in flight (see the module docstring); returns milliseconds."""
+    def load_weights(self, path, version, shared: dict | None = None) -> float:
+        """In-place update with requests in flight (see the module docstring); returns milliseconds. `shared`:
+        a `SharedRef` of this version (then no file is read unless it fails)."""
         with self._swap:
             t0 = time.perf_counter()
-            self._run(self._update(str(path), version))
+            self._run(self._update(str(path), version, shared))
             ms = (time.perf_counter() - t0) * 1000
             self.swap_ms.append(ms)
             return ms
@@ -186,7 +197,7 @@ class VllmEngine:
 
     def health(self) -> dict:
         return {"engine": "vllm", "version": self.version, "generated_tokens": self.generated_tokens,
-                "paused": self._paused, "swaps": len(self.swap_ms)}
+                "paused": self._paused, "swaps": len(self.swap_ms), "last_load": self.last_load}
 
     def shutdown(self) -> None:
         shut = getattr(self.llm, "shutdown", None)

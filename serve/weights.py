@@ -11,7 +11,9 @@ stable and independent of load). A request keeps the engine it was given from st
 - another live version      -> copied into the live engine in place (between requests);
 - a canary starts / changes -> loaded into the canary engine (made on first use, then reused);
 - the canary ends           -> its engine is set aside for the next canary.
-A file that is not the one the broadcaster verified (sha256 once, at staging; the pointer pins its size
+A version the pointer shares (`LivePointer.shared`: the gate engine's weights in memory, CUDA IPC on a GPU)
+is copied from there, with the file as fallback (`serve.weights_transport`). A file that is not the one the
+broadcaster verified (sha256 once, at staging; the pointer pins its size
 and mtime, so a swap costs a stat, not a re-hash) is never loaded.
 
 `ReplicaWeights` follows the pointer for a replica: on start (before traffic), on promotion / rollback /
@@ -36,6 +38,7 @@ class EngineSet:
         self.live, self.canary, self.spare = live, None, None
         self.share = 0.0
         self._make_canary, self.file, self.log = make_canary, file, log
+        self.via = ""  # how the last load arrived ("shared", "file", "file (why shared failed)")
 
     def _verified(self, ref: LivePointer | CanaryRef) -> Path | None:
         """The file, when it is the one the broadcaster verified: its pinned size and mtime (a stat), or, for a
@@ -55,14 +58,14 @@ class EngineSet:
 
     def sync(self, pointer: LivePointer) -> list[str]:
         """Match the LIVE pointer; returns what changed (blocking: run it in a worker thread)."""
-        changed = []
+        changed, self.via = [], ""
         if pointer.version != self.live.version:
             if self.canary is not None and self.canary.version == pointer.version \
                     and type(self.canary) is type(self.live):
                 self.live, self.spare, self.canary = self.canary, self.live, None
                 changed.append("promoted")
             elif path := self._verified(pointer):
-                self.live.load_weights(path, pointer.version)
+                self._load(self.live, path, pointer.version, pointer)
                 changed.append("live")
         want = pointer.canary
         if want is None and self.canary is not None:
@@ -71,11 +74,21 @@ class EngineSet:
         elif want is not None and (self.canary is None or self.canary.version != want.version) \
                 and (path := self._verified(want)):
             eng = self.canary or self.spare or self._make_canary()
-            eng.load_weights(path, want.version)
+            self._load(eng, path, want.version, pointer)
             self.canary, self.spare = eng, None
             changed.append("canary")
         self.share = float(want.share) if want and self.canary is not None else 0.0
         return changed
+
+    def _load(self, engine, path: Path, version: str, pointer: LivePointer) -> None:
+        """From the gate engine's memory when the pointer shares this version (the engine falls back to the file
+        itself), else from the file."""
+        if pointer.shared and pointer.shared.get("version") == version:
+            engine.load_weights(path, version, shared=pointer.shared)
+            self.via = getattr(engine, "last_load", "shared?")
+        else:
+            engine.load_weights(path, version)
+            self.via = "file"
 
     def pick(self, interaction_id: str):
         """The engine that answers this request."""
@@ -128,9 +141,10 @@ class ReplicaWeights:
                 total_ms = (time.perf_counter() - t0) * 1000
                 self.swaps.append(total_ms)
                 canary = self.engines.canary
+                via = self.engines.via
                 self.log.info("swap.done", version=self.engine.version, canary=canary and canary.version,
-                              changed=changed, total_ms=round(total_ms, 1))
-                await self.report(total_ms, ",".join(changed))
+                              changed=changed, total_ms=round(total_ms, 1), via=via)
+                await self.report(total_ms, ",".join(changed) + (f" via {via}" if via else ""))
 
     async def report(self, swap_ms: float, reason: str) -> None:
         canary = self.engines.canary

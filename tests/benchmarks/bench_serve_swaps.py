@@ -7,9 +7,13 @@ one and publishes `evo.weights_promoted`; the replica copies the file into a sta
 while requests run, flips the model pointer and reports `evo.weights_swapped`. Meanwhile `--clients` threads keep sending chat completions
 through the OpenAI client (16 new tokens each). Time alternates between blocks without swaps and
 blocks with swaps (`--swaps` in all), so both conditions see the same machine; the latency of every
-request is attributed to its block.
+request is attributed to its block. Swaps alternate between the transports in `--transports`: `file` (the
+replica reads the safetensors file) and `shared` (the replica copies the weights from this script's
+gate-like engine, which takes each version in before the pointer moves, as the broadcaster's gate engine
+has when it promotes a candidate; `serve.weights_transport: shared`, `policies/shared_weights.py`).
 
-    .venv/bin/python tests/benchmarks/bench_serve_swaps.py [--swaps 20] [--clients 3] [--block-s 45]
+    .venv/bin/python tests/benchmarks/bench_serve_swaps.py [--swaps 20] [--clients 3] [--block-s 45] \
+        [--transports file,shared]
 """
 import argparse
 import asyncio
@@ -31,6 +35,7 @@ def main():
     ap.add_argument("--block-s", type=float, default=45.0)
     ap.add_argument("--blocks", type=int, default=4, help="blocks of each kind, alternating")
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--transports", default="file,shared", help="how swaps reach the replica, alternating")
     ap.add_argument("--out", default="", help="write the figures as JSON here")
     a = ap.parse_args()
 
@@ -67,6 +72,13 @@ def main():
         bus = await Bus(s.nats.url, s.nats.user, s.nats.password, producer="bench").connect()
         await bus.close()
     asyncio.run(ensure_stream())
+    transports = a.transports.split(",")
+    gate = None
+    if "shared" in transports:
+        from policies.engine import TransformersEngine
+
+        gate = TransformersEngine(base, dtype="bfloat16", threads=1)  # the broadcaster's gate engine, shared
+        gate.share(store.dir / "shared-layout.json")
     os.environ.update(ray_local.process_env(s.state))  # this script is its own entry point, like main.py
     ray_local.init_ray(s)
     from ray import serve
@@ -103,7 +115,8 @@ def main():
             records.append((t0, time.perf_counter(), ok))
             n += 1
 
-    swap_ms: list[float] = []
+    swap_ms: dict[str, list[float]] = {t: [] for t in transports}
+    vias: list[str] = []
 
     async def swapper(blocks):
         bus = await Bus(s.nats.url, s.nats.user, s.nats.password, producer="bench").connect()
@@ -118,9 +131,13 @@ def main():
                 per_block = a.swaps // a.blocks
                 gap = (t_end - t_start) / per_block
                 for j in range(per_block):
-                    ref = refs[k % 2]
+                    ref, how = refs[k % 2], transports[k % len(transports)]
                     k += 1
-                    store.set_live(ref.version, ref.path, ref.sha256)
+                    shared = None
+                    if how == "shared":  # the gate scored it: its engine holds it (not timed)
+                        await asyncio.to_thread(gate.load_weights, ref.path, ref.version)
+                        shared = gate.shared.ref()
+                    store.set_live(ref.version, ref.path, ref.sha256, shared=shared)
                     await bus.publish(WeightsPromoted(weights=ref, candidate_score=0, live_score=0, previous="",
                                                       stage="live"), weights_version=ref.version)
                     deadline = time.perf_counter() + 60
@@ -131,7 +148,8 @@ def main():
                             continue
                         ev = json.loads(m.data)
                         if ev["version"] == ref.version:
-                            swap_ms.append(ev["swap_ms"])
+                            swap_ms[how].append(ev["swap_ms"])
+                            vias.append(f"{how}: {ev['reason']}")
                             break
                     while time.perf_counter() < t_start + (j + 1) * gap:
                         await asyncio.sleep(0.05)
@@ -166,16 +184,22 @@ def main():
         lat = [(e - b) * 1000 for b, e, ok in rs if ok]
         res[kind] = {"requests": len(rs), "failed": sum(not ok for *_, ok in rs), "p50_ms": statistics.median(lat),
                      "p95_ms": pct(lat, .95), "p99_ms": pct(lat, .99), "max_ms": max(lat)}
-    res["swaps"] = len(swap_ms)
-    res["swap_ms_p50"], res["swap_ms_p99"] = statistics.median(swap_ms), pct(swap_ms, .99)
+    res["swaps"] = sum(map(len, swap_ms.values()))
+    res["swap_ms"] = {t: {"swaps": len(xs), "p50": statistics.median(xs), "p99": pct(xs, .99)}
+                      for t, xs in swap_ms.items() if xs}
+    res["fell_back"] = [v for v in vias if v.startswith("shared") and not v.endswith("via shared")]
+    if {"file", "shared"} <= res["swap_ms"].keys():
+        res["file_over_shared_p50"] = res["swap_ms"]["file"]["p50"] / res["swap_ms"]["shared"]["p50"]
     res["p99_ratio"] = res["swap"]["p99_ms"] / res["base"]["p99_ms"]
     print(f"clients={a.clients} max_tokens={a.max_tokens} blocks={a.blocks}x2 of {a.block_s:.0f}s")
     for kind in ("base", "swap"):
         r = res[kind]
         print(f"{'no swaps' if kind == 'base' else 'swapping':9} requests={r['requests']:4d} failed={r['failed']} "
               f"p50={r['p50_ms']:7.0f} ms p95={r['p95_ms']:7.0f} ms p99={r['p99_ms']:7.0f} ms max={r['max_ms']:7.0f} ms")
-    print(f"swaps={res['swaps']} inside the replica p50={res['swap_ms_p50']:.0f} ms p99={res['swap_ms_p99']:.0f} ms; "
-          f"p99 ratio swapping / no swaps = {res['p99_ratio']:.2f}")
+    for t, r in res["swap_ms"].items():
+        print(f"{t:6} swaps={r['swaps']} inside the replica p50={r['p50']:.0f} ms p99={r['p99']:.0f} ms")
+    print(f"file / shared p50 = {res.get('file_over_shared_p50', float('nan')):.2f}; shared swaps that fell back to "
+          f"the file: {len(res['fell_back'])}; p99 ratio swapping / no swaps = {res['p99_ratio']:.2f}")
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
     serve.shutdown()

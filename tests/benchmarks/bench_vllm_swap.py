@@ -1,13 +1,16 @@
 """vLLM weight swaps with requests in flight (GPU): swap p50 / p99, failed requests, and generation
 throughput with and without swaps, side by side in one run. Needs CUDA and the `gpu` extra.
 
-The engine is the system's `VllmEngine` (pause keep -> every worker loads the safetensors file ->
-prefix-cache reset -> resume). Two weights files are swapped in turn while `--clients` threads keep
-generating. Default: the converted SmolLM2-135M. `--config DIR` takes a Hugging Face config folder
+The engine is the system's `VllmEngine` (pause keep -> every worker loads the new weights -> prefix-cache
+reset -> resume). Two versions are swapped in turn while `--clients` threads keep generating, over each
+transport in `--transports`, interleaved so both see the same load: `file` (every worker reads the
+safetensors file) and `shared` (the workers copy a gate-like producer's GPU weights over CUDA IPC,
+`policies/shared_weights.py`; the producer takes each version in before the timed swap, as the gate does
+when it scores a candidate). Default: the converted SmolLM2-135M. `--config DIR` takes a Hugging Face config folder
 (config.json + tokenizer files, e.g. a Qwen2-7B config) instead: the engine starts with vLLM's dummy
 weights and random weights files of the right names and shapes are written for the swaps.
 
-    python tests/benchmarks/bench_vllm_swap.py [--swaps 20] [--clients 8] [--config DIR] [--out FILE]
+    python tests/benchmarks/bench_vllm_swap.py [--swaps 20] [--clients 8] [--config DIR] [--transports file,shared]
 """
 import argparse
 import json
@@ -34,6 +37,32 @@ def random_weights(config_dir: Path, out: Path, seed: int) -> None:
     save_file(sd, str(out))
 
 
+def producer(model_dir: Path, tmp: Path):
+    """The gate engine's part: one bf16 copy of the model on the GPU, its storages exported once."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from policies.shared_weights import SharedWeights
+
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)), dtype=torch.bfloat16)
+    return SharedWeights(model, "none", tmp / "shared-layout.json")
+
+
+def stage(shared, path: Path, version: str) -> None:
+    """What the gate's load does: the version into the shared copy, bracketed by the seqlock (not timed)."""
+    import torch
+    from safetensors.torch import load_file
+
+    sd, params = load_file(str(path), device="cuda"), shared.model.state_dict()
+    shared.begin()
+    with torch.no_grad():
+        for k, v in sd.items():
+            if k in params:
+                params[k].copy_(v)
+    shared.end(version)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--swaps", type=int, default=20)
@@ -41,6 +70,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--config", help="HF config folder for a dummy-weights model (e.g. 7B-shaped)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    ap.add_argument("--transports", default="file,shared")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     import torch
@@ -85,9 +115,17 @@ def main():
     t_base = time.perf_counter()
     time.sleep(30)  # a window without swaps
     t_swap = time.perf_counter()
-    swap_ms = []
-    for i in range(a.swaps):
-        swap_ms.append(eng.load_weights(files[(i + 1) % 2], f"w-{i + 1:06d}"))
+    transports = a.transports.split(",")
+    shared = producer(model_dir, tmp) if "shared" in transports else None
+    swap_ms: dict[str, list[float]] = {t: [] for t in transports}
+    for i in range(a.swaps * len(transports)):
+        how, f, v = transports[i % len(transports)], files[(i + 1) % 2], f"w-{i + 1:06d}"
+        ref = None
+        if how == "shared":
+            stage(shared, f, v)
+            ref = shared.ref()
+        swap_ms[how].append(eng.load_weights(f, v, shared=ref))
+        assert eng.last_load == how, eng.last_load  # a shared swap that fell back to the file is not one
         time.sleep(1.5)
     t_end = time.perf_counter()
     stop.set()
@@ -99,8 +137,11 @@ def main():
         lat = [(e - s) * 1000 for s, e, _, ok in rs if ok]
         return {"requests": len(rs), "failed": sum(not r[3] for r in rs), "tokens_per_s": sum(r[2] for r in rs) / (t1 - t0),
                 "p50_ms": statistics.median(lat), "p99_ms": pct(lat, .99)}
-    res = {"model": str(model_dir), "clients": a.clients, "swaps": a.swaps, "swap_ms_p50": statistics.median(swap_ms),
-           "swap_ms_p99": pct(swap_ms, .99), "no_swaps": window(t_base, t_swap), "swapping": window(t_swap, t_end)}
+    res = {"model": str(model_dir), "clients": a.clients, "swaps_each": a.swaps,
+           "swap_ms": {t: {"p50": statistics.median(xs), "p99": pct(xs, .99)} for t, xs in swap_ms.items()},
+           "no_swaps": window(t_base, t_swap), "swapping": window(t_swap, t_end)}
+    if len(swap_ms) == 2 and "shared" in swap_ms:
+        res["file_over_shared_p50"] = res["swap_ms"]["file"]["p50"] / res["swap_ms"]["shared"]["p50"]
     print(json.dumps(res, indent=1))
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))

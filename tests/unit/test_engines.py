@@ -102,3 +102,19 @@ def test_engine_set_refuses_a_file_that_does_not_match(tmp_path):
     bad = {**_ref(tmp_path, "w-000001"), "sha256": "0" * 64}
     assert es.sync(P({**bad, "canary": None})) == [] and es.live.version == "w-000000"
     assert es.sync(P({"version": "w-000002", "path": str(tmp_path / "missing"), "sha256": None, "canary": None})) == []
+
+
+def test_a_version_the_pointer_shares_is_copied_from_memory_and_others_from_the_file(tmp_path):
+    class Sharing(FakeEngine):
+        def load_weights(self, path, version, shared=None):
+            self.loads.append((version, shared and shared["version"]))
+            self.version, self.last_load = version, "shared" if shared else "file"
+            return 1.0
+
+    es = _set(Sharing(), Sharing, tmp_path)
+    v1, v2 = _ref(tmp_path, "w-000001"), _ref(tmp_path, "w-000002")
+    ref = {"version": "w-000001", "seq": 2, "layout": "x", "owner": 1}
+    es.sync(P({**v1, "canary": None, "shared": ref}))
+    assert es.live.loads == [("w-000001", "w-000001")] and es.via == "shared"
+    es.sync(P({**v1, "canary": {**v2, "share": 0.5}, "shared": ref}))  # the ref names live, not the canary
+    assert es.canary.loads == [("w-000002", None)] and es.via == "file"

@@ -31,6 +31,37 @@ def _version(policy, n: int, parent: str) -> WeightsRef:
     return WeightsRef(version=v, path=str(path), sha256=sha, parent=parent, step=n)
 
 
+def test_the_pointer_shares_the_gate_engines_weights_only_for_a_version_it_names(tmp_path):
+    from policies.shared_weights import SharedChanged
+
+    class Shared:
+        writing = False
+
+        def ref(self):
+            if self.writing:
+                raise SharedChanged("being written")
+            return {"version": p.engine.version, "seq": 2, "layout": "l", "owner": 1}
+
+    p = _policy(tmp_path)
+    p.engine.shared = Shared()
+    r1, r2 = _version(p, 1, "w-000000"), _version(p, 2, "w-000001")
+    p.engine.version = "w-000001"  # the gate has just scored it
+    assert p.publish_live(r1).shared["version"] == "w-000001"
+    assert p.publish_live(r1, canary=r2, share=0.1).shared["version"] == "w-000001"
+    assert p.publish_live(r2).shared is None  # it holds another version: replicas read the file
+    p.engine.version = "w-000002"
+    p.engine.shared.writing = True
+    assert p.publish_live(r2).shared is None
+
+    follower = LivePolicy(p.settings, engine=FakeEngine(), base=tmp_path / "base")  # passes the ref on
+    calls = []
+    follower.engine.load_weights = lambda path, version, shared=None: calls.append((version, shared))
+    p.engine.shared.writing = False
+    p.publish_live(r2)
+    follower.sync()
+    assert calls == [("w-000002", {"version": "w-000002", "seq": 2, "layout": "l", "owner": 1})]
+
+
 def test_follows_live_then_a_published_version_until_its_branch_is_rejected(tmp_path):
     p = _policy(tmp_path)
     assert p.live_version == "w-000000" and p.sync() == "w-000000" and p.engine.loads == []

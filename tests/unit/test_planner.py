@@ -38,3 +38,15 @@ def test_a_vllm_share_too_small_for_the_weights_is_named():
     s = load_settings("config/gpu-7b.yaml", **{"model.gpu_memory_utilization": 0.15})
     p = plan(s, Shape.from_config(QWEN2_7B), gpu_gib=78, disk_gib=64)
     assert any("model.gpu_memory_utilization=0.15" in x for x in p.problems)
+
+
+def test_shared_swaps_need_the_gate_on_the_gpu_and_cost_no_memory():
+    s = load_settings("config/gpu-7b.yaml")
+    assert s.serve.weights_transport == "shared"
+    shared = plan(s, Shape.from_config(QWEN2_7B), gpu_gib=78, disk_gib=64)
+    by_file = plan(load_settings("config/gpu-7b.yaml", **{"serve.weights_transport": "file"}),
+                   Shape.from_config(QWEN2_7B), gpu_gib=78, disk_gib=64)
+    assert shared.fits and shared.gpu_total == by_file.gpu_total  # the gate's copy is the shared one
+    cpu_gate = load_settings("config/gpu-7b.yaml", **{"model.device": "cpu"})
+    p = plan(cpu_gate, Shape.from_config(QWEN2_7B), gpu_gib=78, disk_gib=64)
+    assert any("serve.weights_transport" in x and "model.device cuda" in x for x in p.problems)

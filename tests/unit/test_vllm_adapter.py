@@ -98,6 +98,31 @@ def test_vllm_update_that_cannot_reset_the_prefix_cache_fails_and_resumes():
     assert eng.version == "w-000000" and eng.llm.calls[-1] == ("resume",) and not eng.llm.paused
 
 
+def test_vllm_update_from_shared_weights_reads_no_file_unless_the_copy_fails():
+    eng = _engine(delay=0.0)
+    replies = {"kaizen_load_shared": [{"ok": True, "tensors": 339}]}
+
+    async def rpc(method, args=()):
+        eng.llm.calls.append(("rpc", method, args))
+        return replies.get(method, [1])
+    eng.llm.collective_rpc = rpc
+    ref = {"version": "w-000001", "seq": 2, "layout": "/state/weights/shared-layout.json", "owner": 7}
+    eng.load_weights("/weights/w-000001.safetensors", "w-000001", shared=ref)
+    ops = [c[:2] for c in eng.llm.calls]
+    assert ops == [("pause", "keep"), ("rpc", "kaizen_load_shared"), ("reset", True), ("resume",)]
+    assert eng.llm.calls[1][2] == (ref,) and eng.last_load == "shared" and eng.version == "w-000001"
+    eng.llm.calls.clear()
+    replies["kaizen_load_shared"] = [{"ok": False, "error": "SharedChanged: rewritten"}]
+    eng.load_weights("/weights/w-000002.safetensors", "w-000002", shared={**ref, "version": "w-000002"})
+    rpcs = [c[1:] for c in eng.llm.calls if c[0] == "rpc"]  # the partial copy is overwritten whole, still paused
+    assert [m for m, _ in rpcs] == ["kaizen_load_shared", "kaizen_load_weights"]
+    assert [c[0] for c in eng.llm.calls] == ["pause", "rpc", "rpc", "reset", "resume"]
+    assert eng.last_load.startswith("file (SharedChanged") and eng.version == "w-000002"
+    eng.llm.calls.clear()
+    eng.load_weights("/weights/w-000003.safetensors", "w-000003", shared=ref)  # a ref of another version
+    assert [c[1] for c in eng.llm.calls if c[0] == "rpc"] == ["kaizen_load_weights"] and eng.last_load == "file"
+
+
 def test_vllm_scoring_choice_and_streaming():
     eng = _engine(delay=0.0)
     (lp, n), = eng.sequence_logprobs([("ab", "cd")])
