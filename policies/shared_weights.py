@@ -8,7 +8,8 @@ gate engine, which has just scored the version and so holds it already, shares i
 - on a CPU, as POSIX shared-memory files (`_share_filename_cpu_`, torch's file_system strategy).
 Handles are exported once per parameter storage (the engine copies new versions into the same storages, so
 the addresses never move) and written once to a layout file (names, shapes, handles); a `SharedRef` is a few
-plain fields (version, sequence number, layout file) and travels in the LIVE pointer.
+plain fields (version, sequence number, layout file, producer pid) and travels in the LIVE pointer. A reader
+maps each storage once and keeps the mapping while the producer lives (the next swap maps nothing).
 
 No extra copy of the weights exists, so the one copy must not change while a replica reads it: a sequence
 counter beside it (a seqlock) is odd while the engine writes and even otherwise. A reader checks it before
@@ -142,6 +143,7 @@ class SharedWeights:
 
 
 _LAYOUTS: dict[tuple[str, int], dict] = {}
+_OPENED: tuple[tuple, dict] = ((), {})  # the producer (layout, owner pid) and its storages mapped here, opened once
 
 
 def _layout(path: str) -> dict:
@@ -164,8 +166,17 @@ class SharedReader:
         self.ref, self.layout = ref, _layout(ref["layout"])
         if self.layout["owner"] != ref.get("owner"):
             raise SharedChanged(f"the shared weights of {ref['version']} belonged to a process that has ended")
-        self._seq = _view(open_storage(self.layout["seq_storage"]), torch.int64, [1], [1], 0)
-        self._storages: dict[str, object] = {}
+        global _OPENED
+        if _OPENED[0] != (ref["layout"], ref.get("owner")):  # mappings are kept while their producer lives
+            _OPENED = ((ref["layout"], ref.get("owner")), {})
+        self._storages = _OPENED[1]
+        self._seq = _view(self._open(self.layout["seq_storage"]), torch.int64, [1], [1], 0)
+
+    def _open(self, d: dict):
+        key = (d["handle"], d.get("offset", 0))  # one CUDA block holds many storages
+        if key not in self._storages:
+            self._storages[key] = open_storage(d)
+        return self._storages[key]
 
     def check(self) -> None:
         seq = int(self._seq.item())
@@ -177,10 +188,7 @@ class SharedReader:
         import torch
 
         for t in self.layout["tensors"]:
-            key = t["storage"]["handle"]
-            if key not in self._storages:
-                self._storages[key] = open_storage(t["storage"])
-            yield t["name"], _view(self._storages[key], getattr(torch, t["dtype"]), t["shape"], t["stride"],
+            yield t["name"], _view(self._open(t["storage"]), getattr(torch, t["dtype"]), t["shape"], t["stride"],
                                    t["offset"])
 
 
