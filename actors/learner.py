@@ -13,8 +13,10 @@ version's name and the ids of every judgement applied. Exporting the weights fil
 it and are idempotent, so after a crash at any point the learner resumes from the last verified
 checkpoint, redoes what follows it, acks redelivered judgements it already applied and trains on
 the others: no batch is lost or applied twice. Groups without any advantage are acked untrained;
-rated live interactions are pooled into groups of `learner.min_live_group`. After a rejection or
-a rollback of a version it descends from, the learner restarts from the live version.
+rated live interactions are pooled into groups of `learner.min_live_group`. It always trains from a version
+users get or will get: after a rejection of a version it descends from, from that version's nearest
+ancestor that is the canary or live; after a rollback, from the version rolled back to; and when a
+version goes live that it does not descend from, from that one.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from opentelemetry import trace
 from policies import adca
 from policies.checkpoint import CheckpointStore
 from policies.live_policy import LivePolicy
-from policies.model_store import BASE_VERSION, WeightsStore, version_name
+from policies.model_store import BASE_VERSION, REFERENCE, staleness, version_name  # noqa: F401 (staleness: re-export)
 
 
 def _step_event_id(kind: str, step: int) -> str:
@@ -56,23 +58,6 @@ def at_floor(j: Judgement, alpha: float) -> Judgement:
     mine = j.model_copy(update={"samples": pick(j.samples), "outcomes": pick(j.outcomes),
                                 "step_labels": pick(j.step_labels), "behaviour_versions": pick(j.behaviour_versions)})
     return mine if informative(mine, alpha) else j
-
-
-def staleness(store: WeightsStore, training: str, version: str, max_staleness: int) -> int | None:
-    """Learner steps from `version` to `training` along the manifests' parent links; None when `version` is not
-    an ancestor within `max_staleness` steps, or its weights file is gone (it cannot be corrected then).
-    A reference sample has no behaviour version and never goes stale."""
-    if version == REFERENCE:
-        return 0
-    lineage = store.ancestors(training, max_staleness)
-    if version not in lineage:
-        return None
-    if version != BASE_VERSION and not (store.manifest(version) or {}).get("path"):
-        return None
-    return lineage.index(version)
-
-
-REFERENCE = "reference"  # behaviour of an off-policy reference sample: no weights version generated it
 
 
 def behaviour_of(j: Judgement) -> list[str]:
@@ -267,18 +252,31 @@ class Learner(EventActor):
     async def handle_weights_promoted(self, ev: WeightsPromoted, msg):
         if ev.stage == "live":
             self.weights_version = ev.weights.version
+            if not self.policy.descends_from(self.trainer.version, ev.weights.version):  # users got what we are not
+                await self._reset(ev.weights.path or None, ev.weights.version, "a live version it does not descend from")
 
     async def handle_weights_rolled_back(self, ev: WeightsRolledBack, msg):
         self.weights_version = ev.to.version
         if self.policy.descends_from(self.trainer.version, ev.from_version):
-            await asyncio.to_thread(self.trainer.reset_to, ev.to.path or None, ev.to.version)
-            self.log.info("learner.reset_after_rollback", rolled_back=ev.from_version, to=ev.to.version)
+            await self._reset(ev.to.path or None, ev.to.version, f"{ev.from_version} was rolled back")
 
     async def handle_weights_rejected(self, ev: WeightsRejected, msg):
-        live = self.policy.pointer()
-        if self.policy.descends_from(self.trainer.version, ev.weights.version):  # continue from what users get
-            await asyncio.to_thread(self.trainer.reset_to, live.path, live.version)
-            self.log.info("learner.reset_to_live", rejected=ev.weights.version, live=live.version)
+        """Continue from the rejected version's nearest ancestor that users get: the canary or live."""
+        if not self.policy.descends_from(self.trainer.version, ev.weights.version):
+            return
+        ptr = self.policy.pointer()
+        served = {ptr.version: ptr.path}
+        if ptr.canary is not None:
+            served[ptr.canary.version] = ptr.canary.path
+        to = next((v for v in self.store.ancestors(ev.weights.version, 1000)[1:] if v in served), ptr.version)
+        await self._reset(served.get(to), to, f"{ev.weights.version} was rejected")
+
+    async def _reset(self, path: str | None, version: str, why: str) -> None:
+        """Train on from `version`: groups sampled with it (or its descendants) are fresh again; staying on a
+        version nobody samples with would drop every group as stale."""
+        old = self.trainer.version
+        await asyncio.to_thread(self.trainer.reset_to, path, version)
+        self.log.info("learner.reset", training=version, previous=old, why=why)
 
     def _signal_shares(self) -> dict[str, float]:
         """Share of rollout groups the policy's own samples made informative (reward variance > 0), and share

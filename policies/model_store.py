@@ -209,3 +209,20 @@ class WeightsStore:
             for suffix in (".safetensors", ".json"):
                 (self.dir / f"{v}{suffix}").unlink(missing_ok=True)
         return doomed
+
+
+REFERENCE = "reference"  # behaviour of an off-policy reference sample: no weights version generated it
+
+
+def staleness(store: WeightsStore, training: str, version: str, max_staleness: int) -> int | None:
+    """Learner steps from `version` to `training` along the manifests' parent links; None when `version` is not
+    an ancestor within `max_staleness` steps, or its weights file is gone (it cannot be corrected then).
+    A reference sample has no behaviour version and never goes stale."""
+    if version == REFERENCE:
+        return 0
+    lineage = store.ancestors(training, max_staleness)
+    if version not in lineage:
+        return None
+    if version != BASE_VERSION and not (store.manifest(version) or {}).get("path"):
+        return None
+    return lineage.index(version)

@@ -53,3 +53,55 @@ def test_a_live_answer_made_across_a_weights_swap_is_never_trained_on(tmp_path):
                          outcomes=[1.0], step_labels=[["GOOD"]], behaviour_versions=behaviour, origin="live")
     assert asyncio.run(ln.handle_judgement(live([MIXED_WEIGHTS]), object())) is None and ln.live == []  # acked
     assert asyncio.run(ln.handle_judgement(live([]), object())) is HOLD and len(ln.live) == 1
+
+
+def test_the_learner_always_trains_from_a_version_users_get_or_will_get(tmp_path):
+    """A 60-minute run lost its last 37 minutes this way: a successor of the canary was rejected, the learner
+    went back to live (the canary's parent), then the canary went live; every group sampled with it was
+    'stale' for a learner on its parent, and nothing reset the learner again."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import torch
+
+    from actors.events import WeightsPromoted, WeightsRef, WeightsRejected
+    from actors.learner import Learner
+    from actors.lifecycles import CanaryRef
+    from config.settings import load_settings
+    from policies.live_policy import LivePolicy
+
+    s = load_settings(None, state_dir=str(tmp_path / "state"))
+    (tmp_path / "base").mkdir()
+    ln = Learner(s, bus=object())
+    ln.policy = LivePolicy(s, base=tmp_path / "base")
+    ln.store = ln.policy.store
+    refs = {}
+    for n, parent in ((1, "w-000000"), (2, "w-000001"), (3, "w-000002"), (4, "w-000001")):
+        v = f"w-{n:06d}"
+        path, sha = ln.store.save({"w": torch.full((2,), float(n))}, v, {"parent": parent, "step": n})
+        refs[v] = WeightsRef(version=v, path=str(path), sha256=sha, parent=parent, step=n)
+    resets = []
+    ln.trainer = SimpleNamespace(version="w-000003")
+    ln.trainer.reset_to = lambda path, version: (resets.append(version), setattr(ln.trainer, "version", version))
+
+    def reject(v):
+        asyncio.run(ln.handle_weights_rejected(WeightsRejected(weights=refs[v], candidate_score=0, live_score=0,
+                                                               reason="r"), None))
+
+    def live(v):
+        asyncio.run(ln.handle_weights_promoted(WeightsPromoted(weights=refs[v], candidate_score=0, live_score=0,
+                                                               previous="", stage="live"), None))
+    r1, r2 = refs["w-000001"], refs["w-000002"]
+    ln.store.set_live("w-000001", r1.path, r1.sha256, canary=CanaryRef(version="w-000002", path=r2.path, share=0.1))
+    reject("w-000003")  # its parent is the canary: train on from there, not from live
+    assert resets == ["w-000002"]
+    live("w-000002")  # the canary went live: the learner is on it already
+    assert resets == ["w-000002"]
+    ln.trainer.version = "w-000003"
+    ln.store.set_live("w-000002", r2.path, r2.sha256)
+    reject("w-000003")  # no canary: live
+    assert resets == ["w-000002", "w-000002"]
+    live("w-000004")  # an operator forced a sibling branch live: follow it
+    assert resets[-1] == "w-000004" and ln.trainer.version == "w-000004"
+    reject("w-000002")  # not an ancestor of what it trains: nothing to do
+    assert len(resets) == 3
