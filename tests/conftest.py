@@ -47,3 +47,22 @@ def settings(tmp_path, nats_server):
     s.telemetry.strict_events = True
     s.nats.max_bytes = 64 * 1024 * 1024  # JetStream reserves it on disk per stream; tests make many streams
     return s
+
+
+@pytest.fixture
+def untied_dir(tmp_path, model_dir):
+    """A tiny randomly initialised Qwen2 with an untied head (as Qwen2-7B), with SmolLM2's tokenizer."""
+    import shutil
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=49152, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
+    d = tmp_path / "tiny-qwen2"
+    Qwen2ForCausalLM(cfg).save_pretrained(d)
+    for f in model_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, d / f.name)
+    return d

@@ -3,7 +3,6 @@ processes, and the seqlock that sends a reader racing a rewrite to the file. Sha
 same protocol as CUDA IPC: tests/gpu/test_shared_cuda.py runs that one)."""
 import json
 import multiprocessing as mp
-import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -77,22 +76,6 @@ def test_a_ref_from_an_ended_process_is_refused(tmp_path):
         read_shared({**shared.ref(), "owner": -1}, list)
 
 
-@pytest.fixture
-def tiny_dir(tmp_path, model_dir):
-    """A tiny randomly initialised untied Qwen2 with SmolLM2's tokenizer (no download)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=49152, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
-    d = tmp_path / "tiny"
-    Qwen2ForCausalLM(cfg).save_pretrained(d)
-    for f in model_dir.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens")):
-            shutil.copy(f, d / f.name)
-    return d
-
-
 def _versions(d, tmp_path):
     base = load_file(str(d / "model.safetensors"))
     files = {}
@@ -103,16 +86,16 @@ def _versions(d, tmp_path):
     return files
 
 
-def test_a_serving_engine_copies_the_gate_engines_weights_without_reading_the_file(tiny_dir, tmp_path):
+def test_a_serving_engine_copies_the_gate_engines_weights_without_reading_the_file(untied_dir, tmp_path):
     from policies.engine import TransformersEngine
 
-    files = _versions(tiny_dir, tmp_path)
-    gate = TransformersEngine(tiny_dir, dtype="float32")
+    files = _versions(untied_dir, tmp_path)
+    gate = TransformersEngine(untied_dir, dtype="float32")
     gate.share(tmp_path / "layout.json")
     gate.load_weights(files[1], "w-000001")  # the gate scores the candidate
     ref = gate.shared.ref()
     assert ref["version"] == "w-000001" and ref["seq"] == 2
-    serve = TransformersEngine(tiny_dir, dtype="float32", standby=True)
+    serve = TransformersEngine(untied_dir, dtype="float32", standby=True)
     serve.load_weights(tmp_path / "no-such-file.safetensors", "w-000001", shared=ref)  # no file is read
     assert serve.last_load == "shared" and serve.version == "w-000001"
     served, want = serve.model.state_dict(), load_file(str(files[1]))
