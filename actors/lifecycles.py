@@ -120,3 +120,7 @@ class LivePointer(BaseModel):
     at: float = 0.0
     shared: dict | None = Field(None, description="a SharedRef (policies/shared_weights.py): where the weights of "
                                 "one version named here can be copied from memory instead of the file")
+
+    def shared_for(self, version: str) -> dict | None:
+        """The SharedRef when it holds `version` (else the version comes from its file)."""
+        return self.shared if self.shared and self.shared.get("version") == version else None

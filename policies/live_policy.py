@@ -65,8 +65,8 @@ class LivePolicy:
             path = self.file(live.version, live.path)
             if path is None:
                 raise FileNotFoundError(f"cannot load {live.version}: no weights file (base folder {self.base})")
-            shared = {"shared": live.shared} if live.shared and live.shared.get("version") == live.version else {}
-            self.engine.load_weights(path, live.version, **shared)
+            shared = live.shared_for(live.version)
+            self.engine.load_weights(path, live.version, **({"shared": shared} if shared else {}))
         return self.engine.version
 
     def aim(self, ref: WeightsRef) -> None:

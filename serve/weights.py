@@ -83,8 +83,8 @@ class EngineSet:
     def _load(self, engine, path: Path, version: str, pointer: LivePointer) -> None:
         """From the gate engine's memory when the pointer shares this version (the engine falls back to the file
         itself), else from the file."""
-        if pointer.shared and pointer.shared.get("version") == version:
-            engine.load_weights(path, version, shared=pointer.shared)
+        if shared := pointer.shared_for(version):
+            engine.load_weights(path, version, shared=shared)
             self.via = getattr(engine, "last_load", "shared?")
         else:
             engine.load_weights(path, version)
