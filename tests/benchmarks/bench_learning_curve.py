@@ -117,6 +117,8 @@ def main():
                     "spaced, the newest always (0 = all)")
     ap.add_argument("--user-pause-s", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--score-threads", type=int, default=os.cpu_count() or 1,
+                    help="torch threads of the scoring engine (`up` is down by then: every core is free)")
     ap.add_argument("--out", default=str(ROOT / "tests" / "benchmarks" / "results" / "learning_curve_cpu"))
     ap.add_argument("--from-run", default="", help="score a finished run again: its directory (kz-curve-*), "
                     "whose stream is read from its stored nats data; the run itself is not repeated")
@@ -212,6 +214,7 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
     cache = cli.heldout_cache(s, envs, per, a.k, cats)
     store = WeightsStore(s.state)
     base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
+    s.model.torch_threads = a.score_threads
     engine = make_engine(s, base, role="eval")
     t0 = time.monotonic()
     for v in [BASE_VERSION] + [r["version"] for r in served]:
