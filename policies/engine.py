@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from policies.batching import Batcher, Request, RowBudget, RowStreamer
-from policies.generation import Engine, Generation, LockedTokenizer, trie_step
+from policies.generation import Engine, Generation, LockedTokenizer, shared_prefix_logprobs, trie_step
 
 
 class TransformersEngine:
@@ -139,17 +139,10 @@ class TransformersEngine:
         """(sum of log P(continuation tokens | prompt), number of continuation tokens) per (prompt,
         continuation) pair. The promotion gate scores held-out reference actions with it: a continuous
         measure that damage to the weights moves at once, where task success on a few tasks is coarse."""
-        torch = self.torch
-        out = []
-        with self._using() as (model, _), torch.inference_mode():
-            for prompt, cont in pairs:
-                p = self.tok(prompt, add_special_tokens=False)["input_ids"]
-                c = self.tok(cont, add_special_tokens=False)["input_ids"]
-                ids = torch.tensor([p + c], device=self.device)
-                logits = model(input_ids=ids).logits[0, len(p) - 1:-1].float()
-                lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c, device=self.device).unsqueeze(-1))
-                out.append((float(lp.sum()), len(c)))
-        return out
+        ids = [(self.tok(p, add_special_tokens=False)["input_ids"], self.tok(c, add_special_tokens=False)["input_ids"])
+               for p, c in pairs]
+        with self._using() as (model, _), self.torch.inference_mode():
+            return shared_prefix_logprobs(model, self.torch, ids, self.device)
 
     def choose(self, prompt: str, options: list[str], temperature: float = 0.0) -> str:
         """Constrained decoding: continue `prompt` with exactly one of `options` (token by token over a

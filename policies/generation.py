@@ -75,3 +75,39 @@ class LockedTokenizer:
             object.__setattr__(self, name, value)
         else:
             setattr(self._tok, name, value)
+
+
+def shared_prefix_logprobs(model, torch, pairs: list[tuple[list[int], list[int]]], device) -> list[tuple[float, int]]:
+    """(sum of log P(continuation | prompt), continuation length) per pair of token-id lists, for one causal LM.
+
+    Prompts that start alike (the same system prompt and tool documents) are run through the model once: the
+    pairs go in sorted order, each reusing the KV cache of the one before up to their common prefix (at least
+    the last prompt token is always run, since its logits score the first continuation token), and logits are
+    computed for the continuation positions only, not the whole sequence."""
+    from transformers import DynamicCache
+
+    out: list[tuple[float, int] | None] = [None] * len(pairs)
+    cache, cached = None, []
+    for i in sorted(range(len(pairs)), key=lambda j: pairs[j][0] + pairs[j][1]):
+        p, c = pairs[i]
+        if not p:
+            raise ValueError("a scored continuation needs a non-empty prompt")
+        if not c:
+            out[i] = (0.0, 0)
+            continue
+        ids = p + c
+        common = 0
+        while common < min(len(ids), len(cached)) and ids[common] == cached[common]:
+            common += 1
+        keep = min(common, len(p) - 1)
+        if cache is None or keep == 0:
+            cache, keep = DynamicCache(), 0
+        else:
+            cache.crop(keep)
+        res = model(input_ids=torch.tensor([ids[keep:]], device=device), past_key_values=cache, use_cache=True,
+                    logits_to_keep=len(c) + 1)
+        cache, cached = res.past_key_values, ids
+        logits = res.logits[0, :-1].float()
+        lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c, device=device).unsqueeze(-1))
+        out[i] = (float(lp.sum()), len(c))
+    return out  # type: ignore[return-value]

@@ -82,3 +82,41 @@ def test_gate_stops_a_ratchet_of_small_drifts_from_the_base():
     assert not ok and "drift" in why and "base 1.190" in why
     assert "drift" in clearly_worse(cand, live, 0.05, base, 0.12)
     assert clearly_worse({"success": 0.0, "nll": 1.25}, live, 0.05, base, 0.12) is None
+
+
+def test_reference_likelihood_runs_shared_prompt_prefixes_once_and_matches_a_full_forward(untied_dir):
+    """The gate's NLL scoring reuses the KV cache over prompts that start alike and computes only the
+    continuation's logits; each pair's log-probability equals a plain forward of that pair alone."""
+    import torch
+
+    from policies.engine import TransformersEngine
+
+    eng = TransformersEngine(untied_dir, dtype="float32")
+    system = "<|im_start|>system\nYou can call: add(a, b), mul(a, b), div(a, b).<|im_end|>\n<|im_start|>user\n"
+    pairs = [(system + "What is 2 + 3?<|im_end|>\n<|im_start|>assistant\n", "add(2, 3)<|im_end|>"),
+             ("<|im_start|>user\nhi<|im_end|>\n", "hello<|im_end|>"),
+             (system + "What is 4 * 5?<|im_end|>\n<|im_start|>assistant\n", "mul(4, 5)<|im_end|>"),
+             (system + "What is 2 + 3?<|im_end|>\n<|im_start|>assistant\n", "The answer is 5."),  # same prompt
+             (system + "What", " is 2 + 3?"),  # a prompt that is a prefix of the others
+             ("x", "")]
+    fed = []
+    forward = eng.model.forward
+    eng.model.forward = lambda *a, **k: (fed.append(k["input_ids"].shape[1]), forward(*a, **k))[1]
+    got = eng.sequence_logprobs(pairs)
+    eng.model.forward = forward
+    ids = [(eng.tok(p, add_special_tokens=False)["input_ids"], eng.tok(c, add_special_tokens=False)["input_ids"])
+           for p, c in pairs]
+    with torch.inference_mode():
+        for (p, c), (lp, n) in zip(ids, got):
+            assert n == len(c)
+            if not c:
+                assert lp == 0.0
+                continue
+            logits = eng.model(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1:-1]
+            want = float(torch.log_softmax(logits, -1).gather(-1, torch.tensor(c).unsqueeze(-1)).sum())
+            assert lp == pytest.approx(want, abs=1e-3)
+    total = sum(len(p) + len(c) for p, c in ids[:5])
+    saved = total - sum(fed)  # the repeated prompt alone saves all its tokens but the last; shared prefixes more
+    assert len(fed) == 5 and saved > len(ids[0][0]) + len(ids[4][0])
+    with pytest.raises(ValueError, match="non-empty prompt"):
+        eng.sequence_logprobs([("", "x")])
