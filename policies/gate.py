@@ -36,10 +36,9 @@ Z_95 = 1.645
 
 
 # ---------------------------------------------------------------------------- held-out evaluation
-def reference_pairs(envs: dict, n: int) -> list[tuple[str, str]]:
-    """(prompt, reference completion) for the first `n` held-out entries of each environment that has
-    reference actions."""
-    pairs = []
+def _references(envs: dict, n: int) -> list[tuple[str, object]]:
+    """(entry id, reference action) for the first `n` held-out entries of each environment that has one."""
+    out = []
     for env in envs.values():
         ref_of = getattr(env, "reference_action", None)
         if ref_of is None:
@@ -49,11 +48,24 @@ def reference_pairs(envs: dict, n: int) -> list[tuple[str, str]]:
             if got >= n:
                 break
             ref = ref_of(eid)
-            if ref is None:
-                continue
-            pairs.append((render(ref.messages, ref.tools), assistant_text(ref.action) + "<|im_end|>"))
-            got += 1
-    return pairs
+            if ref is not None:
+                out.append((eid, ref))
+                got += 1
+    return out
+
+
+def reference_pairs(envs: dict, n: int) -> list[tuple[str, str]]:
+    """(prompt, reference completion) for the first `n` held-out entries of each environment that has
+    reference actions."""
+    return [(render(ref.messages, ref.tools), assistant_text(ref.action) + "<|im_end|>")
+            for _, ref in _references(envs, n)]
+
+
+def gate_entries(envs: dict, gate_settings) -> set[str]:
+    """Every held-out entry the gate looks at (episodes or reference likelihood): a measurement that selects
+    nothing on them leaves these out (the gate chose which versions were served by them)."""
+    seen = {e for env in envs.values() for e in env.entries("heldout")[: gate_settings.heldout_tasks]}
+    return seen | {eid for eid, _ in _references(envs, gate_settings.nll_entries)}
 
 
 def reference_nll(engine, pairs: list[tuple[str, str]]) -> float:

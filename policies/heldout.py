@@ -68,8 +68,9 @@ class HeldoutCache:
         atomic_write_bytes(self.path, json.dumps(self._all).encode())
         return out
 
-    def versus(self, base: str, version: str) -> dict[str, dict]:
-        """env -> {"avg", "base_avg", "delta", "p_value", "wins", "losses"} (paired on the same entries)."""
+    def versus(self, base: str, version: str, exclude: set[str] = frozenset()) -> dict[str, dict]:
+        """env -> {"avg", "base_avg", "delta", "p_value", "wins", "losses", "n"} (paired on the same entries),
+        leaving out the entries in `exclude` (e.g. those the promotion gate looks at)."""
         a, b = self.get(base), self.get(version)
         if not a or not b:
             return {}
@@ -77,9 +78,13 @@ class HeldoutCache:
         for env in b:
             if env not in a:
                 continue
-            t = paired_test(a[env]["per_entry"], b[env]["per_entry"])
-            out[env] = {"avg": b[env]["avg"], "base_avg": a[env]["avg"], "delta": t["mean_diff"],
-                        "p_value": t["p_value"], "wins": t["wins"], "losses": t["losses"]}
+            keep = [i for i, e in enumerate(self.entries.get(env, [])) if e not in exclude]
+            if not keep:
+                continue
+            x, y = [a[env]["per_entry"][i] for i in keep], [b[env]["per_entry"][i] for i in keep]
+            t = paired_test(x, y)
+            out[env] = {"avg": sum(y) / max(1, len(y)), "base_avg": sum(x) / max(1, len(x)), "delta": t["mean_diff"],
+                        "p_value": t["p_value"], "wins": t["wins"], "losses": t["losses"], "n": len(keep)}
         return out
 
 

@@ -200,6 +200,7 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
     from envs.registry import make_envs
     from policies import lineage
     from policies.engine import make_engine
+    from policies.gate import gate_entries
     from policies.model_store import BASE_VERSION, WeightsStore, ensure_base_model
 
     rows = lineage.lineage(events)
@@ -224,6 +225,8 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
         print(f"scored {v} in {time.monotonic() - t0:.0f}s: " + json.dumps(
             {e: round(x["avg"], 3) for e, x in cache.get(v).items()}), flush=True)
     held = {r["version"]: cache.versus(BASE_VERSION, r["version"]) for r in served}
+    seen = gate_entries(envs, s.gate)  # the gate chose what was served by these: the same test without them
+    unseen = {r["version"]: cache.versus(BASE_VERSION, r["version"], exclude=seen) for r in served}
     base_scores = cache.get(BASE_VERSION)
     print(lineage.table(rows, held, base_scores))
     shares = learner[-1].metrics if learner else {}
@@ -236,7 +239,8 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
            "informative_own_share": shares.get("informative_own_share"),
            "informative_share": shares.get("informative_share"), "rollout_groups": shares.get("rollout_groups"),
            "lineage": rows, "base": base_scores, "scores": {v: cache.get(v) for v in held}, "versus_base": held,
-           "newest_served": newest, "newest_vs_base": held.get(newest, {})}
+           "newest_served": newest, "newest_vs_base": held.get(newest, {}), "gate_entries": sorted(seen),
+           "versus_base_unseen_by_gate": unseen, "newest_vs_base_unseen_by_gate": unseen.get(newest, {})}
     Path(a.out).with_suffix(".json").parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).with_suffix(".json").write_text(json.dumps(out, indent=1))
     if base_scores:
@@ -249,6 +253,10 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
     for env, d in out["newest_vs_base"].items():
         print(f"newest served {newest} vs base on {env}: {100 * d['base_avg']:.1f}% -> {100 * d['avg']:.1f}% "
               f"({100 * d['delta']:+.1f} points, paired p={d['p_value']:.4f}, +{d['wins']}/-{d['losses']})")
+    for env, d in out["newest_vs_base_unseen_by_gate"].items():
+        print(f"  without the {len(seen)} entries the gate looks at ({d['n']} left): {100 * d['base_avg']:.1f}% -> "
+              f"{100 * d['avg']:.1f}% ({100 * d['delta']:+.1f} points, p={d['p_value']:.4f}, "
+              f"+{d['wins']}/-{d['losses']})")
     print(f"written {Path(a.out).with_suffix('.json')} and .png")
 
 

@@ -71,10 +71,34 @@ def test_heldout_cache_pairs_versions_on_the_same_entries(tmp_path, monkeypatch)
     assert d["avg"] == pytest.approx(2 / 3) and d["base_avg"] == pytest.approx(1 / 6)  # per entry 1, .5, .5 vs 0, 0, .5
     assert d["delta"] == pytest.approx(0.5) and d["wins"] == 2 and d["losses"] == 0
     assert cache.get("v1")["toy"]["categories"] == {"a": 0.75, "b": 0.5}
+    d = cache.versus("base", "v1", exclude={"a_1"})["toy"]  # e.g. entries the gate chose versions by
+    assert d["n"] == 2 and d["avg"] == pytest.approx(0.5) and d["base_avg"] == pytest.approx(0.25)
+    assert d["delta"] == pytest.approx(0.25) and d["wins"] == 1 and d["losses"] == 0
+    assert cache.versus("base", "v1", exclude={"a_1", "a_2", "b_1"}) == {}
     again = HeldoutCache(path, {"toy": ["a_1", "a_2", "b_1"]}, k=2, temperature=0.7, max_new_tokens=8, call_prefix=True)
     assert again.get("v1") == cache.get("v1")  # cached under the suite's fingerprint
     other = HeldoutCache(path, {"toy": ["a_1"]}, k=2, temperature=0.7, max_new_tokens=8, call_prefix=True)
     assert other.get("v1") is None and len(json.loads(path.read_text())) == 1
+
+
+def test_gate_entries_are_the_ones_its_episodes_and_likelihood_use():
+    from types import SimpleNamespace
+
+    from policies.gate import gate_entries
+
+    class Env(_Env):
+        def entries(self, split):
+            return self.ids if split == "heldout" else ["t_1"]
+
+        def reference_action(self, e):
+            return None if e == "a_2" else object()
+
+    class NoRefs(_Env):
+        def entries(self, split):
+            return self.ids
+
+    envs = {"toy": Env(["a_1", "a_2", "a_3", "a_4"]), "other": NoRefs(["x_1", "x_2"])}
+    assert gate_entries(envs, SimpleNamespace(heldout_tasks=1, nll_entries=2)) == {"a_1", "a_3", "x_1"}
 
 
 def test_suite_takes_the_first_entries_of_the_chosen_categories():
