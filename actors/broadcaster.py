@@ -32,7 +32,7 @@ from actors.bus import Poison
 from actors.events import (Feedback, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected,
                            WeightsRolledBack, WeightsSwapped)
 from envs.registry import make_envs
-from policies.gate import (GateScores, canary_verdict, clearly_worse, gate, gate_metrics, handoff_verdict,
+from policies.gate import (GateScores, canary_verdict, clearly_worse, decide, gate_metrics, handoff_verdict,
                            reference_pairs, watch_verdict)
 from actors.lifecycles import IllegalTransition, WeightsState as S
 from policies.live_policy import LivePolicy
@@ -52,12 +52,14 @@ class Broadcaster(EventActor):
         self.store, self.base_path, self.engine = self.policy.store, self.policy.base, self.policy.engine
         self.envs = make_envs(s.env)
         # a fixed held-out suite: the first gate.heldout_tasks entries of each environment's held-out split
-        self.heldout = {name: env.entries("heldout")[: s.gate.heldout_tasks] for name, env in self.envs.items()}
+        n = max(s.gate.heldout_tasks, s.gate.second_look_tasks)
+        self.heldout = {name: env.entries("heldout")[:n] for name, env in self.envs.items()}
         self.pairs = await asyncio.to_thread(reference_pairs, self.envs, s.gate.nll_entries)
         d = s.state / "broadcaster"
         d.mkdir(parents=True, exist_ok=True)
         self.scores = GateScores(d / "evals.json", self.envs, self.heldout, self.pairs,
-                                 max_new_tokens=s.rollout.max_new_tokens, call_prefix=s.rollout.call_prefix)
+                                 max_new_tokens=s.rollout.max_new_tokens, call_prefix=s.rollout.call_prefix,
+                                 first=s.gate.heldout_tasks)
         live = self.policy.live_version
         self.book = PromotionBook.load(d / "state.json", live)
         self.weights_version = live
@@ -161,8 +163,8 @@ class Broadcaster(EventActor):
             await self._go_live(c["version"], f"{b.passed['version']} passed its gate against it; {why}", {})
             await self._start_canary()
 
-    def _score(self, version: str, success: bool = True) -> dict:
-        return self.scores.score(self.engine, version, lambda: self._ref(version).path, success)
+    def _score(self, version: str, success: bool = True, counts: dict | None = None) -> dict:
+        return self.scores.score(self.engine, version, lambda: self._ref(version).path, success, counts)
 
     async def _evaluate(self, staged: list[str], against: str | None = None) -> None:
         newest, live = staged[-1], self.live_version()
@@ -175,9 +177,9 @@ class Broadcaster(EventActor):
         base_s = await asyncio.to_thread(self._score, BASE_VERSION, False)  # its NLL, cached
         cand_s = await asyncio.to_thread(self._score, newest, False)  # the likelihood first: seconds
         early = clearly_worse(cand_s, live_s, g.nll_tolerance, base_s, g.base_nll_tolerance)
-        if early is None:
-            cand_s = await asyncio.to_thread(self._score, newest)
-            ok, why = gate(cand_s, live_s, g.tolerance, g.nll_tolerance, base_s, g.base_nll_tolerance)
+        if early is None:  # a second look on more entries decides when the first falls short
+            ok, why, cand_s, live_s = await asyncio.to_thread(decide, self._score, newest, against, g, base_s,
+                                                              *self.scores.looks)
         else:
             ok, why = False, early
         metrics = gate_metrics(cand_s, live_s)

@@ -208,7 +208,9 @@ class LearnerSettings(_Section):
 
 
 class GateSettings(_Section):
-    heldout_tasks: int = Field(3, description="Held-out tasks per promotion evaluation")
+    heldout_tasks: int = Field(3, description="Held-out tasks per environment a promotion gate scores first")
+    second_look_tasks: int = Field(8, description="Held-out tasks per environment both versions are scored on when "
+                                   "the candidate fell short of live on the first heldout_tasks there (that decides)")
     tolerance: float = Field(0.05, description="Candidate may score this much below live and still be promoted")
     nll_tolerance: float = Field(0.05, description="Candidate's per-token NLL of the held-out reference actions may "
                                  "exceed live's by this much (nats) and still be promoted")

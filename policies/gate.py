@@ -2,7 +2,9 @@
 users' feedback. Pure functions plus the held-out evaluation of one version.
 
 Gate (before any user sees a candidate), on fixed held-out entries:
-  success = mean over environments of avg@1 (greedy) on the first `gate.heldout_tasks` entries;
+  success = mean over environments of avg@1 (greedy) on the first `gate.heldout_tasks` entries (a second
+            look, on `gate.second_look_tasks` entries of the environments where the candidate fell short,
+            decides when it fell short: `decide`);
   nll     = mean per-token negative log-likelihood of the reference first action of the first
             `gate.nll_entries` entries of each environment (`Environment.reference_action`).
   promote  iff  success_c >= success_live - gate.tolerance  and  nll_c <= nll_live + gate.nll_tolerance
@@ -64,7 +66,8 @@ def reference_pairs(envs: dict, n: int) -> list[tuple[str, str]]:
 def gate_entries(envs: dict, gate_settings) -> set[str]:
     """Every held-out entry the gate looks at (episodes or reference likelihood): a measurement that selects
     nothing on them leaves these out (the gate chose which versions were served by them)."""
-    seen = {e for env in envs.values() for e in env.entries("heldout")[: gate_settings.heldout_tasks]}
+    n = max(gate_settings.heldout_tasks, gate_settings.second_look_tasks)
+    seen = {e for env in envs.values() for e in env.entries("heldout")[:n]}
     return seen | {eid for eid, _ in _references(envs, gate_settings.nll_entries)}
 
 
@@ -73,23 +76,6 @@ def reference_nll(engine, pairs: list[tuple[str, str]]) -> float:
     scored = engine.sequence_logprobs(pairs)
     tokens = sum(n for _, n in scored)
     return -sum(lp for lp, _ in scored) / max(1, tokens)
-
-
-def heldout_success(engine, envs: dict, heldout: dict[str, list[str]], *, max_new_tokens: int,
-                    call_prefix: bool) -> dict[str, float]:
-    from policies.rollout import evaluate
-
-    per_env = {name: evaluate(engine, envs[name], entries, k=1, max_new_tokens=max_new_tokens,
-                              call_prefix=call_prefix)["avg"] for name, entries in heldout.items()}
-    return {"success": sum(per_env.values()) / max(1, len(per_env)), **{f"success_{k}": v for k, v in per_env.items()}}
-
-
-def evaluate_version(engine, envs: dict, heldout: dict[str, list[str]], pairs, *, max_new_tokens: int,
-                     call_prefix: bool) -> dict[str, float]:
-    out = heldout_success(engine, envs, heldout, max_new_tokens=max_new_tokens, call_prefix=call_prefix)
-    if pairs:
-        out["nll"] = reference_nll(engine, pairs)
-    return out
 
 
 def _nll_checks(cand: dict, live: dict, nll_tolerance: float, base: dict | None, base_tolerance: float) -> list[str]:
@@ -112,7 +98,7 @@ def clearly_worse(cand: dict, live: dict, nll_tolerance: float, base: dict | Non
 
 def gate(cand: dict, live: dict, tolerance: float, nll_tolerance: float, base: dict | None = None,
          base_tolerance: float = math.inf) -> tuple[bool, str]:
-    """(promote?, reason) from `evaluate_version` results of the candidate, live and (its NLL) the base."""
+    """(promote?, reason) from `GateScores` scores of the candidate, live and (its NLL) the base."""
     why = []
     if cand["success"] + tolerance < live["success"]:
         why.append(f"held-out success {cand['success']:.3f} < live {live['success']:.3f} - {tolerance}")
@@ -181,34 +167,75 @@ def watch_verdict(live: list[float], previous: list[float], *, window: int, marg
     return d.worse, f"live feedback dropped: {d.reason}" if d.worse else d.reason
 
 
+def decide(score: Callable[..., dict], cand: str, live: str, g, base: dict | None, first: dict[str, int],
+           full: dict[str, int]) -> tuple[bool, str, dict, dict]:
+    """(promote?, reason, candidate's scores, live's scores): the gate on the first `first[env]` held-out
+    entries; when the candidate falls short of live's success there, a second look scores both on
+    `full[env]` entries of each environment where it fell short, and that decides. Live was promoted
+    because it did well on the first entries, so its score there is biased upward; one greedy entry out
+    of two flips a gate. `score(version, counts=...)` returns `GateScores.view`-shaped scores."""
+    c, lv = score(cand, counts=first), score(live, counts=first)
+    ok, why = gate(c, lv, g.tolerance, g.nll_tolerance, base, g.base_nll_tolerance)
+    again = {e: full[e] if c.get(f"success_{e}", 0.0) < lv.get(f"success_{e}", 0.0) else n for e, n in first.items()}
+    if ok or again == first or clearly_worse(c, lv, g.nll_tolerance, base, g.base_nll_tolerance):
+        return ok, why, c, lv
+    c, lv = score(cand, counts=again), score(live, counts=again)
+    ok, why2 = gate(c, lv, g.tolerance, g.nll_tolerance, base, g.base_nll_tolerance)
+    looked = ", ".join(f"{n} {e}" for e, n in again.items() if n != first[e])
+    return ok, f"{why2} (second look on {looked} entries; on the first {min(first.values())}: {why})", c, lv
+
+
 class GateScores:
     """Each version's gate scores, cached on disk per version (the live version's never change, so a gate
-    evaluates only the candidate). Cached scores hold only for the same suite: entries, reference actions
-    and decoding settings."""
+    evaluates only the candidate): the reference-action NLL and the greedy outcome of each held-out entry
+    scored so far (`heldout[env]` in order; a first look scores the first `first` of them, a second look
+    more). Cached scores hold only for the same suite: entries, reference actions and decoding settings."""
 
     def __init__(self, path: Path, envs: dict, heldout: dict[str, list[str]], pairs, *, max_new_tokens: int,
-                 call_prefix: bool):
+                 call_prefix: bool, first: int | None = None):
         self.path, self.envs, self.heldout, self.pairs = Path(path), envs, heldout, pairs
         self.opts = {"max_new_tokens": max_new_tokens, "call_prefix": call_prefix}
+        full = {e: len(ids) for e, ids in heldout.items()}
+        self.looks = ({e: min(n, first) if first else n for e, n in full.items()}, full)  # (first look, full)
         self.suite = hashlib.sha256(json.dumps([heldout, pairs, max_new_tokens, call_prefix]).encode()).hexdigest()[:16]
         cached = json.loads(self.path.read_text()) if self.path.exists() else {}
         fresh = cached.get("_suite") == self.suite
         self.scores: dict[str, dict] = {v: x for v, x in cached.items() if isinstance(x, dict) and fresh}
 
-    def score(self, engine, version: str, weights: Callable[[], str], success: bool = True) -> dict:
-        """The version's scores (loading `weights()` into `engine` when something is missing); `success=False`
-        computes only the likelihood part (seconds)."""
+    def score(self, engine, version: str, weights: Callable[[], str], success: bool = True,
+              counts: dict[str, int] | None = None) -> dict:
+        """The version's scores on the first `counts[env]` entries (the first look by default), loading
+        `weights()` into `engine` when something is missing; `success=False` computes only the likelihood part
+        (seconds)."""
+        from policies.rollout import evaluate
+
+        counts = counts or self.looks[0]
         sc = self.scores.setdefault(version, {})
-        need_nll, need_success = bool(self.pairs) and "nll" not in sc, success and "success" not in sc
-        if need_nll or need_success:
+        done = sc.setdefault("outcomes", {})
+        todo = {e: self.heldout[e][len(done.get(e, [])):n] for e, n in counts.items()} if success else {}
+        need_nll = bool(self.pairs) and "nll" not in sc
+        if need_nll or any(todo.values()):
             if engine.version != version:
                 engine.load_weights(weights(), version)
             if need_nll:
                 sc["nll"] = reference_nll(engine, self.pairs)
-            if need_success:
-                sc.update(heldout_success(engine, self.envs, self.heldout, **self.opts))
+            for e, ids in todo.items():
+                if ids:
+                    res = evaluate(engine, self.envs[e], ids, k=1, **self.opts)
+                    done.setdefault(e, []).extend(res["entries"][i][0] for i in ids)
             atomic_write_bytes(self.path, json.dumps({**self.scores, "_suite": self.suite}).encode())
-        return sc
+        return self.view(version, counts if success else {})
+
+    def view(self, version: str, counts: dict[str, int]) -> dict[str, float]:
+        """nll, success_<env> (mean greedy outcome of the first counts[env] entries) and success (their mean
+        over environments), from what is cached."""
+        sc = self.scores.get(version, {})
+        out = {"nll": sc["nll"]} if "nll" in sc else {}
+        per = {e: sc.get("outcomes", {}).get(e, [])[:n] for e, n in counts.items()}
+        if counts:
+            out.update({f"success_{e}": sum(x) / max(1, len(x)) for e, x in per.items()})
+            out["success"] = sum(out[f"success_{e}"] for e in per) / max(1, len(per))
+        return out
 
     def recent(self, n: int = 5) -> dict:
-        return {v: {k: round(x, 3) for k, x in s.items()} for v, s in list(self.scores.items())[-n:]}
+        return {v: {k: round(x, 3) for k, x in self.view(v, self.looks[0]).items()} for v in list(self.scores)[-n:]}

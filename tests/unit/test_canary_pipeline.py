@@ -6,6 +6,7 @@ The broadcaster here runs on a fake bus with fixed gate scores (the real gate an
 tests/integration/test_broadcaster.py)."""
 import asyncio
 import time
+from types import SimpleNamespace
 
 from actors.events import WeightsPromoted, WeightsStatus
 from actors.lifecycles import WeightsState as S
@@ -31,7 +32,8 @@ def _broadcaster(tmp_path, min_s=60.0):
     b.policy, b.store, b.base_path, b._dirty = p, p.store, p.base, False
     b.book = PromotionBook(tmp_path / "book.json", {"w-000000": S.LIVE}, ["w-000000"])
     b.gated = []  # (candidate, against)
-    b._score = lambda version, success=True: {"success": 0.5, "nll": 1.0}
+    b._score = lambda version, success=True, counts=None: {"success": 0.5, "nll": 1.0}
+    b.scores = SimpleNamespace(looks=({"code": 2}, {"code": 8}), recent=dict)  # every candidate passes the first look
     refs = {"w-000000": None}
     for n in (1, 2, 3):
         refs[f"w-{n:06d}"] = _version(p, n, f"w-{n - 1:06d}")

@@ -120,3 +120,49 @@ def test_reference_likelihood_runs_shared_prompt_prefixes_once_and_matches_a_ful
     assert len(fed) == 5 and saved > len(ids[0][0]) + len(ids[4][0])
     with pytest.raises(ValueError, match="non-empty prompt"):
         eng.sequence_logprobs([("", "x")])
+
+
+def test_a_second_look_on_more_entries_decides_when_the_candidate_falls_short_on_the_first(tmp_path, monkeypatch):
+    """Live went live because it did well on the first entries: one greedy flip there must not reject every
+    successor. Both versions are scored on more entries (live's once: cached on disk), and that decides."""
+    from types import SimpleNamespace
+
+    import policies.rollout as rollout
+    from policies.gate import GateScores, decide
+
+    outcomes = {"live": [1, 1, 0, 0, 0, 0], "good": [1, 0, 1, 1, 0, 0], "bad": [1, 0, 0, 0, 0, 0],
+                "same": [1, 1, 0, 0, 0, 0]}
+    calls = []
+
+    def evaluate(engine, env, ids, k, **kw):
+        calls.append((engine.version, tuple(ids)))
+        return {"entries": {i: [outcomes[engine.version][int(i[1:])]] for i in ids}}
+
+    class Engine:
+        version = "live"
+
+        def load_weights(self, path, version):
+            self.version = version
+
+    monkeypatch.setattr(rollout, "evaluate", evaluate)
+    ids = [f"e{i}" for i in range(6)]
+    path = tmp_path / "evals.json"
+    scores, engine = GateScores(path, {"code": None}, {"code": ids}, [], max_new_tokens=8, call_prefix=True, first=2), Engine()
+    assert scores.looks == ({"code": 2}, {"code": 6})
+
+    def score(v, success=True, counts=None):
+        return scores.score(engine, v, lambda: "unused", success, counts)
+
+    g = SimpleNamespace(tolerance=0.05, nll_tolerance=0.05, base_nll_tolerance=math.inf)
+    ok, why, cand, live = decide(score, "good", "live", g, None, *scores.looks)
+    assert ok and "second look on 6 code entries" in why and "on the first 2: held-out success 0.500 < live 1.000" in why
+    assert cand["success"] == 0.5 and live["success"] == pytest.approx(2 / 6)
+    ok, why, cand, live = decide(score, "bad", "live", g, None, *scores.looks)
+    assert not ok and why.startswith("held-out success 0.167 < live 0.333") and "second look" in why
+    ok, why, cand, live = decide(score, "same", "live", g, None, *scores.looks)
+    assert ok and "second look" not in why and cand["success"] == 1.0
+    assert [c for c in calls if c[0] == "live"] == [("live", ("e0", "e1")), ("live", ("e2", "e3", "e4", "e5"))]
+    assert ("same", ("e2", "e3", "e4", "e5")) not in calls
+    again = GateScores(path, {"code": None}, {"code": ids}, [], max_new_tokens=8, call_prefix=True, first=2)
+    assert again.view("good", {"code": 6}) == {"success_code": 0.5, "success": 0.5}
+    assert again.recent()["live"] == {"success_code": 1.0, "success": 1.0}

@@ -98,7 +98,10 @@ def test_gate_entries_are_the_ones_its_episodes_and_likelihood_use():
             return self.ids
 
     envs = {"toy": Env(["a_1", "a_2", "a_3", "a_4"]), "other": NoRefs(["x_1", "x_2"])}
-    assert gate_entries(envs, SimpleNamespace(heldout_tasks=1, nll_entries=2)) == {"a_1", "a_3", "x_1"}
+    assert gate_entries(envs, SimpleNamespace(heldout_tasks=1, second_look_tasks=0, nll_entries=2)) == {
+        "a_1", "a_3", "x_1"}
+    assert gate_entries(envs, SimpleNamespace(heldout_tasks=1, second_look_tasks=2, nll_entries=1)) == {
+        "a_1", "a_2", "x_1", "x_2"}
 
 
 def test_suite_takes_the_first_entries_of_the_chosen_categories():
