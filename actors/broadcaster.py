@@ -32,8 +32,8 @@ from actors.bus import Poison
 from actors.events import (Feedback, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected,
                            WeightsRolledBack, WeightsSwapped)
 from envs.registry import make_envs
-from policies.gate import (GateScores, canary_verdict, clearly_worse, decide, gate_metrics, handoff_verdict,
-                           reference_pairs, watch_verdict)
+from policies.gate import (GateScores, canary_verdict, clearly_worse, decide, gate_heldout, gate_metrics,
+                           handoff_verdict, reference_pairs, watch_verdict)
 from actors.lifecycles import IllegalTransition, WeightsState as S
 from policies.live_policy import LivePolicy
 from policies.model_store import BASE_VERSION, version_number
@@ -51,9 +51,8 @@ class Broadcaster(EventActor):
         self.policy = await asyncio.to_thread(LivePolicy, s, "gate")  # its engine scores candidates
         self.store, self.base_path, self.engine = self.policy.store, self.policy.base, self.policy.engine
         self.envs = make_envs(s.env)
-        # a fixed held-out suite: the first gate.heldout_tasks entries of each environment's held-out split
-        n = max(s.gate.heldout_tasks, s.gate.second_look_tasks)
-        self.heldout = {name: env.entries("heldout")[:n] for name, env in self.envs.items()}
+        # a fixed held-out suite: the first entries of each environment's held-out split (first and second look)
+        self.heldout = gate_heldout(self.envs, s.gate)
         self.pairs = await asyncio.to_thread(reference_pairs, self.envs, s.gate.nll_entries)
         d = s.state / "broadcaster"
         d.mkdir(parents=True, exist_ok=True)

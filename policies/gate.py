@@ -63,11 +63,16 @@ def reference_pairs(envs: dict, n: int) -> list[tuple[str, str]]:
             for _, ref in _references(envs, n)]
 
 
+def gate_heldout(envs: dict, gate_settings) -> dict[str, list[str]]:
+    """env -> the held-out entries the gate's episodes may use: the first look's, then the second look's."""
+    n = max(gate_settings.heldout_tasks, gate_settings.second_look_tasks)
+    return {name: env.entries("heldout")[:n] for name, env in envs.items()}
+
+
 def gate_entries(envs: dict, gate_settings) -> set[str]:
     """Every held-out entry the gate looks at (episodes or reference likelihood): a measurement that selects
     nothing on them leaves these out (the gate chose which versions were served by them)."""
-    n = max(gate_settings.heldout_tasks, gate_settings.second_look_tasks)
-    seen = {e for env in envs.values() for e in env.entries("heldout")[:n]}
+    seen = {e for ids in gate_heldout(envs, gate_settings).values() for e in ids}
     return seen | {eid for eid, _ in _references(envs, gate_settings.nll_entries)}
 
 

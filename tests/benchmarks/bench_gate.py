@@ -23,7 +23,7 @@ from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
 from config.settings import load_settings  # noqa: E402
 from envs.registry import make_envs  # noqa: E402
 from policies.engine import make_engine  # noqa: E402
-from policies.gate import reference_nll, reference_pairs  # noqa: E402
+from policies.gate import gate_heldout, reference_nll, reference_pairs  # noqa: E402
 from policies.model_store import ensure_base_model  # noqa: E402
 from policies.rollout import evaluate  # noqa: E402
 
@@ -57,8 +57,7 @@ def main() -> None:
     engine = make_engine(s, ensure_base_model(s.state, s.model.source, s.model.path, progress=False), role="gate")
     envs = make_envs(s.env)
     pairs = reference_pairs(envs, s.gate.nll_entries)
-    n = max(s.gate.heldout_tasks, s.gate.second_look_tasks)
-    heldout = {name: env.entries("heldout")[:n] for name, env in envs.items()}
+    heldout = gate_heldout(envs, s.gate)
     tokens = sum(engine.count_tokens(p) + engine.count_tokens(c) for p, c in pairs)
     plain, shared, nlls = [], [], set()
     for _ in range(a.repeats):
