@@ -4,7 +4,8 @@ users' feedback. Pure functions plus the held-out evaluation of one version.
 Gate (before any user sees a candidate), on fixed held-out entries:
   success = mean over environments of avg@1 (greedy) on the first `gate.heldout_tasks` entries (a second
             look, on `gate.second_look_tasks` entries of the environments where the candidate fell short,
-            decides when it fell short: `decide`);
+            decides when it fell short; an environment where live solved none of them is not run when the
+            candidate passes without it: `decide`);
   nll     = mean per-token negative log-likelihood of the reference first action of the first
             `gate.nll_entries` entries of each environment (`Environment.reference_action`).
   promote  iff  success_c >= success_live - gate.tolerance  and  nll_c <= nll_live + gate.nll_tolerance
@@ -178,8 +179,21 @@ def decide(score: Callable[..., dict], cand: str, live: str, g, base: dict | Non
     entries; when the candidate falls short of live's success there, a second look scores both on
     `full[env]` entries of each environment where it fell short, and that decides. Live was promoted
     because it did well on the first entries, so its score there is biased upward; one greedy entry out
-    of two flips a gate. `score(version, counts=...)` returns `GateScores.view`-shaped scores."""
-    c, lv = score(cand, counts=first), score(live, counts=first)
+    of two flips a gate. Episodes that cannot change the decision are not run: an environment where live
+    solved none of its first entries, when the candidate passes with 0 there (its `success` is then that
+    lower bound). `score(version, counts=...)` returns `GateScores.view`-shaped scores."""
+    lv = score(live, counts=first)
+    # where live solved none of its first entries the candidate cannot fall short: with 0 there (the least it
+    # can score) it may already pass, and then those episodes cannot change the decision and are not run
+    zero = [e for e in first if lv.get(f"success_{e}", 0.0) <= 0.0]
+    part = {e: n for e, n in first.items() if e not in zero}
+    c = score(cand, counts=part) if part else score(cand, success=False)
+    low = sum(c[f"success_{e}"] for e in part) / max(1, len(first))
+    if zero and low + g.tolerance >= lv.get("success", 0.0):
+        c = {**c, "success": low}  # a lower bound: the environments in `zero` were not run
+        ok, why = gate(c, lv, g.tolerance, g.nll_tolerance, base, g.base_nll_tolerance)
+        return ok, f"{why} ({', '.join(zero)} not run: live solved none of its first entries there)", c, lv
+    c = score(cand, counts=first)
     ok, why = gate(c, lv, g.tolerance, g.nll_tolerance, base, g.base_nll_tolerance)
     again = {e: full[e] if c.get(f"success_{e}", 0.0) < lv.get(f"success_{e}", 0.0) else n for e, n in first.items()}
     if ok or again == first or clearly_worse(c, lv, g.nll_tolerance, base, g.base_nll_tolerance):

@@ -166,3 +166,50 @@ def test_a_second_look_on_more_entries_decides_when_the_candidate_falls_short_on
     again = GateScores(path, {"code": None}, {"code": ids}, [], max_new_tokens=8, call_prefix=True, first=2)
     assert again.view("good", {"code": 6}) == {"success_code": 0.5, "success": 0.5}
     assert again.recent()["live"] == {"success_code": 1.0, "success": 1.0}
+
+
+def test_episodes_that_cannot_change_the_decision_are_not_run(tmp_path, monkeypatch):
+    """Where live solved none of its first entries the candidate cannot fall short: when it passes with 0 there,
+    those episodes (BFCL's are the gate's longest) are skipped; when it might fail, everything runs."""
+    from types import SimpleNamespace
+
+    import policies.rollout as rollout
+    from policies.gate import GateScores, decide
+
+    outcomes = {"live": {"code": [1, 0, 0, 0], "bfcl": [0, 0, 1, 0]}, "good": {"code": [1, 1, 0, 0], "bfcl": [1, 1, 1, 1]},
+                "worse": {"code": [0, 0, 0, 0], "bfcl": [0] * 4}, "base": {"code": [0, 0, 0, 0], "bfcl": [0] * 4}}
+    calls = []
+
+    def evaluate(engine, env, ids, k, **kw):
+        calls.append((engine.version, env, tuple(ids)))
+        return {"entries": {i: [outcomes[engine.version][env][int(i[1:])]] for i in ids}}
+
+    class Engine:
+        version = "live"
+
+        def load_weights(self, path, version):
+            self.version = version
+
+    monkeypatch.setattr(rollout, "evaluate", evaluate)
+    ids = [f"e{i}" for i in range(4)]
+    scores = GateScores(tmp_path / "evals.json", {"code": "code", "bfcl": "bfcl"}, {"code": ids, "bfcl": ids}, [],
+                        max_new_tokens=8, call_prefix=True, first=2)
+    engine = Engine()
+
+    def score(v, success=True, counts=None):
+        return scores.score(engine, v, lambda: "unused", success, counts)
+
+    g = SimpleNamespace(tolerance=0.05, nll_tolerance=0.05, base_nll_tolerance=math.inf)
+    ok, why, cand, live = decide(score, "good", "live", g, None, *scores.looks)
+    assert ok and "(bfcl not run: live solved none of its first entries there)" in why
+    assert cand == {"success_code": 1.0, "success": 0.5} and live["success"] == 0.25
+    assert [c for c in calls if c[0] == "good"] == [("good", "code", ("e0", "e1"))]
+    # code falls short: bfcl could make up for it, so it runs, and the second look decides
+    ok, why, cand, live = decide(score, "worse", "live", g, None, *scores.looks)
+    assert not ok and "not run" not in why and "second look on 4 code entries" in why
+    assert ("worse", "bfcl", ("e0", "e1")) in calls and cand["success_bfcl"] == 0.0
+    # live solved nothing anywhere: the candidate cannot fall short, only its likelihood is checked
+    n = len(calls)
+    ok, why, cand, live = decide(score, "good", "base", g, None, *scores.looks)
+    assert ok and "code, bfcl not run" in why and cand["success"] == 0.0 and len(calls) == n + 2  # base's own
+    assert all(c[0] == "base" for c in calls[n:])
