@@ -181,7 +181,9 @@ def decide(score: Callable[..., dict], cand: str, live: str, g, base: dict | Non
     because it did well on the first entries, so its score there is biased upward; one greedy entry out
     of two flips a gate. Episodes that cannot change the decision are not run: an environment where live
     solved none of its first entries, when the candidate passes with 0 there (its `success` is then that
-    lower bound). `score(version, counts=...)` returns `GateScores.view`-shaped scores."""
+    lower bound). A candidate that is then rejected or superseded never runs them; one that is served runs
+    them when it is the next gate's comparator. `score(version, counts=...)` returns `GateScores.view`-shaped
+    scores."""
     lv = score(live, counts=first)
     # where live solved none of its first entries the candidate cannot fall short: with 0 there (the least it
     # can score) it may already pass, and then those episodes cannot change the decision and are not run
