@@ -122,21 +122,18 @@ def test_reference_likelihood_runs_shared_prompt_prefixes_once_and_matches_a_ful
         eng.sequence_logprobs([("", "x")])
 
 
-def test_a_second_look_on_more_entries_decides_when_the_candidate_falls_short_on_the_first(tmp_path, monkeypatch):
-    """Live went live because it did well on the first entries: one greedy flip there must not reject every
-    successor. Both versions are scored on more entries (live's once: cached on disk), and that decides."""
+def _fake_gate(monkeypatch, scores, outcome, call):
+    """`GateScores` over a fake engine whose greedy episode on entry `e<i>` of `env` scores `outcome(version,
+    env, i)`; returns (scores, score(version, ...), the episodes run as `call(version, env, ids)`, gate settings)."""
     from types import SimpleNamespace
 
     import policies.rollout as rollout
-    from policies.gate import GateScores, decide
 
-    outcomes = {"live": [1, 1, 0, 0, 0, 0], "good": [1, 0, 1, 1, 0, 0], "bad": [1, 0, 0, 0, 0, 0],
-                "same": [1, 1, 0, 0, 0, 0]}
     calls = []
 
     def evaluate(engine, env, ids, k, **kw):
-        calls.append((engine.version, tuple(ids)))
-        return {"entries": {i: [outcomes[engine.version][int(i[1:])]] for i in ids}}
+        calls.append(call(engine.version, env, ids))
+        return {"entries": {i: [outcome(engine.version, env, int(i[1:]))] for i in ids}}
 
     class Engine:
         version = "live"
@@ -145,15 +142,27 @@ def test_a_second_look_on_more_entries_decides_when_the_candidate_falls_short_on
             self.version = version
 
     monkeypatch.setattr(rollout, "evaluate", evaluate)
-    ids = [f"e{i}" for i in range(6)]
-    path = tmp_path / "evals.json"
-    scores, engine = GateScores(path, {"code": None}, {"code": ids}, [], max_new_tokens=8, call_prefix=True, first=2), Engine()
-    assert scores.looks == ({"code": 2}, {"code": 6})
+    engine = Engine()
 
     def score(v, success=True, counts=None):
         return scores.score(engine, v, lambda: "unused", success, counts)
 
-    g = SimpleNamespace(tolerance=0.05, nll_tolerance=0.05, base_nll_tolerance=math.inf)
+    return scores, score, calls, SimpleNamespace(tolerance=0.05, nll_tolerance=0.05, base_nll_tolerance=math.inf)
+
+
+def test_a_second_look_on_more_entries_decides_when_the_candidate_falls_short_on_the_first(tmp_path, monkeypatch):
+    """Live went live because it did well on the first entries: one greedy flip there must not reject every
+    successor. Both versions are scored on more entries (live's once: cached on disk), and that decides."""
+    from policies.gate import GateScores, decide
+
+    outcomes = {"live": [1, 1, 0, 0, 0, 0], "good": [1, 0, 1, 1, 0, 0], "bad": [1, 0, 0, 0, 0, 0],
+                "same": [1, 1, 0, 0, 0, 0]}
+    ids = [f"e{i}" for i in range(6)]
+    path = tmp_path / "evals.json"
+    scores, score, calls, g = _fake_gate(monkeypatch, GateScores(path, {"code": None}, {"code": ids}, [], max_new_tokens=8,
+                                                                 call_prefix=True, first=2),
+                                         lambda v, env, i: outcomes[v][i], lambda v, env, ids: (v, tuple(ids)))
+    assert scores.looks == ({"code": 2}, {"code": 6})
     ok, why, cand, live = decide(score, "good", "live", g, None, *scores.looks)
     assert ok and "second look on 6 code entries" in why and "on the first 2: held-out success 0.500 < live 1.000" in why
     assert cand["success"] == 0.5 and live["success"] == pytest.approx(2 / 6)
@@ -171,35 +180,15 @@ def test_a_second_look_on_more_entries_decides_when_the_candidate_falls_short_on
 def test_episodes_that_cannot_change_the_decision_are_not_run(tmp_path, monkeypatch):
     """Where live solved none of its first entries the candidate cannot fall short: when it passes with 0 there,
     those episodes (BFCL's are the gate's longest) are skipped; when it might fail, everything runs."""
-    from types import SimpleNamespace
-
-    import policies.rollout as rollout
     from policies.gate import GateScores, decide
 
     outcomes = {"live": {"code": [1, 0, 0, 0], "bfcl": [0, 0, 1, 0]}, "good": {"code": [1, 1, 0, 0], "bfcl": [1, 1, 1, 1]},
                 "worse": {"code": [0, 0, 0, 0], "bfcl": [0] * 4}, "base": {"code": [0, 0, 0, 0], "bfcl": [0] * 4}}
-    calls = []
-
-    def evaluate(engine, env, ids, k, **kw):
-        calls.append((engine.version, env, tuple(ids)))
-        return {"entries": {i: [outcomes[engine.version][env][int(i[1:])]] for i in ids}}
-
-    class Engine:
-        version = "live"
-
-        def load_weights(self, path, version):
-            self.version = version
-
-    monkeypatch.setattr(rollout, "evaluate", evaluate)
     ids = [f"e{i}" for i in range(4)]
-    scores = GateScores(tmp_path / "evals.json", {"code": "code", "bfcl": "bfcl"}, {"code": ids, "bfcl": ids}, [],
-                        max_new_tokens=8, call_prefix=True, first=2)
-    engine = Engine()
-
-    def score(v, success=True, counts=None):
-        return scores.score(engine, v, lambda: "unused", success, counts)
-
-    g = SimpleNamespace(tolerance=0.05, nll_tolerance=0.05, base_nll_tolerance=math.inf)
+    scores, score, calls, g = _fake_gate(monkeypatch, GateScores(tmp_path / "evals.json", {"code": "code", "bfcl": "bfcl"},
+                                                                 {"code": ids, "bfcl": ids}, [], max_new_tokens=8,
+                                                                 call_prefix=True, first=2),
+                                         lambda v, env, i: outcomes[v][env][i], lambda v, env, ids: (v, env, tuple(ids)))
     ok, why, cand, live = decide(score, "good", "live", g, None, *scores.looks)
     assert ok and "(bfcl not run: live solved none of its first entries there)" in why
     assert cand == {"success_code": 1.0, "success": 0.5} and live["success"] == 0.25
