@@ -1,26 +1,26 @@
 """Weight broadcaster: the promotion gate, the canary, live monitoring and rollback.
 
-Each version moves through the lifecycle in `actors/lifecycles.py`; every change is an
-`evo.weights_status` event, and the decisions use `policies/gate.py`.
-- `evo.weights_published`: the file's sha256 is verified (poison otherwise) and the version is
-  staged. An operator's forced publish (`main.py promote V --force`) goes live at once.
-- tick: the newest staged version is evaluated (older staged ones are superseded) against the live
-  one on the fixed held-out suite. Pass: it becomes the canary, named in the LIVE pointer, and every
-  replica answers `gate.canary_share` of its requests with it (`evo.weights_promoted`, stage canary;
-  share 0 promotes straight to live). Fail: rejected (`evo.weights_rejected`).
-- while a canary runs, its newest staged successor is evaluated against the canary meanwhile. Once
-  one passed (status passed), the canary goes live after `gate.canary_min_s` unless its feedback so
-  far is worse than live's, and the successor becomes the canary at once: the gate is off the path
-  from a published version to users. A passed version whose baseline did not go live is superseded.
+Each version moves through the lifecycle in `actors/lifecycles.py`; every change is an `evo.weights_status`
+event, and the decisions use `policies/gate.py`.
+- `evo.weights_published`: the file's sha256 is verified (poison otherwise) and the version is staged. An
+  operator's forced publish (`main.py promote V --force`) goes live at once.
+- tick: the newest staged version is evaluated (older staged ones are superseded) against the live one on the
+  fixed held-out suite. Pass: it becomes the canary, named in the LIVE pointer, and every replica answers
+  `gate.canary_share` of its requests with it (`evo.weights_promoted`, stage canary; share 0 promotes straight
+  to live). Fail: rejected (`evo.weights_rejected`). With no gate to run, the next gate's comparator is scored
+  meanwhile, so a gate waits for its candidate's scores only.
+- while a canary runs, its newest staged successor is evaluated against the canary meanwhile. Once one passed
+  (status passed), the canary goes live after `gate.canary_min_s` unless its feedback so far is worse than
+  live's, and the successor becomes the canary at once: the gate is off the path from a published version to
+  users. A passed version whose baseline did not go live is superseded.
 - users' feedback on canary answers against live answers of the same period decides: live
-  (`evo.weights_promoted`, stage live; the previous version retires, kept for rollback) or rolled
-  back (`evo.weights_rolled_back`).
-- the live version's recent feedback is compared with its predecessor's; a significant drop rolls
-  it back to the predecessor, whatever brought it live (the gate or an operator).
-Replicas report what they serve (`evo.weights_swapped`); the broadcaster keeps that map. Weights
-files beyond `gate.keep_versions` are pruned, never the live, canary, staged or recent live ones.
-Its state is a `PromotionBook` (policies/promotion.py), written atomically; evaluations are cached
-per version.
+  (`evo.weights_promoted`, stage live; the previous version retires, kept for rollback) or rolled back
+  (`evo.weights_rolled_back`).
+- the live version's recent feedback is compared with its predecessor's; a significant drop rolls it back to
+  the predecessor, whatever brought it live (the gate or an operator).
+Replicas report what they serve (`evo.weights_swapped`); the broadcaster keeps that map. Weights files beyond
+`gate.keep_versions` are pruned, never the live, canary, staged or recent live ones. Its state is a
+`PromotionBook` (policies/promotion.py), written atomically; evaluations are cached per version.
 """
 from __future__ import annotations
 
@@ -54,15 +54,11 @@ class Broadcaster(EventActor):
         # a fixed held-out suite: the first entries of each environment's held-out split (first and second look)
         self.heldout = gate_heldout(self.envs, s.gate)
         self.pairs = await asyncio.to_thread(reference_pairs, self.envs, s.gate.nll_entries)
-        d = s.state / "broadcaster"
-        d.mkdir(parents=True, exist_ok=True)
-        self.scores = GateScores(d / "evals.json", self.envs, self.heldout, self.pairs,
-                                 max_new_tokens=s.rollout.max_new_tokens, call_prefix=s.rollout.call_prefix,
-                                 first=s.gate.heldout_tasks)
-        live = self.policy.live_version
-        self.book = PromotionBook.load(d / "state.json", live)
-        self.weights_version = live
-        self._dirty = False
+        (d := s.state / "broadcaster").mkdir(parents=True, exist_ok=True)
+        self.scores = GateScores(d / "evals.json", self.envs, self.heldout, self.pairs, first=s.gate.heldout_tasks,
+                                 max_new_tokens=s.rollout.max_new_tokens, call_prefix=s.rollout.call_prefix)
+        self.book = PromotionBook.load(d / "state.json", self.policy.live_version)
+        self.weights_version, self._dirty = self.policy.live_version, False
         self._repair_pointer()
         await self._resume_gates()
 
@@ -98,8 +94,7 @@ class Broadcaster(EventActor):
             return
         await self.bus.publish(ev, weights_version=version)
         self._save()
-        self.log.info("weights.status", version=version, status=str(new), previous=ev.previous_status,
-                      reason=reason[:200])
+        self.log.info("weights.status", version=version, status=str(new), previous=ev.previous_status, reason=reason[:200])
 
     def live_version(self) -> str:
         return self.policy.live_version
@@ -144,14 +139,21 @@ class Broadcaster(EventActor):
                 await self._evaluate(staged)
         if self._dirty:
             self._save()
+        await self._prepare()
+
+    async def _prepare(self) -> None:
+        """No gate to run now: the next gate's comparator is scored on the first look meanwhile, one environment a
+        tick, so that gate waits for its candidate only."""
+        nxt = self.book.next_comparator(self.live_version())
+        if (not self._staged() or self.book.passed) and (todo := list(self.scores.unscored(nxt).items())[:1]):
+            await asyncio.to_thread(self._score, nxt, True, dict(todo))
 
     def _staged(self, after: str | None = None) -> list[str]:
         return self.book.staged(keep=lambda v: after is None or self.policy.descends_from(v, after))
 
     async def _pipeline(self) -> None:
         """A running canary: its successor is gated against it meanwhile, then takes over (see the docstring)."""
-        b, g = self.book, self.settings.gate
-        c = b.canary
+        b, g, c = self.book, self.settings.gate, self.book.canary
         if b.passed is None and (staged := self._staged(after=c["version"])):
             await self._evaluate(staged, against=c["version"])
         if b.passed is None:
@@ -166,13 +168,12 @@ class Broadcaster(EventActor):
         return self.scores.score(self.engine, version, lambda: self._ref(version).path, success, counts)
 
     async def _evaluate(self, staged: list[str], against: str | None = None) -> None:
-        newest, live = staged[-1], self.live_version()
+        newest, live, g = staged[-1], self.live_version(), self.settings.gate
         against = against or live
         for v in staged[:-1]:
             await self._set(v, S.SUPERSEDED, f"{newest} was staged before it was evaluated")
         await self._set(newest, S.EVALUATING, f"held-out gate against {'live' if against == live else 'canary'} {against}")
         live_s = await asyncio.to_thread(self._score, against)
-        g = self.settings.gate
         base_s = await asyncio.to_thread(self._score, BASE_VERSION, False)  # its NLL, cached
         cand_s = await asyncio.to_thread(self._score, newest, False)  # the likelihood first: seconds
         early = clearly_worse(cand_s, live_s, g.nll_tolerance, base_s, g.base_nll_tolerance)

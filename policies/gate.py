@@ -247,6 +247,11 @@ class GateScores:
             atomic_write_bytes(self.path, json.dumps({**self.scores, "_suite": self.suite}).encode())
         return self.view(version, counts if success else {})
 
+    def unscored(self, version: str) -> dict[str, int]:
+        """env -> size of the first look, for the environments where the version's outcomes are not all cached."""
+        done = self.scores.get(version, {}).get("outcomes", {})
+        return {e: n for e, n in self.looks[0].items() if len(done.get(e, [])) < n}
+
     def view(self, version: str, counts: dict[str, int]) -> dict[str, float]:
         """nll, success_<env> (mean greedy outcome of the first counts[env] entries) and success (their mean
         over environments), from what is cached."""

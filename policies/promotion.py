@@ -65,6 +65,10 @@ class PromotionBook:
                              version=version, status=new, previous_status=old, reason=reason[:1000],
                              metrics={k: float(v) for k, v in (metrics or {}).items()})
 
+    def next_comparator(self, live: str) -> str:
+        """The version the next gate compares its candidate with: the passed successor, else the canary, else live."""
+        return (self.passed or self.canary or {}).get("version") or live
+
     def staged(self, keep=lambda v: True) -> list[str]:
         return sorted((v for v, st in self.status.items() if st == S.STAGED and keep(v)), key=version_number)
 

@@ -33,7 +33,8 @@ def _broadcaster(tmp_path, min_s=60.0):
     b.book = PromotionBook(tmp_path / "book.json", {"w-000000": S.LIVE}, ["w-000000"])
     b.gated = []  # (candidate, against)
     b._score = lambda version, success=True, counts=None: {"success": 0.5, "nll": 1.0}
-    b.scores = SimpleNamespace(looks=({"code": 2}, {"code": 8}), recent=dict)  # every candidate passes the first look
+    # every candidate passes the first look; every version's first look is cached (nothing to score when idle)
+    b.scores = SimpleNamespace(looks=({"code": 2}, {"code": 8}), recent=dict, unscored=lambda version: {})
     refs = {"w-000000": None}
     for n in (1, 2, 3):
         refs[f"w-{n:06d}"] = _version(p, n, f"w-{n - 1:06d}")
@@ -136,5 +137,40 @@ def test_a_gate_cut_short_by_a_restart_is_run_again(tmp_path):
         assert b.book.status["w-000001"] == S.STAGED
         await b.tick()
         assert b.book.status["w-000001"] == S.CANARY
+
+    asyncio.run(go())
+
+
+def test_an_idle_broadcaster_scores_the_next_gates_comparator_one_environment_a_tick(tmp_path):
+    """A gate needs its comparator's greedy first look (to know where the candidate may fall short); a version
+    that passed without its own episodes gets them scored while no gate runs, so its successor's gate waits for
+    the successor's scores only. Never while a candidate waits for its gate."""
+    async def go():
+        b, refs = _broadcaster(tmp_path)
+        looks, cached, calls = {"code": 2, "bfcl": 2}, {}, []
+        b.scores = SimpleNamespace(looks=(looks, {"code": 8, "bfcl": 8}), recent=dict,
+                                   unscored=lambda v: {e: n for e, n in looks.items() if e not in cached.get(v, ())})
+
+        def score(version, success=True, counts=None):
+            if success and counts:
+                calls.append((version, tuple(counts)))
+                cached.setdefault(version, set()).update(counts)
+            return {"success": 0.0, "nll": 1.0}  # nothing solved: candidates pass on their likelihood alone
+
+        b._score = score
+        await b.tick()
+        assert calls == [("w-000000", ("code",))]  # live: the next gate's comparator, one environment a tick
+        await b.tick()
+        await b.tick()
+        assert calls == [("w-000000", ("code",)), ("w-000000", ("bfcl",))]
+        await _publish(b, refs["w-000001"])
+        await b._prepare()
+        assert len(calls) == 2  # a candidate waits: its gate first
+        await b.tick()  # gated against live (cached), the canary; then the canary is the next comparator
+        assert b.book.status["w-000001"] == S.CANARY and calls[-1] == ("w-000001", ("code",))
+        await _publish(b, refs["w-000002"])
+        await b.tick()  # gated against the canary (its bfcl scored in the gate), passed: the next comparator
+        assert b.book.status["w-000002"] == S.PASSED and calls[-2:] == [("w-000001", ("code", "bfcl")),
+                                                                          ("w-000002", ("code",))]
 
     asyncio.run(go())

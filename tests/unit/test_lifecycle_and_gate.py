@@ -193,6 +193,9 @@ def test_episodes_that_cannot_change_the_decision_are_not_run(tmp_path, monkeypa
     assert ok and "(bfcl not run: live solved none of its first entries there)" in why
     assert cand == {"success_code": 1.0, "success": 0.5} and live["success"] == 0.25
     assert [c for c in calls if c[0] == "good"] == [("good", "code", ("e0", "e1"))]
+    # what an idle broadcaster scores before "good" is the next gate's comparator: its first look where it is not cached
+    assert scores.unscored("good") == {"bfcl": 2} and scores.unscored("live") == {} and scores.unscored("new") == {
+        "code": 2, "bfcl": 2}
     # code falls short: bfcl could make up for it, so it runs, and the second look decides
     ok, why, cand, live = decide(score, "worse", "live", g, None, *scores.looks)
     assert not ok and "not run" not in why and "second look on 4 code entries" in why
