@@ -1,9 +1,10 @@
 """Self-questioning: explore an environment, write tasks with reference solutions, keep the good ones.
 
 1. `explore()`: curiosity-guided exploration of a train entry's functions. Each step forces a
-   call of the least-visited function (visits counted across explorations, ties at random) and
-   lets the generator fill in its arguments from the tool schemas and the previous results;
-   every call runs on fresh backends and is recorded.
+   call of the least-visited function (visits counted across explorations; among those, the one
+   with the fewest required arguments, then at random: a call the policy can get right comes
+   first, the ladder's lowest rung) and lets the generator fill in its arguments from the tool
+   schemas and the previous results; every call runs on fresh backends and is recorded.
 2. `write_query()`: from the calls that worked, the generator writes the request a user would
    send, shown how live users write (recent `evo.interaction` queries). The request must mention
    every literal value of the reference solution; otherwise (or when it reads like an
@@ -65,7 +66,8 @@ def explore(generator, env, base_entry_id: str, steps: int, visits: Counter, rng
             ChatMessage(role="user", content=f"{probe.description}. Try them one at a time.")]
     by_name = {t.function.name: t for t in probe.tools}
     for i in range(steps):
-        fname = min(names, key=lambda n: (visits[n], rng.random()))
+        fname = min(names, key=lambda n: (visits[n], len(by_name[n].function.parameters.get("required") or []),
+                                          rng.random()))
         visits[fname] += 1
         arguments = generator.call_arguments(msgs, by_name[fname])
         tc = ToolCall(id=f"call_{i}", name=fname, arguments=arguments if arguments is not None else "{}")

@@ -81,6 +81,17 @@ def test_exploration_is_curious_and_keeps_working_calls(env, fs_entry):
     assert visits["mkdir"] == 1 and visits["cd"] == 1
 
 
+def test_among_the_least_visited_the_call_with_fewest_required_arguments_comes_first(env, fs_entry):
+    tools = {t.function.name: t for t in env.probe(fs_entry).tools}
+    required = {n: len(t.function.parameters.get("required") or []) for n, t in tools.items()}
+    assert required["pwd"] == 0 and required["mkdir"] == 1 and required["mv"] == 2
+    visits = Counter({n: 5 for n in tools})
+    visits["pwd"], visits["mkdir"], visits["mv"] = 1, 0, 0
+    gen = Scripted({"mkdir": '{"dir_name": "reports"}', "mv": '{"source": "a", "destination": "b"}'})
+    syn.explore(gen, env, fs_entry, 3, visits, random.Random(0))
+    assert gen.asked == ["mkdir", "mv", "pwd"]  # fewer visits first, then fewer required arguments
+
+
 def test_written_request_must_be_grounded_or_is_replaced(env, fs_entry):
     exp = syn.Exploration(fs_entry, [syn.ProbeStep("mkdir(dir_name='reports')", True, "None")])
     tools = env.probe(fs_entry).tools
