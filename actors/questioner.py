@@ -10,7 +10,8 @@ consumer's pending + unacked count) so the stream never floods:
 - synthetic tasks (`policies/synthesis.py`): curiosity-guided exploration of a train entry's
   functions with the served policy (or a configured generator endpoint), a request written for
   the calls that worked, conditioned on recent live requests (they also steer which entries are
-  explored, by embedding similarity), semantic dedup in Milvus Lite, and a feasibility replay.
+  explored, by embedding similarity), semantic dedup in Milvus Lite, and a feasibility replay. One
+  synthesis runs at a time, in the background: dataset tasks keep flowing while it explores.
 
 A synthetic task's lifecycle is data: `evo.task_status` proposed -> verified (or rejected, with
 the reason) -> active (issued to the explorer) -> retired. After each judged group of a
@@ -32,7 +33,7 @@ from actors.lifecycles import TaskState as T
 from envs.registry import make_envs
 from policies.curriculum import DatasetPools, Ladder, train_pool
 from policies.model_store import atomic_write_bytes
-from policies.task_book import SyntheticTask, TaskBook, band_decision
+from policies.task_book import SyntheticTask, TaskBook, band_decision, record_exploration
 
 
 SYNTHETIC = "synthetic"  # the ladder of self-written tasks: rung n asks for n + 1 calls
@@ -65,6 +66,8 @@ class Questioner(EventActor):
         self.synth_envs = [n for n in s.questioner.synth_envs if n in self.envs and hasattr(self.envs[n], "probe")]
         self._embedder = self._index = self._gen = self.engine = None
         self._entry_vecs: dict[str, tuple[list[str], object]] = {}
+        self._synth_job: asyncio.Task | None = None
+        self._sync_due = False
         if s.questioner.synthetic_share > 0 and self.synth_envs:
             await asyncio.to_thread(self._load_models)
 
@@ -92,7 +95,9 @@ class Questioner(EventActor):
         self._gen = make_generator(s, self.engine)
 
     async def handle_weights_promoted(self, ev, msg):
-        if self.engine is not None:
+        if self.engine is not None and self.synthesizing():
+            self._sync_due = True  # never swap weights under a running exploration: tick loads them after it
+        elif self.engine is not None:
             self.weights_version = await asyncio.to_thread(self.policy.sync)
 
     handle_weights_rolled_back = handle_weights_promoted
@@ -160,16 +165,22 @@ class Questioner(EventActor):
         total = self.mix["env"] + self.mix["synthetic"]
         return self.mix["synthetic"] < share * (total + 1)
 
+    def synthesizing(self) -> bool:
+        return self._synth_job is not None and not self._synth_job.done()
+
     async def tick(self) -> None:
+        if self._sync_due and not self.synthesizing():  # a promotion arrived mid-synthesis: follow it now
+            self._sync_due = False
+            self.weights_version = await asyncio.to_thread(self.policy.sync)
         if not self.pool or await self.backlog() >= self.settings.rollout.max_tasks_in_flight:
             return
         if self._want_synthetic():
             task_id = self.book.next_due()
-            if task_id is None:
-                task_id = await self.synthesize()
             if task_id is not None:
                 await self.issue_synthetic(task_id)
                 return
+            if not self.synthesizing():  # in the background: dataset tasks keep flowing meanwhile
+                self._synth_job = asyncio.create_task(self.synthesize())
         await self.issue_env()
 
     async def issue_env(self) -> None:
@@ -211,35 +222,37 @@ class Questioner(EventActor):
             self._entry_vecs[env_name] = (ids, torch.tensor(vecs))
         return self._entry_vecs[env_name]
 
-    def _pick_base(self, env_name: str) -> str:
+    def _pick_base(self, env_name: str, live: list[str]) -> str:
         """Half the time an entry like a recent live request (top 5 by cosine), else any train entry."""
         env = self.envs[env_name]
-        if self.live_queries and self.rng.random() < 0.5:
+        if live and self.rng.random() < 0.5:
             import torch
 
             ids, mat = self._entry_vectors(env_name)
-            q = torch.tensor(self._embedder.embed([self.live_queries[-1]])[0])
+            q = torch.tensor(self._embedder.embed([live[-1]])[0])
             top = torch.topk(mat @ q, k=min(5, len(ids))).indices.tolist()
             return ids[self.rng.choice(top)]
         return self.rng.choice(env.entries("train"))
 
-    def _synthesize(self) -> dict | None:
-        """Explore, write, dedup and verify one task (in a worker thread). Returns the record."""
+    def _synthesize(self, live: list[str]) -> dict | None:
+        """Explore, write, dedup and verify one task (in a worker thread; `live`: recent live requests, copied
+        in the event loop). Returns the record."""
         from policies import synthesis as syn
 
         q = self.settings.questioner
         env_name = self.rng.choice(self.synth_envs)
         env = self.envs[env_name]
-        base = self._pick_base(env_name)
+        base = self._pick_base(env_name, live)
         exp = syn.explore(self._gen, env, base, q.explore_steps, self.visits, self.rng)
         trace = [f"{s.call} -> {'ok' if s.ok else 'error'}: {s.result[:160]}" for s in exp.steps]
-        self._record(env_name, base, trace)
+        record_exploration(self.settings.state / "questioner" / "explorations.jsonl",
+                           {"env": env_name, "base": base, "steps": trace, "weights_version": self.weights_version})
         calls = 1 + self.ladder.rung(SYNTHETIC, list(range(q.max_reference_calls)))
         exp.steps = [s for s in exp.steps if s.ok][:calls]
         if not exp.reference:
             return {"outcome": "empty", "base": base, "tried": len(exp.steps)}
         probe = env.probe(base)
-        query, synthesizer = syn.write_query(self._gen, exp, probe.tools, list(self.live_queries))
+        query, synthesizer = syn.write_query(self._gen, exp, probe.tools, live)
         query = syn.normalise(query)
         sig = syn.signature(env_name, base, exp.reference)
         entry = syn.task_entry_id(sig)
@@ -257,36 +270,28 @@ class Questioner(EventActor):
         self._index.add(rec.task_id, vec, query)
         return {"task": rec, "outcome": "verified", "reason": why}
 
-    def _record(self, env_name: str, base: str, trace: list[str]) -> None:
-        """Every exploration is kept (JSON lines in the state dir; the file rolls over at 20 MB)."""
-        path = self.settings.state / "questioner" / "explorations.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and path.stat().st_size > 20_000_000:
-            path.replace(path.with_suffix(".jsonl.1"))
-        with open(path, "a") as f:
-            f.write(json.dumps({"env": env_name, "base": base, "steps": trace, "weights_version": self.weights_version})
-                    + "\n")
-
     async def synthesize(self) -> str | None:
-        try:
-            rec = await asyncio.to_thread(self._synthesize)
-        except Exception as exc:  # a failed synthesis never stops the dataset tasks
+        try:  # a failed synthesis (or a status that could not be published) never stops the dataset tasks
+            rec = await asyncio.to_thread(self._synthesize, list(self.live_queries))
+            if rec is None or rec["outcome"] == "empty":
+                self.log.info("synthesis.nothing_new", base=rec and rec.get("base"))
+                return None
+            task: SyntheticTask = rec["task"]
+            await self._status(task, T.PROPOSED, f"written by {task.synthesizer} from exploring {task.base}")
+            self.sigs.add(task.sig)
+            verified = rec["outcome"] == "verified"
+            await self._status(task, T.VERIFIED if verified else T.REJECTED, rec["reason"])
+            self._save()
+            return task.task_id if verified else None
+        except Exception as exc:
+            self.failures, self.last_error = self.failures + 1, repr(exc)[:500]
             self.log.warning("synthesis.failed", error=repr(exc)[:300])
             return None
-        if rec is None or rec["outcome"] == "empty":
-            self.log.info("synthesis.nothing_new", base=rec and rec.get("base"))
-            return None
-        task: SyntheticTask = rec["task"]
-        await self._status(task, T.PROPOSED, f"written by {task.synthesizer} from exploring {task.base}")
-        self.sigs.add(task.sig)
-        verified = rec["outcome"] == "verified"
-        await self._status(task, T.VERIFIED if verified else T.REJECTED, rec["reason"])
-        self._save()
-        return task.task_id if verified else None
 
     def health(self) -> dict:
         counts = self.book.counts() if hasattr(self, "book") else {}
         ladder = self.ladder.summary({**self.levels, SYNTHETIC: list(range(self.settings.questioner.max_reference_calls))}
                                      ) if hasattr(self, "ladder") else {}
         return {**super().health(), "proposed": self.proposed, "cursors": self.data.cursors if hasattr(self, "data") else None, "ladder": ladder,
-                "synthetic": dict(counts), "mix": getattr(self, "mix", None)}
+                "synthetic": dict(counts), "mix": getattr(self, "mix", None),
+                "synthesizing": hasattr(self, "_synth_job") and self.synthesizing()}

@@ -7,7 +7,9 @@ recent one.
 """
 from __future__ import annotations
 
+import json
 import uuid
+from pathlib import Path
 
 from pydantic import BaseModel, Field
 
@@ -82,3 +84,12 @@ class TaskBook:
         for r in self.tasks.values():
             out[str(r.status)] = out.get(str(r.status), 0) + 1
         return out
+
+
+def record_exploration(path: Path, row: dict) -> None:
+    """Every exploration is kept (JSON lines in the state dir; the file rolls over at 20 MB)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.stat().st_size > 20_000_000:
+        path.replace(path.with_suffix(".jsonl.1"))
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")

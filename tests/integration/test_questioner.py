@@ -50,13 +50,13 @@ async def test_synthetic_task_lifecycle(settings, nats_server):
     try:
         entries, _ = load_category("base")
         fs = [e for e in q.envs["bfcl"].entries("train") if entries[e]["involved_classes"] == ["GorillaFileSystem"]]
-        q._pick_base = lambda env_name: fs[0]
+        q._pick_base = lambda env_name, live: fs[0]
         q._gen = Scripted("Please create a directory named reports for me.")
         task_id = await q.synthesize()
         assert task_id and q.book.get(task_id).status == "verified"
         await q.issue_synthetic(task_id)
         # the same request from another start state is a semantic duplicate
-        q._pick_base = lambda env_name: fs[1]
+        q._pick_base = lambda env_name, live: fs[1]
         q._gen = Scripted("Please create a directory named reports for me!")
         assert await q.synthesize() is None
 
@@ -84,5 +84,61 @@ async def test_synthetic_task_lifecycle(settings, nats_server):
         assert len(tasks) == 2 and all(t.origin == "synthetic" and t.reference == ["mkdir(dir_name='reports')"]
                                        and t.base_entry_id == fs[0] for t in tasks)
     finally:
+        await q.shutdown()
+        await bus.close()
+
+
+async def test_dataset_tasks_flow_while_a_synthesis_explores(settings, nats_server):
+    import asyncio
+    import threading
+
+    from actors.questioner import Questioner
+    from envs.bfcl import load_category
+
+    p = "q" + uuid.uuid4().hex[:8]
+    settings.nats.stream, settings.nats.subject_prefix = p.upper(), p
+    settings.env.names = ["bfcl"]
+    settings.env.bfcl_categories = ["base"]
+    settings.questioner.synthetic_share = 0.5
+    settings.questioner.explore_steps = 40
+    settings.questioner.generator_base_url = "http://127.0.0.1:9/v1"  # replaced below; no model load
+    q = Questioner(settings)
+    await q.start()
+    bus = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p).connect()
+    go = threading.Event()
+
+    class Slow(Scripted):  # explores only once the test lets it: the synthesis is still running meanwhile
+        def call_arguments(self, messages, tool):
+            go.wait(60)
+            return super().call_arguments(messages, tool)
+
+    class Follower:  # the live policy's place: counts the weight loads
+        loads = 0
+
+        def sync(self):
+            Follower.loads += 1
+            return "w-000001"
+
+    try:
+        entries, _ = load_category("base")
+        fs = [e for e in q.envs["bfcl"].entries("train") if entries[e]["involved_classes"] == ["GorillaFileSystem"]]
+        q._pick_base = lambda env_name, live: fs[0]
+        q._gen = Slow("Please create a directory named reports for me.")
+        q.engine, q.policy = object(), Follower()
+        await q.tick()
+        assert q.synthesizing()
+        await q.tick()  # not a second synthesis; another dataset task
+        await q.handle_weights_promoted(None, None)
+        assert Follower.loads == 0  # weights never change under a running exploration
+        evs = await _events(bus, ["task"])
+        assert [e.origin for e in evs] == ["env", "env"] and q.synthesizing()
+        go.set()
+        await asyncio.wait_for(q._synth_job, 120)
+        await q.tick()  # follows the promotion, then issues the verified task
+        assert Follower.loads == 1 and q.weights_version == "w-000001"
+        evs = await _events(bus, ["task"])
+        assert evs[-1].origin == "synthetic" and evs[-1].reference == ["mkdir(dir_name='reports')"]
+    finally:
+        go.set()
         await q.shutdown()
         await bus.close()
