@@ -141,7 +141,8 @@ class LearnerStep(Event):
     mean_reward: float
     grad_norm: float
     duration_s: float
-    source_event_ids: list[str] = []
+    source_event_ids: list[str] = []  # the judgements this step learned from first
+    reused_event_ids: list[str] = []  # those an earlier step learned from, trained again (`learner.replay_groups`)
     metrics: dict[str, float] = {}
 
 

@@ -12,7 +12,10 @@ version's name and the ids of every judgement applied. Exporting the weights fil
 `evo.learner_step` / `evo.weights_published` (event ids derived from the step) and acking follow
 it and are idempotent, so after a crash at any point the learner resumes from the last verified
 checkpoint, redoes what follows it, acks redelivered judgements it already applied and trains on
-the others: no batch is lost or applied twice. Groups without any advantage are acked untrained;
+the others: no batch is lost or applied twice. With `learner.replay_groups`, the newest groups earlier steps
+trained go into the next step again (a second pass, importance-corrected against the version that sampled
+them; kept in memory only, dropped when stale or when the learner resets to another version).
+Groups without any advantage are acked untrained;
 rated live interactions are pooled into groups of `learner.min_live_group`. It always trains from a version
 users get or will get: after a rejection of a version it descends from, from that version's nearest
 ancestor that is the canary or live; after a rollback, from the version rolled back to; and when a
@@ -29,40 +32,14 @@ from actors.events import (MIXED_WEIGHTS, Judgement, LearnerStep, WeightsPromote
                            WeightsRejected, WeightsRolledBack)
 from config import telemetry
 from opentelemetry import trace
-from policies import adca
 from policies.checkpoint import CheckpointStore
 from policies.live_policy import LivePolicy
-from policies.model_store import BASE_VERSION, REFERENCE, staleness, version_name  # noqa: F401 (staleness: re-export)
+from policies.groups import at_floor, behaviour_of, informative
+from policies.model_store import BASE_VERSION, staleness, version_name  # noqa: F401 (staleness: re-export)
 
 
 def _step_event_id(kind: str, step: int) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:{kind}:{step}"))
-
-
-def informative(j: Judgement, alpha: float) -> bool:
-    """Does the group give any sample a non-zero advantage? (outcome spread, or step credit under ADCA)"""
-    if len(set(j.outcomes)) > 1:
-        return True
-    return alpha > 0 and any(abs(a) > 1e-9 for adv in adca.step_advantages(j.step_labels, j.outcomes, alpha)
-                             for a in adv)
-
-
-def at_floor(j: Judgement, alpha: float) -> Judgement:
-    """A reference sample stays in a group only where the policy's own samples teach nothing (no spread in
-    their scores, no step credit): mixed into a group that has its own signal, the reference's outlier score
-    would squash the differences between the policy's samples into one shared negative advantage."""
-    own = [i for i, s in enumerate(j.samples) if not s.off_policy]
-    if len(own) == len(j.samples):
-        return j
-    pick = lambda xs: [xs[i] for i in own] if xs else xs  # noqa: E731
-    mine = j.model_copy(update={"samples": pick(j.samples), "outcomes": pick(j.outcomes),
-                                "step_labels": pick(j.step_labels), "behaviour_versions": pick(j.behaviour_versions)})
-    return mine if informative(mine, alpha) else j
-
-
-def behaviour_of(j: Judgement) -> list[str]:
-    versions = list(j.behaviour_versions) if j.behaviour_versions else [j.weights_version] * len(j.samples)
-    return [REFERENCE if s.off_policy else v for s, v in zip(j.samples, versions)]
 
 
 class Learner(EventActor):
@@ -93,6 +70,7 @@ class Learner(EventActor):
         self.weights_version = self.policy.live_version
         self.ready: list[Judgement] = []  # informative groups waiting for a step
         self.live: list[Judgement] = []  # rated interactions, pooled until a live group forms
+        self.replay: list[Judgement] = []  # groups recent steps trained, trained again beside new ones (in memory)
         self.held: dict[str, object] = {}  # event_id -> unacked message
         self._last_beat = time.monotonic()
         self.steps_done = self.dropped_stale = 0
@@ -171,11 +149,14 @@ class Learner(EventActor):
     def staleness(self, version: str) -> int | None:
         return staleness(self.store, self.trainer.version, version, self.settings.learner.max_staleness)
 
+    def _fresh(self, g: Judgement) -> bool:
+        return all(self.staleness(v) is not None for v in g.behaviour_versions)
+
     async def _drop_stale(self) -> None:
         fresh = []
+        self.replay = [g for g in self.replay if self._fresh(g)]  # acked already: they just leave
         for g in self.ready:
-            ages = [self.staleness(v) for v in g.behaviour_versions]
-            if all(a is not None for a in ages):
+            if self._fresh(g):
                 fresh.append(g)
                 continue
             self.dropped_stale += 1
@@ -203,17 +184,19 @@ class Learner(EventActor):
         # the newest groups first: they are what the served version does now, and the cycle from an
         # interaction to served weights does not wait behind a backlog (older ones go stale and are dropped)
         groups = self.ready[-n:]  # popped only after the step is committed
+        again = list(self.replay)  # trained before: a second pass, importance-corrected like any older sample
         ids = sorted({i for g in groups for i in g.source_event_ids})
         async with heartbeat([self.held[i] for i in ids if i in self.held]):
             # the step links to the trace of every event it learned from: HTTP request -> weights version
             links = [trace.Link(trace.get_current_span(telemetry.context_from_headers(self.held[i].headers)).get_span_context())
                      for i in ids if i in self.held and self.held[i].headers]
             with self.tracer.start_as_current_span("learner.step", links=links):
-                self.log.info("learner.step_started", step=self.trainer.step + 1, groups=len(groups))
-                ages = [self.staleness(v) or 0 for g in groups for v in g.behaviour_versions]
+                self.log.info("learner.step_started", step=self.trainer.step + 1, groups=len(groups),
+                              again=len(again))
+                ages = [self.staleness(v) or 0 for g in groups + again for v in g.behaviour_versions]
                 try:
-                    stats = await asyncio.to_thread(self.trainer.train_step, groups,
-                                                    [g.behaviour_versions for g in groups])
+                    stats = await asyncio.to_thread(self.trainer.train_step, groups + again,
+                                                    [g.behaviour_versions for g in groups + again])
                     stats["staleness_max"] = float(max(ages, default=0))
                     version = version_name(max(self.store.latest_number() + 1, self.trainer.step))
                     self.parent = self.trainer.version
@@ -228,16 +211,19 @@ class Learner(EventActor):
                                         {"parent": self.parent, "step": self.trainer.step})
                 await self.bus.publish(LearnerStep(
                     event_id=_step_event_id("learner_step", self.trainer.step), step=self.trainer.step,
-                    groups=len(groups), samples=stats["samples"], loss=stats["loss"], mean_reward=stats["mean_reward"],
-                    grad_norm=stats["grad_norm"], duration_s=stats["seconds"], source_event_ids=ids,
+                    groups=len(groups) + len(again), samples=stats["samples"], loss=stats["loss"],
+                    mean_reward=stats["mean_reward"], grad_norm=stats["grad_norm"], duration_s=stats["seconds"],
+                    source_event_ids=ids, reused_event_ids=sorted({i for g in again for i in g.source_event_ids}),
                     metrics={**{k: float(v) for k, v in stats.items() if isinstance(v, (int, float))},
-                             "dropped_stale_groups": float(self.dropped_stale),
+                             "dropped_stale_groups": float(self.dropped_stale), "groups_again": float(len(again)),
                              **self._signal_shares(),
                              **{f"groups_{o}": float(sum(g.origin == o for g in groups))
                                 for o in ("env", "synthetic", "live")}}),
                     weights_version=version)
                 await self._publish_weights(version, self.trainer.step)
         self.ready = [g for g in self.ready if all(g is not x for x in groups)]  # others may have arrived meanwhile
+        keep = self.settings.learner.replay_groups
+        self.replay = (self.replay + groups)[-keep:] if keep else []
         await self._ack(ids)
         self.steps_done += 1
         self.log.info("learner.step", version=version, **{k: round(v, 4) for k, v in stats.items()})
@@ -276,6 +262,7 @@ class Learner(EventActor):
         version nobody samples with would drop every group as stale."""
         old = self.trainer.version
         await asyncio.to_thread(self.trainer.reset_to, path, version)
+        self.replay = []  # what the left branch learned from is not learned again on this one
         self.log.info("learner.reset", training=version, previous=old, why=why)
 
     def _signal_shares(self) -> dict[str, float]:

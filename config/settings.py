@@ -166,6 +166,9 @@ class QuestionerSettings(_Section):
 class LearnerSettings(_Section):
     lr: float = Field(1e-5, description="AdamW learning rate")
     groups_per_step: int = Field(2, description="Judged groups per learner step")
+    replay_groups: int = Field(0, ge=0, description="The newest groups that earlier steps trained, trained again "
+                               "beside each step's new ones (a second pass, importance-corrected and clipped like any "
+                               "older sample; not counted as the step's sources). 0 = each group once")
     clip_ratio_low: float = Field(0.2, description="PPO lower clip")
     clip_ratio_high: float = Field(0.28, description="PPO upper clip (decoupled, as AgentEvolver)")
     loss_agg_mode: str = Field("token-mean", description="verl loss aggregation mode")

@@ -49,6 +49,22 @@ def settings(tmp_path, nats_server):
     return s
 
 
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, model_dir):
+    """A tiny randomly initialised Llama with SmolLM2's tokenizer: a learner step in well under a second."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    out = tmp_path_factory.mktemp("tiny")
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 @pytest.fixture
 def untied_dir(tmp_path, model_dir):
     """A tiny randomly initialised Qwen2 with an untied head (as Qwen2-7B), with SmolLM2's tokenizer."""

@@ -24,7 +24,7 @@ from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
 
 from actors.attributor import score_rollout  # noqa: E402
 from actors.events import Judgement  # noqa: E402
-from actors.learner import at_floor, informative  # noqa: E402
+from policies.groups import at_floor, informative  # noqa: E402
 from config.settings import load_settings  # noqa: E402
 from envs.code import CodeEnvironment  # noqa: E402
 from policies.engine import TransformersEngine  # noqa: E402

@@ -7,20 +7,6 @@ from actors.events import ChatMessage, Judgement, Sample, ToolCall
 from policies.model_store import WeightsStore
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, model_dir):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
-    out = tmp_path_factory.mktemp("tiny")
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 def _settings(tmp_path, **learner):
     from config.settings import load_settings
 
@@ -122,7 +108,8 @@ def test_staleness_follows_the_lineage(tmp_path):
 def test_reference_samples_train_off_policy_without_behaviour_weights(tmp_path, tiny_dir):
     """A verified reference added to a failed group (mixed-policy GRPO): it needs no behaviour version's
     file, is counted apart, raises its own likelihood, and does not count towards ADPO's consistency."""
-    from actors.learner import REFERENCE, behaviour_of
+    from policies.groups import behaviour_of
+    from policies.model_store import REFERENCE
     from policies import grpo
     from policies.trainer import Trainer
 
@@ -165,7 +152,7 @@ def test_floor_groups_teach_by_the_reference_alone():
 
 
 def test_reference_is_kept_only_where_the_policy_alone_teaches_nothing():
-    from actors.learner import at_floor
+    from policies.groups import at_floor
 
     ref = Sample(sample_id="r", messages=[], outcome=1.0, off_policy=True)
     own = [Sample(sample_id=str(i), messages=[], outcome=0.0) for i in range(3)]
