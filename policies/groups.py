@@ -1,9 +1,9 @@
-"""Which judged groups a learner step can use, and with which behaviour policy per sample.
+"""Which judged groups a learner step can use, with which behaviour policy per sample and what weight.
 
 - `informative`: does the group give any sample a non-zero advantage?
 - `at_floor`: a reference (off-policy) sample stays only where the policy's own samples teach nothing;
 - `behaviour_of`: the version that generated each sample (`REFERENCE` for a reference);
-- `Replay`: the groups of the last steps, trained again beside new ones (`learner.replay_groups`).
+- `floor_scales`: how much a failure's negative advantage counts in a group only a reference solved;
 """
 from __future__ import annotations
 
@@ -36,3 +36,19 @@ def at_floor(j: Judgement, alpha: float) -> Judgement:
 def behaviour_of(j: Judgement) -> list[str]:
     versions = list(j.behaviour_versions) if j.behaviour_versions else [j.weights_version] * len(j.samples)
     return [REFERENCE if s.off_policy else v for s, v in zip(j.samples, versions)]
+
+
+def floor_scales(groups: list[Judgement], adv, negative_scale: float) -> list[float]:
+    """Per sample: `negative_scale` for the policy's own samples with a negative advantage in a group that none
+    of them solved but a reference joined (learning from the floor), else 1. There the failures share the
+    task's format tokens with the reference: their summed negative advantage (equal to the reference's
+    positive one) at full weight, against the reference's shaped (<= 0.25x) weight, would push down the very
+    tokens the reference shows, and the policy drifts away from the solution instead of towards it."""
+    out, row = [], 0
+    for g in groups:
+        floor = any(s.off_policy for s in g.samples) and all(s.outcome < 1.0 for s in g.samples if not s.off_policy)
+        for s in g.samples:
+            negative = float(adv[row].sum()) < 0
+            out.append(negative_scale if floor and not s.off_policy and negative else 1.0)
+            row += 1
+    return out

@@ -4,7 +4,8 @@ One step over whole judged groups (groups stay intact):
   1. advantages: ADCA-GRPO step credit (or verl's outcome-only GRPO), scaled per group by ADPO;
   2. log-probs of the sampled tokens under the version that generated each sample (pi_behav:
      recomputed from that version's weights file, which the store keeps) and under the reference
-     policy (the base model), without gradients;
+     policy (the base model), without gradients; a sample the step before trained too (the learner's
+     `replay_groups`) keeps both from then;
   3. decoupled PPO (AReaL): the clip is taken around pi_prox, the weights being trained before the
      update, and each token's term is weighted by the truncated importance ratio
      min(pi_prox / pi_behav, C) (verl's token-level TIS), which corrects samples that weights up to
@@ -17,7 +18,7 @@ Off-policy samples (`Sample.off_policy`: a verified reference trajectory the exp
 that no sample solved) share the group's advantage normalisation and train with LUFFY's shaped,
 unclipped objective (`grpo.off_policy_loss`, `learner.off_policy_gamma`); they need no behaviour
 log-probs, and ADPO's self-consistency counts only the policy's own samples. In such a floor group the
-failures' negative advantages are scaled by `learner.floor_negative_scale` (see `floor_scales`).
+failures' negative advantages are scaled by `learner.floor_negative_scale` (`groups.floor_scales`).
 Forward passes run the transformer body under bfloat16 autocast (`learner.bf16`); master weights,
 gradients, the output projection and the log-softmax stay float32.
 """
@@ -30,27 +31,12 @@ from pathlib import Path
 
 from actors.events import Judgement
 from policies import adca, grpo, lora
+from policies.groups import floor_scales
 from policies.model_store import BASE_VERSION, WeightsStore, aliases
 
 
 # one step's samples, padded: token ids, attention mask, each sample's length and its first response token
 Batch = namedtuple("Batch", "ids attn lens first")
-
-
-def floor_scales(groups: list[Judgement], adv, negative_scale: float) -> list[float]:
-    """Per sample: `negative_scale` for the policy's own samples with a negative advantage in a group that none
-    of them solved but a reference joined (learning from the floor), else 1. There the failures share the
-    task's format tokens with the reference: their summed negative advantage (equal to the reference's
-    positive one) at full weight, against the reference's shaped (<= 0.25x) weight, would push down the very
-    tokens the reference shows, and the policy drifts away from the solution instead of towards it."""
-    out, row = [], 0
-    for g in groups:
-        floor = any(s.off_policy for s in g.samples) and all(s.outcome < 1.0 for s in g.samples if not s.off_policy)
-        for s in g.samples:
-            negative = float(adv[row].sum()) < 0
-            out.append(negative_scale if floor and not s.off_policy and negative else 1.0)
-            row += 1
-    return out
 
 
 class Trainer:
@@ -82,6 +68,7 @@ class Trainer:
         self.ref = None  # the reference policy for the KL term (the base model), loaded on first use
         self._behaviour = None  # scratch model holding the weights of an older version
         self._behaviour_version: str | None = None
+        self._memo: dict[tuple, tuple] = {}  # (group, sample, its version) -> (pi_behav, pi_ref) of the last step
         self.step, self.version = 0, BASE_VERSION
         self.applied: set[str] = set()  # judgement event ids already in a checkpointed step
         self.boosted = 0  # guided samples trained with the boosted upper clip
@@ -108,7 +95,7 @@ class Trainer:
         else:
             self.model.load_state_dict(c["model"])
         self.opt.load_state_dict(c["optimizer"])
-        self.step, self.version, self.applied = c["step"], c["version"], set(c["applied"])
+        self.step, self.version, self.applied, self._memo = c["step"], c["version"], set(c["applied"]), {}
 
     def named(self, version: str) -> None:
         """The learner named the weights just trained: keep their adapters for behaviour log-probs (LoRA)."""
@@ -134,7 +121,7 @@ class Trainer:
             self.base_from, self.adapters = (version, weights_path), {}
         else:
             self.model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
-        self.opt = self._optimizer()
+        self.opt, self._memo = self._optimizer(), {}
         self.version = version
 
     def export(self, dtype: str) -> dict:
@@ -195,6 +182,7 @@ class Trainer:
         samples, scores, index, step_adv, scale, clip_high, guided, versions = [], [], [], [], [], [], [], []
         off: list[bool] = []
         member: list[int] = []  # sample -> its group
+        keys: list[tuple] = []
         for gi, g in enumerate(groups):
             p = adca.self_consistency([o for s, o in zip(g.samples, g.outcomes) if not s.off_policy])
             use_adpo = L.adpo and g.source == "rollout"
@@ -204,6 +192,7 @@ class Trainer:
                 step_adv.extend(adca.step_advantages(g.step_labels, g.outcomes, L.adca_alpha))
             versions += list(behaviour[gi]) if behaviour else [self.version] * len(g.samples)
             for s, o in zip(g.samples, g.outcomes):
+                keys.append((g.group_id, s.sample_id, versions[len(keys)]))
                 samples.append(grpo.tokenize_sample(self.tok, s, L.max_seq_tokens, L.experience_mode == "keep"))
                 guided.append(s.guided)
                 off.append(s.off_policy)
@@ -232,18 +221,22 @@ class Trainer:
         for gi in range(len(groups)):
             rows = sorted((i for i in range(n) if member[i] == gi), key=lambda i: batch.lens[i])
             batches += [rows[j:j + mb] for j in range(0, len(rows), mb)]
-        behav: dict[int, object] = {}  # sample -> pi_behav log-probs, for samples older weights generated
         stale = {i for i in range(n) if versions[i] != self.version and not off[i]}
-        for v in sorted({versions[i] for i in stale}):  # one weights load per older version
+        # a sample the last step trained too (`learner.replay_groups`): its pi_behav and pi_ref are kept from then
+        known = {i: self._memo[keys[i]] for i in stale if keys[i] in self._memo}
+        behav = {i: m[0] for i, m in known.items()}  # sample -> pi_behav log-probs, for samples older weights generated
+        for v in sorted({versions[i] for i in stale - known.keys()}):  # one weights load per older version
             with self._behaviour_model(v) as model, torch.no_grad():
                 for b in batches:
-                    if rows := [i for i in b if i in stale and versions[i] == v]:
+                    if rows := [i for i in b if i in stale and i not in known and versions[i] == v]:
                         behav.update(zip(rows, self._logprobs(model, rows, batch)))
-        ref: dict[int, object] = {}
+        ref = {i: m[1] for i, m in known.items() if m[1] is not None} if L.kl_coef > 0 else {}
         if L.kl_coef > 0:
             with self._reference() as model, torch.no_grad():
                 for b in batches:
-                    ref.update(zip(b, self._logprobs(model, b, batch)))
+                    if rows := [i for i in b if i not in ref]:
+                        ref.update(zip(rows, self._logprobs(model, rows, batch)))
+        memo = {}
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         loss_sum, kl_sum, metrics, boosted0, weights = 0.0, 0.0, {}, self.boosted, []
@@ -257,6 +250,7 @@ class Trainer:
             prox = lp.detach()  # one update per step: the weights being trained, before it
             beh = torch.stack([grpo.fit_width(behav[i], W) if i in behav else prox[r] for r, i in enumerate(live)])
             w, _ = grpo.is_weights(prox, beh, m_[live], L.is_threshold)
+            memo.update({keys[i]: (beh[r], ref.get(i)) for r, i in enumerate(live) if not off[i]})
             weights.append(w[m_[live].bool()])
             total = 0.0
             for r, i in enumerate(live):  # per-sample clip ranges (ADPO, selective boosting)
@@ -278,11 +272,12 @@ class Trainer:
             total.backward()  # gradients accumulate across micro-batches
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), L.grad_clip))
         self.opt.step()
-        self.step += 1
+        self.step, self._memo = self.step + 1, memo
         return {"loss": loss_sum, "kl": kl_sum, "grad_norm": grad_norm, "samples": n, "tokens": total_tokens,
                 "mean_reward": sum(scores) / len(scores), "seconds": time.monotonic() - t0,
                 "guided_samples": sum(guided), "off_policy_samples": sum(off), "boosted_samples": self.boosted - boosted0,
-                "stale_samples": len(stale), "micro_batches": len(batches), **self._is_stats(weights), **metrics}
+                "stale_samples": len(stale), "reused_logprobs": len(known), "micro_batches": len(batches),
+                **self._is_stats(weights), **metrics}
 
     def _is_stats(self, weights: list) -> dict:
         if not weights:

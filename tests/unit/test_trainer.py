@@ -138,7 +138,7 @@ def test_reference_samples_train_off_policy_without_behaviour_weights(tmp_path, 
 
 
 def test_floor_groups_teach_by_the_reference_alone():
-    from policies.trainer import floor_scales
+    from policies.groups import floor_scales
 
     fail = [Sample(sample_id=str(i), messages=[], outcome=0.0) for i in range(3)]
     ref = Sample(sample_id="r", messages=[], outcome=1.0, off_policy=True)
@@ -228,3 +228,33 @@ def test_lora_behaviour_of_a_stale_sample_uses_that_versions_adapters(tmp_path, 
     with torch.no_grad():  # and the current adapters are back
         assert not torch.allclose(grpo.token_logprobs(t.model, ids, attn), v1, atol=1e-4)
     assert t._behaviour is None  # no scratch copy was made
+
+
+def test_a_second_pass_reuses_the_first_passs_log_probs_exactly(tmp_path, tiny_dir):
+    """`learner.replay_groups`: a group the step before trained keeps its pi_behav and pi_ref from then. The
+    step comes out as it does with both recomputed from the behaviour version's file and the base model."""
+    from policies.trainer import Trainer
+
+    def two_steps(root, forget: bool):
+        s = _settings(root, lr=1e-3, kl_coef=0.01)
+        store = WeightsStore(s.state)
+        t = Trainer(s, tiny_dir, store)
+        store.save(t.export("float32"), "w-000001", {"parent": "w-000000"})
+        t.version = "w-000001"
+        first = t.train_step([_group()])  # on-policy: its pi_behav is the training forward's own
+        t.named("w-000002")
+        if forget:
+            t._memo = {}
+        new = _group().model_copy(update={"group_id": "g2"})
+        return first, t.train_step([new, _group()], [["w-000002"] * 4, ["w-000001"] * 4]), t
+
+    _, kept, t = two_steps(tmp_path / "a", forget=False)
+    _, again, u = two_steps(tmp_path / "b", forget=True)
+    assert (kept["stale_samples"], kept["reused_logprobs"]) == (4, 4) and again["reused_logprobs"] == 0
+    assert abs(kept["is_mean"] - 1.0) > 1e-4  # the first pass moved the weights: a real correction
+    for k in ("loss", "kl", "grad_norm", "is_mean", "is_max"):
+        assert kept[k] == pytest.approx(again[k], rel=1e-4, abs=1e-6), k
+    for (n, p), q in zip(t.model.named_parameters(), u.model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=n)
+    t.reset_to(None, "w-000000")
+    assert t._memo == {}  # another version's reference and behaviour: nothing carries over
