@@ -185,6 +185,7 @@ class Learner(EventActor):
         # interaction to served weights does not wait behind a backlog (older ones go stale and are dropped)
         groups = self.ready[-n:]  # popped only after the step is committed
         again = list(self.replay)  # trained before: a second pass, importance-corrected like any older sample
+        step_groups = groups + again
         ids = sorted({i for g in groups for i in g.source_event_ids})
         async with heartbeat([self.held[i] for i in ids if i in self.held]):
             # the step links to the trace of every event it learned from: HTTP request -> weights version
@@ -193,10 +194,10 @@ class Learner(EventActor):
             with self.tracer.start_as_current_span("learner.step", links=links):
                 self.log.info("learner.step_started", step=self.trainer.step + 1, groups=len(groups),
                               again=len(again))
-                ages = [self.staleness(v) or 0 for g in groups + again for v in g.behaviour_versions]
+                ages = [self.staleness(v) or 0 for g in step_groups for v in g.behaviour_versions]
                 try:
-                    stats = await asyncio.to_thread(self.trainer.train_step, groups + again,
-                                                    [g.behaviour_versions for g in groups + again])
+                    stats = await asyncio.to_thread(self.trainer.train_step, step_groups,
+                                                    [g.behaviour_versions for g in step_groups])
                     stats["staleness_max"] = float(max(ages, default=0))
                     version = version_name(max(self.store.latest_number() + 1, self.trainer.step))
                     self.parent = self.trainer.version
@@ -211,7 +212,7 @@ class Learner(EventActor):
                                         {"parent": self.parent, "step": self.trainer.step})
                 await self.bus.publish(LearnerStep(
                     event_id=_step_event_id("learner_step", self.trainer.step), step=self.trainer.step,
-                    groups=len(groups) + len(again), samples=stats["samples"], loss=stats["loss"],
+                    groups=len(step_groups), samples=stats["samples"], loss=stats["loss"],
                     mean_reward=stats["mean_reward"], grad_norm=stats["grad_norm"], duration_s=stats["seconds"],
                     source_event_ids=ids, reused_event_ids=sorted({i for g in again for i in g.source_event_ids}),
                     metrics={**{k: float(v) for k, v in stats.items() if isinstance(v, (int, float))},

@@ -95,10 +95,8 @@ class Questioner(EventActor):
         self._gen = make_generator(s, self.engine)
 
     async def handle_weights_promoted(self, ev, msg):
-        if self.engine is not None and self.synthesizing():
-            self._sync_due = True  # never swap weights under a running exploration: tick loads them after it
-        elif self.engine is not None:
-            self.weights_version = await asyncio.to_thread(self.policy.sync)
+        # the next tick loads the live version, once no exploration runs: never swap weights under one
+        self._sync_due = self.engine is not None
 
     handle_weights_rolled_back = handle_weights_promoted
 
@@ -169,7 +167,7 @@ class Questioner(EventActor):
         return self._synth_job is not None and not self._synth_job.done()
 
     async def tick(self) -> None:
-        if self._sync_due and not self.synthesizing():  # a promotion arrived mid-synthesis: follow it now
+        if self._sync_due and not self.synthesizing():  # a promotion or rollback arrived: follow it
             self._sync_due = False
             self.weights_version = await asyncio.to_thread(self.policy.sync)
         if not self.pool or await self.backlog() >= self.settings.rollout.max_tasks_in_flight:

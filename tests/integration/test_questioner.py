@@ -33,7 +33,9 @@ async def _events(bus, kinds):
             await m.ack()
 
 
-async def test_synthetic_task_lifecycle(settings, nats_server):
+async def _questioner(settings, nats_server, share: float):
+    """A questioner on its own stream, BFCL `base` only, no model load (the test hands in the generator);
+    a bus on the same stream; and the train entries that start in the GorillaFileSystem."""
     from actors.questioner import Questioner
     from envs.bfcl import load_category
 
@@ -41,15 +43,20 @@ async def test_synthetic_task_lifecycle(settings, nats_server):
     settings.nats.stream, settings.nats.subject_prefix = p.upper(), p
     settings.env.names = ["bfcl"]
     settings.env.bfcl_categories = ["base"]
-    settings.questioner.synthetic_share = 1.0
+    settings.questioner.synthetic_share = share
     settings.questioner.explore_steps = 40  # enough steps for mkdir to come up among ~20 functions
-    settings.questioner.generator_base_url = "http://127.0.0.1:9/v1"  # replaced below; no model load
+    settings.questioner.generator_base_url = "http://127.0.0.1:9/v1"  # replaced by the test; no model load
     q = Questioner(settings)
     await q.start()
     bus = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p).connect()
+    entries, _ = load_category("base")
+    fs = [e for e in q.envs["bfcl"].entries("train") if entries[e]["involved_classes"] == ["GorillaFileSystem"]]
+    return q, bus, fs
+
+
+async def test_synthetic_task_lifecycle(settings, nats_server):
+    q, bus, fs = await _questioner(settings, nats_server, share=1.0)
     try:
-        entries, _ = load_category("base")
-        fs = [e for e in q.envs["bfcl"].entries("train") if entries[e]["involved_classes"] == ["GorillaFileSystem"]]
         q._pick_base = lambda env_name, live: fs[0]
         q._gen = Scripted("Please create a directory named reports for me.")
         task_id = await q.synthesize()
@@ -92,19 +99,7 @@ async def test_dataset_tasks_flow_while_a_synthesis_explores(settings, nats_serv
     import asyncio
     import threading
 
-    from actors.questioner import Questioner
-    from envs.bfcl import load_category
-
-    p = "q" + uuid.uuid4().hex[:8]
-    settings.nats.stream, settings.nats.subject_prefix = p.upper(), p
-    settings.env.names = ["bfcl"]
-    settings.env.bfcl_categories = ["base"]
-    settings.questioner.synthetic_share = 0.5
-    settings.questioner.explore_steps = 40
-    settings.questioner.generator_base_url = "http://127.0.0.1:9/v1"  # replaced below; no model load
-    q = Questioner(settings)
-    await q.start()
-    bus = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p).connect()
+    q, bus, fs = await _questioner(settings, nats_server, share=0.5)
     go = threading.Event()
 
     class Slow(Scripted):  # explores only once the test lets it: the synthesis is still running meanwhile
@@ -120,8 +115,6 @@ async def test_dataset_tasks_flow_while_a_synthesis_explores(settings, nats_serv
             return "w-000001"
 
     try:
-        entries, _ = load_category("base")
-        fs = [e for e in q.envs["bfcl"].entries("train") if entries[e]["involved_classes"] == ["GorillaFileSystem"]]
         q._pick_base = lambda env_name, live: fs[0]
         q._gen = Slow("Please create a directory named reports for me.")
         q.engine, q.policy = object(), Follower()
