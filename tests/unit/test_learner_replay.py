@@ -46,7 +46,8 @@ def _learner(tmp_path, tiny_dir, **learner):
     from policies.model_store import BASE_VERSION
     from policies.trainer import Trainer
 
-    s = load_settings(None, **{f"learner.{k}": v for k, v in {"groups_per_step": 1, "lr": 1e-3, **learner}.items()})
+    pinned = {"groups_per_step": 1, "replay_groups": 0, "lr": 1e-3, **learner}  # not the preset's
+    s = load_settings(None, **{f"learner.{k}": v for k, v in pinned.items()})
     s.state_dir = str(tmp_path / "state")
     s.model.serve_dtype = "float32"
     ln = Learner(s, bus=Bus())
@@ -96,7 +97,7 @@ def test_a_stale_or_abandoned_group_is_not_trained_again(tmp_path, tiny_dir):
 
 
 def test_without_replay_each_group_is_trained_once(tmp_path, tiny_dir):
-    ln = _learner(tmp_path, tiny_dir, replay_groups=0)  # the CPU preset replays one group
+    ln = _learner(tmp_path, tiny_dir)
     _step(ln, 1)
     two, _ = _step(ln, 2)
     assert (two.groups, two.reused_event_ids, two.metrics["groups_again"]) == (1, [], 0) and ln.replay == []
