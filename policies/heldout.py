@@ -49,8 +49,9 @@ class HeldoutCache:
     def get(self, version: str) -> dict | None:
         return self.versions.get(version)
 
-    def evaluate(self, engine, envs: dict, version: str, seed: int = 0, progress=None) -> dict:
-        """Score the version the engine holds now (caller loads it) on the suite; cached."""
+    def evaluate(self, engine, envs: dict, version: str, seed: int = 0, progress=None, batch: int = 16) -> dict:
+        """Score the version the engine holds now (caller loads it) on the suite; cached. `batch` episodes
+        (several entries' k samples) are generated together."""
         import torch
 
         from policies.rollout import evaluate
@@ -58,7 +59,7 @@ class HeldoutCache:
         torch.manual_seed(seed)  # every version draws from the same seed
         out = {}
         for name, entries in self.entries.items():
-            res = evaluate(engine, envs[name], entries, k=self.k, progress=progress, **self.opts)
+            res = evaluate(engine, envs[name], entries, k=self.k, progress=progress, batch=batch, **self.opts)
             per = [sum(res["entries"][e]) / self.k for e in entries]
             out[name] = {"avg": sum(per) / max(1, len(per)), "per_entry": per,
                          "categories": _by_category(envs[name], entries, per)}

@@ -67,13 +67,15 @@ def _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, gu
     signals: list[list[float]] = [[] for _ in eps]
     errors: list[str | None] = [None] * n
     tokens = 0
+    active = list(range(n))  # episodes of different entries may have different numbers of turns
     while True:
-        users = [ep.next_user_message() for ep in eps]
-        if users[0] is None:
+        users = {i: eps[i].next_user_message() for i in active}
+        active = [i for i in active if users[i] is not None]
+        if not active:
             break
-        for i, u in enumerate(users):
-            msgs[i].append(ChatMessage(role="user", content=u))
-        open_ = set(range(n))
+        for i in active:
+            msgs[i].append(ChatMessage(role="user", content=users[i]))
+        open_ = set(active)
         first = True
         while open_:
             idx = sorted(open_)
@@ -148,17 +150,37 @@ def reference_sample(env: Environment, entry_id: str, spec: dict | None = None) 
             release()
 
 
+def run_episodes(engine, env: Environment, entry_ids: list[str], n: int, *, max_new_tokens: int,
+                 temperature: float, top_p: float = 1.0, call_prefix: bool = False) -> list[list[Sample]]:
+    """`n` episodes of each of several entries in one lockstep batch (unguided): per entry, its samples. One
+    batched generation serves every entry's episodes at once, which is what makes held-out scoring cheap."""
+    t0 = time.monotonic()
+    eps = []
+    try:
+        for eid in entry_ids:
+            eps.extend(env.episode(eid) for _ in range(n))
+        res = _run(engine, eps, len(eps), t0, max_new_tokens, temperature, top_p, None, 0, None, None, call_prefix)
+    finally:
+        for ep in eps:
+            release = getattr(ep, "release", None)
+            if release:
+                release()
+    return [res.samples[j * n:(j + 1) * n] for j in range(len(entry_ids))]
+
+
 def evaluate(engine, env: Environment, entry_ids: list[str], k: int = 1, max_new_tokens: int = 96,
-             temperature: float = 0.0, progress=None, call_prefix: bool = False) -> dict:
-    """avg@k and best@k over entries (k samples each; greedy when temperature == 0)."""
+             temperature: float = 0.0, progress=None, call_prefix: bool = False, batch: int = 1) -> dict:
+    """avg@k and best@k over entries (k samples each; greedy when temperature == 0). `batch` episodes run
+    together (whole entries: at least one entry's k); 1 runs one entry's k episodes at a time."""
     per_entry = {}
-    for j, eid in enumerate(entry_ids):
-        res = run_group(engine, env, eid, k, max_new_tokens=max_new_tokens, temperature=temperature, top_p=0.95,
-                        call_prefix=call_prefix)
-        scores = [s.outcome for s in res.samples]
-        per_entry[eid] = scores
-        if progress:
-            progress(j + 1, len(entry_ids), eid, scores)
+    chunk = max(1, batch // max(1, k))
+    for j in range(0, len(entry_ids), chunk):
+        ids = entry_ids[j:j + chunk]
+        for eid, samples in zip(ids, run_episodes(engine, env, ids, k, max_new_tokens=max_new_tokens,
+                                                   temperature=temperature, top_p=0.95, call_prefix=call_prefix)):
+            per_entry[eid] = [s.outcome for s in samples]
+            if progress:
+                progress(len(per_entry), len(entry_ids), eid, per_entry[eid])
     avg = sum(sum(s) / len(s) for s in per_entry.values()) / max(1, len(per_entry))
     best = sum(max(s) for s in per_entry.values()) / max(1, len(per_entry))
     return {"avg": avg, "best": best, "k": k, "entries": per_entry}

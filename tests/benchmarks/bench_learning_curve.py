@@ -16,7 +16,15 @@ rung gave p = 0.076 for a +12.5-point gain: too few entries for the paired test)
 Writes JSON and a PNG curve (`--out`, default tests/benchmarks/results/learning_curve_cpu.*) and
 prints the lineage table (as `main.py report` does).
 
-    .venv/bin/python tests/benchmarks/bench_learning_curve.py [--minutes 60] [--k 4] [--per-category code=32,bfcl=2]
+`--repeats N` runs N fresh hours back to back (each its own state dir, `up` and scripted users) and writes
+`<out>_summary.json`: each hour's newest-vs-base figures, every scored version's, the per-stage cycle, and
+the mean and the minimum of the gains. The base is scored once for the set (the same model and seed) and
+its scores are reused by the later hours, so every hour is compared with the same base draw.
+Each hour's JSON also keeps its learner steps (sources by origin, reward, KL, grad norm) and its live
+ratings, for reading why hours differ.
+
+    .venv/bin/python tests/benchmarks/bench_learning_curve.py [--minutes 60] [--k 4] [--per-category code=32]
+    .venv/bin/python tests/benchmarks/bench_learning_curve.py --repeats 3 --config PRESET --out results/NAME
 """
 import argparse
 import asyncio
@@ -110,7 +118,8 @@ def main():
     ap.add_argument("--minutes", type=float, default=60)
     ap.add_argument("--config", default=str(ROOT / "config" / "cpu.yaml"))
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--per-category", default="code=32,bfcl=2", help="held-out entries per category: N, or ENV=N,...")
+    ap.add_argument("--per-category", default="code=32", help="held-out entries per category: N, or ENV=N,... "
+                    "(BFCL, 0 for the 135M base and every version so far, is left out unless named)")
     ap.add_argument("--categories", default="code=add,muladd", help="only these categories of an environment's "
                     "held-out split: ENV=CAT,CAT;ENV=... (empty = all)")
     ap.add_argument("--max-versions", type=int, default=4, help="score at most this many served versions, evenly "
@@ -119,12 +128,66 @@ def main():
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--score-threads", type=int, default=os.cpu_count() or 1,
                     help="torch threads of the scoring engine (`up` is down by then: every core is free)")
+    ap.add_argument("--score-batch", type=int, default=16, help="held-out episodes generated together (several "
+                    "entries' k samples in one batch)")
+    ap.add_argument("--repeats", type=int, default=1, help="fresh hours back to back; writes <out>_summary.json")
+    ap.add_argument("--keep-weights", action="store_true", help="keep every version's weights file after scoring "
+                    "(by default only the scored ones stay: an hour writes ~50 files)")
     ap.add_argument("--out", default=str(ROOT / "tests" / "benchmarks" / "results" / "learning_curve_cpu"))
     ap.add_argument("--from-run", default="", help="score a finished run again: its directory (kz-curve-*), "
                     "whose stream is read from its stored nats data; the run itself is not repeated")
     a = ap.parse_args()
     if a.from_run:
         return rescore(a)
+    if a.repeats > 1:
+        return repeats(a)
+    one_hour(a, a.out)
+
+
+def repeats(a) -> None:
+    """`--repeats N`: N fresh hours, one after the other, and one summary of them."""
+    hours, base = [], None
+    for r in range(1, a.repeats + 1):
+        print(f"=== hour {r} of {a.repeats}", flush=True)
+        out = one_hour(a, f"{a.out}_r{r}", base)
+        base = base or out.get("base_cache")
+        hours.append(summary_row(f"{Path(a.out).name}_r{r}", out))
+        write_summary(a, hours)
+
+
+def summary_row(name: str, out: dict) -> dict:
+    nv = out["newest_vs_base"].get("code", {})
+    worst = min((d["code"]["delta"] for d in out["versus_base"].values() if "code" in d), default=None)
+    below = [v for v, d in out["versus_base"].items() if "code" in d and d["code"]["delta"] < 0
+             and d["code"]["p_value"] < 0.05]
+    return {"hour": name, "newest": out["newest_served"], "base_avg": nv.get("base_avg"), "avg": nv.get("avg"),
+            "delta": nv.get("delta"), "p_value": nv.get("p_value"), "wins": nv.get("wins"), "losses": nv.get("losses"),
+            "unseen_by_gate": out["newest_vs_base_unseen_by_gate"].get("code"),
+            "scored_versions": {v: {k: d["code"][k] for k in ("delta", "p_value")}
+                                for v, d in out["versus_base"].items() if "code" in d},
+            "worst_scored_delta": worst, "significantly_below_base": below, "cycle_p50_s": out["cycle_p50_s"],
+            "learner_steps": out["learner_steps"], "served": sum(r["gate"].startswith(("canary", "live"))
+                                                                 for r in out["lineage"]),
+            "users": out["users"]}
+
+
+def write_summary(a, hours: list[dict]) -> None:
+    ds = [h["delta"] for h in hours if h["delta"] is not None]
+    served = [h["cycle_p50_s"].get("served_after_s") for h in hours if h["cycle_p50_s"].get("served_after_s")]
+    summ = {"config": a.config, "minutes": a.minutes, "k": a.k, "per_category": a.per_category, "hours": hours,
+            "delta_mean": sum(ds) / len(ds) if ds else None, "delta_min": min(ds, default=None),
+            "p_max": max((h["p_value"] for h in hours if h["p_value"] is not None), default=None),
+            "served_p50_median": sorted(served)[len(served) // 2] if served else None,
+            "any_version_significantly_below_base": any(h["significantly_below_base"] for h in hours)}
+    path = Path(f"{a.out}_summary.json")
+    path.write_text(json.dumps(summ, indent=1))
+    print(f"summary of {len(hours)} hour(s): " + ", ".join(
+        f"{100 * h['delta']:+.1f} (p={h['p_value']:.4f})" for h in hours if h["delta"] is not None)
+        + f"; mean {100 * (summ['delta_mean'] or 0):+.1f}, min {100 * (summ['delta_min'] or 0):+.1f} points; "
+        f"written {path}", flush=True)
+
+
+def one_hour(a, out_path: str, base_cache: dict | None = None) -> dict:
     from config.settings import load_settings
     from deploy.nats import free_port
 
@@ -163,7 +226,7 @@ def main():
     finally:
         subprocess.run([sys.executable, str(ROOT / "main.py"), "down"], env=env, cwd=ROOT, capture_output=True,
                        timeout=600)
-    report(a, s, state, events, learner, stats, time.time() - t_start)
+    return report(a, s, state, events, learner, stats, time.time() - t_start, out_path, base_cache)
 
 
 KINDS = ["judgement", "learner_step", "weights_published", "weights_status", "weights_promoted", "weights_rolled_back"]
@@ -187,7 +250,7 @@ def rescore(a) -> None:
         server.stop()
     stats = json.loads((root / "users.json").read_text()) if (root / "users.json").exists() else {}
     learner = [e for e in events if e.kind == "learner_step"]
-    report(a, s, state, events, learner, stats, None)
+    report(a, s, state, events, learner, stats, None, a.out)
 
 
 def _p50(xs: list[float]) -> float | None:
@@ -195,7 +258,23 @@ def _p50(xs: list[float]) -> float | None:
     return xs[len(xs) // 2] if xs else None
 
 
-def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
+def learner_detail(events, learner) -> dict:
+    """What each step learned from (origin of its new groups, reward, KL, grad norm, staleness) and what the
+    live ratings were: the figures that can tell a gaining hour from a losing one."""
+    keep = ("groups_env", "groups_synthetic", "groups_live", "groups_again", "samples", "mean_reward", "kl",
+            "grad_norm", "loss", "staleness_max", "is_mean", "off_policy_samples", "guided_samples", "seconds")
+    steps = [{"step": e.step, "version": e.weights_version, **{k: round(float(e.metrics[k]), 5)
+                                                               for k in keep if k in e.metrics}} for e in learner]
+    live = [e for e in events if e.kind == "judgement" and e.source == "live"]
+    pos = sum(1 for e in live for o in e.outcomes if o > 0)
+    n = sum(len(e.outcomes) for e in live)
+    rollouts = [e for e in events if e.kind == "judgement" and e.source != "live"]
+    return {"steps": steps, "live_judgements": n, "live_positive_share": pos / n if n else None,
+            "rollout_judgements": len(rollouts),
+            "trained_groups": {o: sum(st.get(f"groups_{o}", 0) for st in steps) for o in ("env", "synthetic", "live")}}
+
+
+def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str, base_cache: dict | None = None) -> dict:
     from deploy import reports as cli
     from envs.registry import make_envs
     from policies import lineage
@@ -213,6 +292,8 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
         k: int(v) for k, v in (x.split("=") for x in a.per_category.split(","))}
     cats = {k: v.split(",") for k, v in (x.split("=") for x in a.categories.split(";") if x)}
     cache = cli.heldout_cache(s, envs, per, a.k, cats)
+    if base_cache and cache.get(BASE_VERSION) is None:  # a later hour of --repeats: the same base draw
+        cache.versions[BASE_VERSION] = base_cache
     store = WeightsStore(s.state)
     base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
     s.model.torch_threads = a.score_threads
@@ -221,7 +302,7 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
     for v in [BASE_VERSION] + [r["version"] for r in served]:
         if cache.get(v) is None:  # scored before on this suite (a rescore): the cache holds it
             engine.load_weights(store.file(v, base), v)
-            cache.evaluate(engine, envs, v)
+            cache.evaluate(engine, envs, v, batch=a.score_batch)
         print(f"scored {v} in {time.monotonic() - t0:.0f}s: " + json.dumps(
             {e: round(x["avg"], 3) for e, x in cache.get(v).items()}), flush=True)
     held = {r["version"]: cache.versus(BASE_VERSION, r["version"]) for r in served}
@@ -240,11 +321,18 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
            "informative_share": shares.get("informative_share"), "rollout_groups": shares.get("rollout_groups"),
            "lineage": rows, "base": base_scores, "scores": {v: cache.get(v) for v in held}, "versus_base": held,
            "newest_served": newest, "newest_vs_base": held.get(newest, {}), "gate_entries": sorted(seen),
-           "versus_base_unseen_by_gate": unseen, "newest_vs_base_unseen_by_gate": unseen.get(newest, {})}
-    Path(a.out).with_suffix(".json").parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).with_suffix(".json").write_text(json.dumps(out, indent=1))
+           "versus_base_unseen_by_gate": unseen, "newest_vs_base_unseen_by_gate": unseen.get(newest, {}),
+           "state_dir": str(state), "score_s": round(time.monotonic() - t0), **learner_detail(events, learner)}
+    out_file = Path(out_path).with_suffix(".json")
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(json.dumps(out, indent=1))
     if base_scores:
-        lineage.curve(served, held, base_scores, Path(a.out).with_suffix(".png"))
+        lineage.curve(served, held, base_scores, Path(out_path).with_suffix(".png"))
+    if not a.keep_weights:  # an hour writes ~50 versions; the scored ones (and the stream) stay for a rescore
+        scored = {v for v in cache.versions}
+        for f in (state / "weights").glob("w-*.safetensors"):
+            if f.name.split(".")[0] not in scored:
+                f.unlink(missing_ok=True)
     print(f"cycle p50: published {stages['published_after_s']} s, served {stages['served_after_s']} s after the "
           f"oldest judged group a version learned from; learner step {stages['step_s']} s, gate (published -> "
           f"decided) {stages['gate_s']} s")
@@ -257,7 +345,8 @@ def report(a, s, state: Path, events, learner, stats, wall_s) -> None:
         print(f"  without the {len(seen)} entries the gate looks at ({d['n']} left): {100 * d['base_avg']:.1f}% -> "
               f"{100 * d['avg']:.1f}% ({100 * d['delta']:+.1f} points, p={d['p_value']:.4f}, "
               f"+{d['wins']}/-{d['losses']})")
-    print(f"written {Path(a.out).with_suffix('.json')} and .png")
+    print(f"written {out_file} and .png", flush=True)
+    return {**out, "base_cache": base_scores}
 
 
 if __name__ == "__main__":

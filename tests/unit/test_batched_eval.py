@@ -1,0 +1,76 @@
+"""Held-out scoring batches several entries' episodes into one generation, with the same per-entry results."""
+from actors.events import ChatMessage
+from envs.base import StepResult
+from policies.generation import Generation
+from policies.rollout import evaluate, run_episodes
+
+
+class _Episode:
+    """Entry `t<turns>_<answer>`: `turns` user turns, each solved by answering `answer`."""
+
+    def __init__(self, entry_id: str):
+        head, self.answer = entry_id.split("_")
+        self.entry_id, self.turns, self.turn, self.right = entry_id, int(head[1:]), -1, 0
+        self.tools, self.system_prompt = [], "sys"
+        self.released = False
+
+    def next_user_message(self):
+        self.turn += 1
+        return f"say {self.answer}" if self.turn < self.turns else None
+
+    def step(self, action: ChatMessage) -> StepResult:
+        self.right += action.content.strip() == self.answer
+        return StepResult([], 1.0, True)
+
+    def outcome(self) -> float:
+        return self.right / self.turns
+
+    def release(self):
+        self.released = True
+
+
+class _Env:
+    def __init__(self):
+        self.made = []
+
+    def episode(self, entry_id, spec=None):
+        self.made.append(_Episode(entry_id))
+        return self.made[-1]
+
+
+class _Engine:
+    """Answers the number the last user turn asks for, except for entries ending in 9 (always wrong)."""
+
+    def __init__(self):
+        self.batches = []
+
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0):
+        self.batches.append(len(prompts))
+        out = []
+        for p in prompts:
+            want = p.rsplit("say ", 1)[1].split("<")[0].strip()
+            out.append(Generation("0" if want.endswith("9") else want, 1, 1, "stop", "w-000000"))
+        return out
+
+
+def test_entries_with_different_numbers_of_turns_share_a_batch_and_score_as_alone():
+    entries = ["t1_5", "t2_7", "t3_19", "t1_9"]
+    alone_engine, env = _Engine(), _Env()
+    alone = evaluate(alone_engine, env, entries, k=2, batch=1)
+    batched_engine, env = _Engine(), _Env()
+    together = evaluate(batched_engine, env, entries, k=2, batch=8)
+    assert together["entries"] == alone["entries"] == {"t1_5": [1.0, 1.0], "t2_7": [1.0, 1.0], "t3_19": [0.0, 0.0],
+                                                       "t1_9": [0.0, 0.0]}
+    assert together["avg"] == alone["avg"] == 0.5
+    # one batch per turn round: 8 episodes, then the 4 with a second turn, then the 2 with a third
+    assert batched_engine.batches == [8, 4, 2]
+    assert alone_engine.batches == [2, 2, 2, 2, 2, 2, 2]
+    assert all(ep.released for ep in env.made)
+
+
+def test_run_episodes_returns_each_entrys_samples_in_order():
+    groups = run_episodes(_Engine(), _Env(), ["t1_3", "t2_4"], 3, max_new_tokens=4, temperature=0.0)
+    assert [len(g) for g in groups] == [3, 3]
+    assert [s.messages[1].content for s in groups[0]] == ["say 3"] * 3
+    assert [s.outcome for s in groups[1]] == [1.0, 1.0, 1.0]
+    assert [len(s.step_indices) for s in groups[1]] == [2, 2, 2]
