@@ -18,6 +18,8 @@ event, and the decisions use `policies/gate.py`.
   (`evo.weights_rolled_back`).
 - the live version's recent feedback is compared with its predecessor's; a significant drop rolls it back to
   the predecessor, whatever brought it live (the gate or an operator).
+- the guard (policies/guard.py) scores the newest served version against the base in the background
+  (`evo.heldout_scored`); one significantly below it is rolled back, with what descends from it.
 Replicas report what they serve (`evo.weights_swapped`); the broadcaster keeps that map. Weights files beyond
 `gate.keep_versions` are pruned, never the live, canary, staged or recent live ones. Its state is a
 `PromotionBook` (policies/promotion.py), written atomically; evaluations are cached per version.
@@ -29,12 +31,13 @@ import time
 
 from actors.actor import EventActor
 from actors.bus import Poison
-from actors.events import (Feedback, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected,
+from actors.events import (Feedback, HeldoutScored, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected,
                            WeightsRolledBack, WeightsSwapped)
 from envs.registry import make_envs
 from policies.gate import (GateScores, canary_verdict, clearly_worse, decide, gate_heldout, gate_metrics,
                            handoff_verdict, reference_pairs, watch_verdict)
 from actors.lifecycles import IllegalTransition, WeightsState as S
+from policies.guard import Guard, rollback_plan
 from policies.live_policy import LivePolicy
 from policies.model_store import BASE_VERSION, version_number
 from policies.promotion import PromotionBook, event_time
@@ -44,6 +47,7 @@ class Broadcaster(EventActor):
     name = "broadcaster"
     kinds = ("weights_published", "feedback", "weights_swapped")
     batch = 8
+    guard: Guard | None = None  # the background check against the base (guard.enabled)
 
     async def start(self) -> None:
         await super().start()
@@ -59,6 +63,7 @@ class Broadcaster(EventActor):
                                  max_new_tokens=s.rollout.max_new_tokens, call_prefix=s.rollout.call_prefix)
         self.book = PromotionBook.load(d / "state.json", self.policy.live_version)
         self.weights_version, self._dirty = self.policy.live_version, False
+        self.guard = Guard(s, self.base_path, self.store, self.envs) if s.guard.enabled else None
         self._repair_pointer()
         await self._resume_gates()
 
@@ -140,6 +145,39 @@ class Broadcaster(EventActor):
         if self._dirty:
             self._save()
         await self._prepare()
+        await self._guard_tick()
+
+    async def _guard_tick(self) -> None:
+        """Hand the guard the newest served version it has not checked; act on its verdicts."""
+        if self.guard is None:
+            return
+        for c in self.guard.results():
+            self.book.checks[c.version] = c.verdict
+            await self.bus.publish(HeldoutScored(version=c.version, env=c.env, entries=len(c.per_entry),
+                                                 suite_entries=c.suite_entries, k=c.k, verdict=c.verdict,
+                                                 duration_s=c.duration_s, reason=c.summary(), **c.stats),
+                                   weights_version=c.version)
+            self.log.info("guard.checked", version=c.version, verdict=c.verdict, result=c.summary())
+            if c.verdict == "below" and self.settings.guard.rollback:
+                await self._undo_below_base(c.version, f"below the base on held-out {c.summary()}")
+            self._save()
+        served = (self.book.canary or {}).get("version") or self.live_version()
+        if self.guard.idle and served != BASE_VERSION and served not in self.book.checks:
+            self.book.checks[served] = ""  # offered: a check that fails is not offered again
+            self.guard.offer(served)
+
+    async def _undo_below_base(self, bad: str, why: str) -> None:
+        b, live = self.book, self.live_version()
+        plan = rollback_plan(bad, live, (b.canary or {}).get("version"), (b.passed or {}).get("version"),
+                             b.history, b.checks, b.descends)
+        if plan["supersede"]:
+            b.passed = None
+            await self._set(plan["supersede"], S.SUPERSEDED, f"descends from {bad}, {why}")
+        if plan["canary"]:
+            await self._rollback(plan["canary"], live, why if plan["canary"] == bad else f"descends from {bad}, {why}")
+        if plan["live"]:
+            await self._rollback(live, plan["to"], (why if live == bad else f"descends from {bad}, {why}")
+                                 + f"; back to {plan['to']}, the newest live version no worse than the base")
 
     async def _prepare(self) -> None:
         """No gate to run now: the next gate's comparator is scored on the first look meanwhile, one environment a
@@ -297,4 +335,6 @@ class Broadcaster(EventActor):
 
     def health(self) -> dict:
         b = getattr(self, "book", None)
-        return {**super().health(), **(b.summary() if b else {}), "scores": self.scores.recent() if b else {}}
+        g = getattr(self, "guard", None)
+        return {**super().health(), **(b.summary() if b else {}), "scores": self.scores.recent() if b else {},
+                "guard": g.health() if g else None}

@@ -194,6 +194,26 @@ class WeightsRolledBack(Event):
     reason: str
 
 
+class HeldoutScored(Event):
+    """A served version scored against the base on the guard's held-out suite (policies/guard.py)."""
+
+    kind: Literal["heldout_scored"] = "heldout_scored"
+    version: str
+    env: str
+    entries: int = Field(description="entries scored (fewer than suite_entries when the check stopped early)")
+    suite_entries: int
+    k: int
+    avg: float
+    base_avg: float
+    delta: float
+    p_value: float
+    wins: int
+    losses: int
+    verdict: Literal["not_below", "below"]
+    duration_s: float
+    reason: str = ""
+
+
 class WeightsStatus(Event):
     """One change in a weights version's lifecycle (`actors/lifecycles.py`), published by the broadcaster."""
 
@@ -228,7 +248,7 @@ class DeadLetter(Event):
 AnyEvent = Annotated[
     Union[
         Interaction, Feedback, Task, TaskStatus, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
-        WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsStatus, WeightsSwapped, DeadLetter,
+        WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsStatus, WeightsSwapped, DeadLetter, HeldoutScored,
     ],
     Field(discriminator="kind"),
 ]
@@ -236,7 +256,8 @@ _ADAPTER: TypeAdapter = TypeAdapter(AnyEvent)
 KINDS: tuple[str, ...] = tuple(
     m.model_fields["kind"].default
     for m in (Interaction, Feedback, Task, TaskStatus, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
-              WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsStatus, WeightsSwapped, DeadLetter)
+              WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsStatus, WeightsSwapped, DeadLetter,
+              HeldoutScored)
 )
 
 

@@ -238,6 +238,26 @@ class GateSettings(_Section):
                                 "(sliding window); a drop beyond rollback_margin rolls it back")
 
 
+class GuardSettings(_Section):
+    enabled: bool = Field(True, description="Score every served version against the base model on a held-out suite "
+                          "in the background (policies/guard.py) and publish evo.heldout_scored")
+    suite: dict[str, list[str]] = Field({"code": ["add", "muladd"]}, description="env -> held-out categories the "
+                                        "guard scores (empty list = every category); where the base is neither at 0 "
+                                        "nor at 1, so a loss can show")
+    per_category: int = Field(32, description="Held-out entries per category (the first ones)")
+    k: int = Field(4, description="Samples per entry (avg@k at rollout.temperature)")
+    chunk_entries: int = Field(8, description="Entries scored between two looks at the running comparison")
+    early_fraction: float = Field(0.5, description="Once this share of the suite is scored and the version is at "
+                                  "least as good as the base there, the check stops (not below)")
+    alpha: float = Field(0.05, description="Below the base: lower mean and paired sign-flip p below this")
+    rollback: bool = Field(True, description="Roll back served versions found below the base, and the ones that "
+                           "descend from them, to the newest live version checked no worse (else the base)")
+    nice: int = Field(15, ge=0, le=19, description="OS niceness of the guard's thread: 15 shares the CPU with "
+                      "exploration, below the learner, the gate and the judge, never above users' replicas (0); 19 "
+                      "takes only what nothing else wants (on 2 busy cores, a check then takes most of an hour)")
+    batch: int = Field(16, description="Episodes generated together")
+
+
 class JudgeSettings(_Section):
     base_url: str | None = Field(None, description="OpenAI-compatible judge endpoint; the served policy when unset")
     model: str | None = Field(None, description="Judge model name")
@@ -270,6 +290,7 @@ class Settings(_Section):
     questioner: QuestionerSettings = QuestionerSettings()
     learner: LearnerSettings = LearnerSettings()
     gate: GateSettings = GateSettings()
+    guard: GuardSettings = GuardSettings()
     judge: JudgeSettings = JudgeSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
 

@@ -54,6 +54,10 @@ def status(s: Settings, run: dict, args) -> int:
     b = out.get("actors", {}).get("broadcaster", {})
     if b.get("replicas") is not None:
         print(f"canary          {json.dumps(b.get('canary'))}; next {b.get('passed') or '-'}; live history {b.get('history')}")
+        gd = b.get("guard") or {}
+        print(f"vs base         checked {json.dumps(b.get('checked'))}; rollback anchor {b.get('no_worse_than_base') or '-'}"
+              + (f"; checking {gd['checking']} ({gd['checked_entries']} entries)" if gd.get("checking") else "")
+              + (f"; base {json.dumps(gd['base'])}" if gd.get("base") else "") + (f"; {gd['error']}" if gd.get("error") else ""))
         for name, r in sorted(b["replicas"].items()):
             print(f"replica         {name}: serves {r['version']}" + (f" + canary {r['canary']}" if r.get("canary") else "")
                   + f" (last change: {r.get('reason')}, {r.get('swap_ms')} ms)")

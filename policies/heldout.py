@@ -60,9 +60,15 @@ class HeldoutCache:
         out = {}
         for name, entries in self.entries.items():
             res = evaluate(engine, envs[name], entries, k=self.k, progress=progress, batch=batch, **self.opts)
-            per = [sum(res["entries"][e]) / self.k for e in entries]
-            out[name] = {"avg": sum(per) / max(1, len(per)), "per_entry": per,
-                         "categories": _by_category(envs[name], entries, per)}
+            out[name] = [sum(res["entries"][e]) / self.k for e in entries]
+        return self.put(version, envs, out)
+
+    def put(self, version: str, envs: dict, per_entry: dict[str, list[float]]) -> dict:
+        """Record a version's avg@k per entry (env -> scores in suite order), scored here or elsewhere (the
+        broadcaster's guard); cached."""
+        out = {name: {"avg": sum(per) / max(1, len(per)), "per_entry": per,
+                      "categories": _by_category(envs[name], self.entries[name], per)}
+               for name, per in per_entry.items()}
         self.versions[version] = out
         self._all[self.fingerprint] = self.versions
         self.path.parent.mkdir(parents=True, exist_ok=True)

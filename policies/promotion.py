@@ -16,6 +16,7 @@ from pathlib import Path
 
 from actors.events import WeightsRef, WeightsStatus
 from actors.lifecycles import WeightsState as S, transition
+from policies.guard import anchor
 from policies.model_store import BASE_VERSION, WeightsStore, atomic_write_bytes, sha256_file, version_number
 
 FEEDBACK_KEPT = 500  # ratings kept per version
@@ -40,12 +41,13 @@ class PromotionBook:
     feedback: dict[str, list[list[float]]] = field(default_factory=dict)  # version -> [[time, score]]
     replicas: dict[str, dict] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=lambda: {"promoted": 0, "rejected": 0, "rolled_back": 0})
+    checks: dict[str, str] = field(default_factory=dict)  # version -> the guard's verdict against the base
 
     @classmethod
     def load(cls, path: Path, live: str) -> PromotionBook:
         st = json.loads(path.read_text()) if path.exists() else {}
         book = cls(path, st.get("status", {live: S.LIVE}), st.get("history", [live]))
-        for k in ("refs", "canary", "passed", "feedback", "replicas", "counts"):
+        for k in ("refs", "canary", "passed", "feedback", "replicas", "counts", "checks"):
             if k in st:
                 setattr(book, k, st[k])
         return book
@@ -53,7 +55,8 @@ class PromotionBook:
     def save(self) -> None:
         atomic_write_bytes(self.path, json.dumps({
             "status": self.status, "refs": self.refs, "history": self.history[-HISTORY_KEPT:], "canary": self.canary,
-            "passed": self.passed, "feedback": self.feedback, "replicas": self.replicas, "counts": self.counts}).encode())
+            "passed": self.passed, "feedback": self.feedback, "replicas": self.replicas, "counts": self.counts,
+            "checks": self.checks}).encode())
 
     def move(self, version: str, new: S, reason: str, metrics: dict | None = None) -> WeightsStatus:
         """Change a version's status (IllegalTransition if the table forbids it); returns the event to publish."""
@@ -82,12 +85,26 @@ class PromotionBook:
 
     def summary(self) -> dict:
         return {**self.counts, "canary": self.canary, "passed": self.passed and self.passed["version"],
-                "history": self.history[-5:], "replicas": self.replicas}
+                "history": self.history[-5:], "replicas": self.replicas,
+                "checked": dict(list(self.checks.items())[-5:]), "no_worse_than_base": anchor(self.history, self.checks)}
 
     def protected(self) -> set[str]:
-        """Versions whose files must stay: live, recent live ones, and every one still moving to users."""
+        """Versions whose files must stay: live, recent live ones, every one still moving to users, and the
+        newest live one checked no worse than the base (where the guard rolls back to)."""
         return {*self.history[-3:], *(v for v, st in self.status.items()
-                                       if st in (S.STAGED, S.EVALUATING, S.PASSED, S.CANARY))}
+                                       if st in (S.STAGED, S.EVALUATING, S.PASSED, S.CANARY)),
+                *filter(None, [anchor(self.history, self.checks)])}
+
+    def descends(self, version: str, ancestor: str) -> bool:
+        """`version` is `ancestor` or was trained from it, by the parents the learner published (the book keeps
+        them after pruning removed the manifests)."""
+        seen = set()
+        while version and version not in seen:
+            if version == ancestor:
+                return True
+            seen.add(version)
+            version = (self.refs.get(version) or {}).get("parent", "")
+        return False
 
     def ref(self, version: str, store: WeightsStore, base_path: Path) -> WeightsRef:
         """The version's WeightsRef: as published, or (the base, or one from before this book) from the store."""

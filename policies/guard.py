@@ -1,0 +1,225 @@
+"""Never worse than the base, checked: served versions scored against the base model in the background, and
+rolled back when significantly below it.
+
+The promotion gate compares a candidate with the version it would replace on a few entries, in seconds, so
+it cannot see a loss that builds up over many small steps (README, Known limits); the canary and the live
+watch compare users' ratings, which unrated traffic does not give. The guard closes that gap. A thread of the
+broadcaster, with an engine of its own at OS niceness `guard.nice` (15, exploration's: users first), scores the newest
+served version (the canary, else live) that has no check yet, on a fixed held-out suite (`guard.suite`: every
+held-out entry of the named categories, up to `guard.per_category` each; avg@k sampled at the rollout
+temperature, as `main.py report` and bench_learning_curve score), paired entry by entry with the base's
+scores on the same entries. The base is scored once; full-suite scores go into the same cache as
+`main.py report`'s (`<state>/evals/heldout.json`), so a report reuses them.
+
+The check is sequential, with a futility stop only. Entries run `guard.chunk_entries` at a time, each chunk
+with its own fixed seed (the base drew with the same seeds: common random numbers). Once at least
+`guard.early_fraction` of the suite is scored and the version is at least as good as the base there, the
+check stops: `not_below`. Stopping for futility never makes a false alarm more likely; it halves the cost of
+a healthy version's check and costs a version 5 points below a ~5% base about 7% of the power (the chance
+that its first half shows no loss). Otherwise the whole suite decides: `below` when the mean is lower and
+the paired sign-flip test (`policies/stats.py`) gives p < `guard.alpha`.
+
+A version found below the base rolls back (`rollback_plan`): every served version that is it or descends
+from it (the canary, then live), unless checked no worse itself, goes back to the newest version that went
+live and was checked no worse (never one that descends from the bad one), else to the base; a passed
+successor descending from it is superseded. The broadcaster publishes every check as `evo.heldout_scored`,
+and the rollback as `evo.weights_rolled_back` whose reason gives the figures.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from policies.model_store import BASE_VERSION
+from policies.stats import paired_test
+
+
+# ---------------------------------------------------------------------------- decisions (pure)
+@dataclass
+class Check:
+    version: str
+    env: str
+    per_entry: list[float]  # the version's avg@k on the entries scored so far, in suite order
+    base: list[float]  # the base's on the same entries
+    suite_entries: int
+    k: int
+    duration_s: float = 0.0
+    verdict: str = ""  # "" while running, then not_below | below
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.per_entry) >= self.suite_entries
+
+    def summary(self) -> str:
+        s = self.stats
+        return (f"{self.env} {100 * s['base_avg']:.1f}% -> {100 * s['avg']:.1f}% ({100 * s['delta']:+.1f} points, "
+                f"p={s['p_value']:.4f}, +{s['wins']}/-{s['losses']}, {len(self.per_entry)} of {self.suite_entries} "
+                f"entries x{self.k}{', stopped early' if not self.complete else ''})")
+
+
+def compare(version: list[float], base: list[float]) -> dict:
+    t = paired_test(base, version)
+    return {"avg": sum(version) / len(version), "base_avg": sum(base) / len(base), "delta": t["mean_diff"],
+            "p_value": t["p_value"], "wins": t["wins"], "losses": t["losses"]}
+
+
+def look(check: Check, early_fraction: float, alpha: float) -> str:
+    """After a chunk: "" (go on), "not_below" or "below". Early only for futility (no loss so far)."""
+    if not check.per_entry:
+        return ""
+    check.stats = compare(check.per_entry, check.base)
+    if check.complete:
+        return "below" if check.stats["delta"] < 0 and check.stats["p_value"] < alpha else "not_below"
+    if len(check.per_entry) >= early_fraction * check.suite_entries and check.stats["delta"] >= 0:
+        return "not_below"
+    return ""
+
+
+def rollback_plan(bad: str, live: str, canary: str | None, passed: str | None, history: list[str],
+                  checks: dict[str, str], descends) -> dict:
+    """What a `below` verdict on `bad` undoes. `descends(a, b)`: a is b or was trained from it. `checks`:
+    version -> verdict. Returns {"supersede": passed or None, "canary": version or None, "live": version or
+    None, "to": the version live goes back to}."""
+    def hit(v):
+        return v is not None and checks.get(v) != "not_below" and (v == bad or descends(v, bad))
+
+    to = next((v for v in reversed(history) if checks.get(v) == "not_below" and not descends(v, bad)), BASE_VERSION)
+    return {"supersede": passed if hit(passed) else None, "canary": canary if hit(canary) else None,
+            "live": live if hit(live) and live != to else None, "to": to}
+
+
+def anchor(history: list[str], checks: dict[str, str]) -> str | None:
+    """The newest version that went live and was checked no worse than the base: where a rollback goes (its
+    file is kept)."""
+    return next((v for v in reversed(history) if checks.get(v) == "not_below"), None)
+
+
+# ---------------------------------------------------------------------------- the background scorer
+class Guard:
+    """The broadcaster's background scorer: `offer(version)` when idle, `results()` each tick."""
+
+    def __init__(self, settings, base_path, store, envs):
+        from policies.heldout import HeldoutCache, suite
+
+        g, r = settings.guard, settings.rollout
+        self.s, self.g, self.base_path, self.store, self.envs = settings, g, base_path, store, envs
+        self.suite = suite(envs, g.per_category, g.suite)
+        self.cache = HeldoutCache(settings.state / "evals" / "heldout.json", self.suite, k=g.k,
+                                  temperature=r.temperature, max_new_tokens=r.max_new_tokens, call_prefix=r.call_prefix)
+        self.opts = {"max_new_tokens": r.max_new_tokens, "temperature": r.temperature, "call_prefix": r.call_prefix}
+        self._todo: queue.Queue = queue.Queue(maxsize=1)
+        self._done: queue.Queue = queue.Queue()
+        self.current: Check | None = None
+        self._busy = True  # until the base is scored
+        self.engine = None
+        self.error = ""
+        threading.Thread(target=self._loop, name="guard", daemon=True).start()
+
+    @property
+    def idle(self) -> bool:
+        return not self._busy and self._todo.empty()
+
+    def offer(self, version: str) -> bool:
+        try:
+            self._todo.put_nowait(version)
+            return True
+        except queue.Full:
+            return False
+
+    def results(self) -> list[Check]:
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    # -------------------------------------------------------------- the thread
+    def _loop(self) -> None:
+        try:  # niceness is per thread on Linux: only this thread yields to everything else
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, max(self.g.nice, os.getpriority(os.PRIO_PROCESS, tid)))
+        except (OSError, AttributeError):
+            pass
+        version = BASE_VERSION  # the base first, so that the first served version's check waits for itself only
+        while True:
+            try:
+                if version == BASE_VERSION:
+                    self._base()
+                else:
+                    for c in self.check(version):
+                        self._done.put(c)
+            except Exception as exc:  # a missing file, a broken engine: in health(), never fatal
+                self.error = f"{version}: {type(exc).__name__}: {str(exc)[:200]}"
+            finally:
+                self.current, self._busy = None, False
+            version = self._todo.get()
+            self._busy = True
+
+    def _scores(self, version: str, env: str, entries: list[str], chunk_no: int) -> list[float]:
+        import torch
+
+        from policies.rollout import evaluate
+
+        torch.manual_seed(chunk_no)  # the base drew chunk n with the same seed
+        res = evaluate(self.engine, self.envs[env], entries, k=self.g.k, batch=self.g.batch, **self.opts)
+        return [sum(res["entries"][e]) / self.g.k for e in entries]
+
+    def _chunks(self, entries: list[str]):
+        n = max(1, self.g.chunk_entries)
+        for i in range(0, len(entries), n):
+            yield i // n, entries[i:i + n]
+
+    def _load(self, version: str) -> None:
+        from policies.engine import make_engine
+
+        if self.engine is None:
+            self.engine = make_engine(self.s, self.base_path, role="eval")
+        path = self.store.file(version, self.base_path)
+        if path is None or not path.exists():
+            raise FileNotFoundError(f"no weights file for {version}")
+        self.engine.load_weights(path, version)
+
+    def _base(self) -> dict[str, list[float]]:
+        if (got := self.cache.get(BASE_VERSION)) is None:
+            self._load(BASE_VERSION)
+            got = self.cache.put(BASE_VERSION, self.envs, {
+                env: [x for no, ids in self._chunks(entries) for x in self._scores(BASE_VERSION, env, ids, no)]
+                for env, entries in self.suite.items()})
+        return {env: got[env]["per_entry"] for env in self.suite}
+
+    def check(self, version: str) -> list[Check]:
+        """One check per environment of the suite (in practice one: code)."""
+        base = self._base()
+        if self.cache.get(version) is None:
+            self._load(version)
+        out, full = [], {}
+        for env, entries in self.suite.items():
+            t0 = time.monotonic()
+            c = self.current = Check(version, env, [], [], len(entries), self.g.k)
+            if cached := self.cache.get(version):  # scored in full before (a restart, or `main.py report`)
+                c.per_entry, c.base = list(cached[env]["per_entry"]), base[env]
+                c.verdict = look(c, self.g.early_fraction, self.g.alpha)
+            for no, ids in self._chunks(entries):
+                if c.verdict:
+                    break
+                c.per_entry += self._scores(version, env, ids, no)
+                c.base = base[env][:len(c.per_entry)]
+                c.verdict = look(c, self.g.early_fraction, self.g.alpha)
+            c.duration_s = time.monotonic() - t0
+            if c.complete:
+                full[env] = c.per_entry
+            out.append(c)
+        if len(full) == len(self.suite):
+            self.cache.put(version, self.envs, full)
+        return out
+
+    def health(self) -> dict:
+        c = self.current
+        base = self.cache.get(BASE_VERSION)
+        return {"checking": c and c.version, "checked_entries": c and len(c.per_entry),
+                "base": {e: round(x["avg"], 4) for e, x in base.items()} if base else None, "error": self.error}

@@ -1,0 +1,187 @@
+"""The guard: served versions checked against the base (sequential, futility stop only), and what a version found
+below the base rolls back. Decisions on tables; the broadcaster's hands on a fake bus (as test_canary_pipeline)."""
+import asyncio
+
+import pytest
+
+from actors.events import HeldoutScored, WeightsRolledBack, WeightsStatus
+from actors.lifecycles import WeightsState as S
+from policies.guard import Check, Guard, anchor, look, rollback_plan
+from test_canary_pipeline import _broadcaster, _publish  # noqa: E402  (tests/unit is on sys.path)
+
+
+def _check(version, base, n=None):
+    return Check("v", "code", list(version), list(base), n or len(version), 4)
+
+
+def test_look_stops_early_only_when_no_loss_so_far():
+    base = [0.25, 0.0, 0.5, 0.0, 0.25, 0.0, 0.0, 0.25]
+    # half the suite scored, as good as the base there: stop, not below
+    assert look(_check([0.5, 0.0, 0.5, 0.0], base[:4], n=8), 0.5, 0.05) == "not_below"
+    # a quarter only: go on, whatever it shows
+    assert look(_check([1.0, 1.0], base[:2], n=8), 0.5, 0.05) == ""
+    # half scored but behind the base: no early verdict either way (futility only)
+    assert look(_check([0.0, 0.0, 0.0, 0.0], base[:4], n=8), 0.5, 0.05) == ""
+    # the whole suite decides: behind on 6 entries of 6 that differ -> p = 2 / 2**6 = 0.03125
+    c = _check([0.0] * 6 + [0.0, 0.0], [0.25] * 6 + [0.0, 0.0])
+    assert look(c, 0.5, 0.05) == "below"
+    assert c.stats["delta"] == pytest.approx(-0.1875) and c.stats["p_value"] == pytest.approx(0.03125)
+    assert c.stats["wins"] == 0 and c.stats["losses"] == 6
+    # 5 of 5: p = 2 / 32 = 0.0625, not significant at 0.05
+    assert look(_check([0.0] * 5 + [0.0] * 3, [0.25] * 5 + [0.0] * 3), 0.5, 0.05) == "not_below"
+    c2 = _check([0.5, 0.0, 0.5, 0.0], [0.0] * 4, n=8)
+    assert look(c2, 0.5, 0.05) == "not_below"
+    assert c2.summary() == "code 0.0% -> 25.0% (+25.0 points, p=0.5000, +2/-0, 4 of 8 entries x4, stopped early)"
+
+
+def _lineage(*pairs):
+    parent = dict(pairs)
+
+    def descends(v, a):
+        while v:
+            if v == a:
+                return True
+            v = parent.get(v)
+        return False
+    return descends
+
+
+LINE = _lineage(("w1", "w0"), ("w2", "w1"), ("w3", "w2"), ("w4", "w3"), ("x2", "w1"))
+
+
+@pytest.mark.parametrize("bad,live,canary,passed,history,checks,want", [
+    # the checked version is live: back to the newest live version checked no worse
+    ("w3", "w3", None, None, ["w0", "w1", "w2", "w3"], {"w1": "not_below", "w3": "below"},
+     {"supersede": None, "canary": None, "live": "w3", "to": "w1"}),
+    # found below after it was replaced: what descends from it is undone too (canary w4, live w3)
+    ("w2", "w3", "w4", None, ["w0", "w1", "w2", "w3"], {"w1": "not_below", "w2": "below"},
+     {"supersede": None, "canary": "w4", "live": "w3", "to": "w1"}),
+    # nothing checked no worse: the base
+    ("w2", "w2", "w3", "w4", ["w0", "w1", "w2"], {"w2": "below"},
+     {"supersede": "w4", "canary": "w3", "live": "w2", "to": "w-000000"}),
+    # a branch that does not descend from the bad version stays
+    ("x2", "w3", None, None, ["w0", "w1", "x2", "w2", "w3"], {"x2": "below"},
+     {"supersede": None, "canary": None, "live": None, "to": "w-000000"}),
+    # a served descendant checked no worse itself stays
+    ("w2", "w3", None, None, ["w0", "w2", "w3"], {"w2": "below", "w3": "not_below"},
+     {"supersede": None, "canary": None, "live": None, "to": "w3"}),
+])
+def test_rollback_plan(bad, live, canary, passed, history, checks, want):
+    plan = rollback_plan(bad, live, canary, passed, history, checks, LINE)
+    assert {k: plan[k] for k in ("supersede", "canary", "live")} == {k: want[k] for k in ("supersede", "canary", "live")}
+    if want["live"] or want["canary"]:
+        assert plan["to"] == want["to"]
+
+
+def test_anchor_is_the_newest_live_version_checked_no_worse():
+    assert anchor(["w0", "w1", "w2", "w3"], {"w1": "not_below", "w2": "below", "w3": ""}) == "w1"
+    assert anchor(["w0", "w1"], {}) is None
+
+
+class _Settings:
+    class guard:
+        suite, per_category, k, chunk_entries, early_fraction, alpha, batch, nice = {"code": []}, 32, 4, 2, 0.5, 0.05, 8, 19
+
+
+def _guard(tmp_path, base, version, monkeypatch):
+    """A Guard whose episodes are replaced by fixed per-entry scores (no engine, no thread)."""
+    from policies.heldout import HeldoutCache
+
+    g = Guard.__new__(Guard)
+    g.g, g.envs, g.current = _Settings.guard, {"code": _Cats()}, None
+    g.suite = {"code": [f"e{i}" for i in range(len(base))]}
+    g.cache = HeldoutCache(tmp_path / "heldout.json", g.suite, k=4, temperature=0.7, max_new_tokens=8, call_prefix=True)
+    g.cache.put("w-000000", g.envs, {"code": base})
+    g.scored = []
+    table = {"v": version}
+
+    def scores(v, env, ids, no):
+        g.scored.append((v, no, list(ids)))
+        return [table[v][int(e[1:])] for e in ids]
+    monkeypatch.setattr(g, "_scores", scores)
+    monkeypatch.setattr(g, "_load", lambda v: None)
+    return g
+
+
+class _Cats:
+    def category_of(self, e):
+        return "add"
+
+
+def test_a_healthy_version_stops_at_half_the_suite_and_is_not_cached_as_scored(tmp_path, monkeypatch):
+    base = [0.25, 0.0, 0.0, 0.25, 0.0, 0.0, 0.5, 0.0]
+    g = _guard(tmp_path, base, [0.5, 0.0, 0.25, 0.25, 1.0, 1.0, 1.0, 1.0], monkeypatch)
+    (c,) = g.check("v")
+    assert c.verdict == "not_below" and len(c.per_entry) == 4 and not c.complete
+    assert [no for _, no, _ in g.scored] == [0, 1]  # two chunks of two entries, each with its own seed
+    assert g.cache.get("v") is None  # a partial score never enters the full-suite cache
+
+
+def test_a_version_below_the_base_is_scored_in_full_and_cached(tmp_path, monkeypatch):
+    base = [0.25, 0.5, 0.25, 0.25, 0.5, 0.25, 0.0, 0.0]
+    g = _guard(tmp_path, base, [0.0] * 8, monkeypatch)
+    (c,) = g.check("v")
+    assert c.verdict == "below" and c.complete and c.stats["p_value"] == pytest.approx(2 / 2 ** 6)
+    assert g.cache.get("v")["code"]["per_entry"] == [0.0] * 8
+    g.scored.clear()
+    (again,) = g.check("v")  # cached: no episode runs
+    assert again.verdict == "below" and g.scored == []
+
+
+class FakeGuard:
+    def __init__(self):
+        self.offered, self.pending = [], []
+        self.idle = True
+
+    def offer(self, version):
+        self.offered.append(version)
+        return True
+
+    def results(self):
+        out, self.pending = self.pending, []
+        return out
+
+    def health(self):
+        return {}
+
+
+def _verdict(version, verdict):
+    base = [0.25] * 6 + [0.0, 0.0]
+    c = Check(version, "code", [0.0] * 8 if verdict == "below" else base, base, 8, 4, 90.0)
+    c.verdict = look(c, 0.5, 0.05)
+    assert c.verdict == verdict
+    return c
+
+
+def test_the_broadcaster_offers_the_newest_served_version_and_rolls_back_a_lineage_below_the_base(tmp_path):
+    async def go():
+        b, refs = _broadcaster(tmp_path, min_s=0.0)
+        b.guard = FakeGuard()
+        await _publish(b, refs["w-000001"])
+        await b.tick()  # w1 canary
+        assert b.guard.offered == ["w-000001"]
+        b.guard.pending = [_verdict("w-000001", "not_below")]
+        await _publish(b, refs["w-000002"])
+        await b.tick()  # w2 passed against the canary, hands over: w1 live, w2 canary
+        assert b.book.status["w-000001"] == S.LIVE and b.book.status["w-000002"] == S.CANARY
+        assert b.book.checks["w-000001"] == "not_below" and b.guard.offered[-1] == "w-000002"
+        await _publish(b, refs["w-000003"])
+        await b.tick()  # w2 live, w3 canary
+        assert b.book.status["w-000002"] == S.LIVE and b.book.status["w-000003"] == S.CANARY
+        b.guard.pending = [_verdict("w-000002", "below")]
+        await b.tick()
+        scored = [e for e in b.bus.events if isinstance(e, HeldoutScored)]
+        assert [(e.version, e.verdict) for e in scored] == [("w-000001", "not_below"), ("w-000002", "below")]
+        assert scored[-1].entries == 8 and scored[-1].delta == pytest.approx(-0.1875)
+        rolled = [e for e in b.bus.events if isinstance(e, WeightsRolledBack)]
+        assert [(e.from_version, e.to.version) for e in rolled] == [("w-000003", "w-000002"), ("w-000002", "w-000001")]
+        assert rolled[0].reason.startswith("descends from w-000002, below the base on held-out code 18.8% -> 0.0%")
+        assert "back to w-000001, the newest live version no worse than the base" in rolled[1].reason
+        assert b.book.status["w-000003"] == S.ROLLED_BACK and b.book.status["w-000002"] == S.ROLLED_BACK
+        assert b.book.status["w-000001"] == S.LIVE and b.policy.pointer().version == "w-000001"
+        assert b.policy.pointer().canary is None
+        assert "w-000001" in b.book.protected()  # the rollback anchor's file is kept
+        lives = [e for e in b.bus.events if isinstance(e, WeightsStatus) and e.version == "w-000001"]
+        assert lives[-1].status == S.LIVE and lives[-1].reason == "rollback from w-000002"
+
+    asyncio.run(go())
