@@ -16,7 +16,7 @@ the others: no batch is lost or applied twice. With `learner.replay_groups`, the
 trained go into the next step again (a second pass, importance-corrected against the version that sampled
 them; kept in memory only, dropped when stale or when the learner resets to another version).
 Groups without any advantage are acked untrained;
-rated live interactions are pooled into groups of `learner.min_live_group`. It always trains from a version
+rated live interactions are pooled into groups of `learner.min_live_group`, tool calls and text answers apart. It always trains from a version
 users get or will get: after a rejection of a version it descends from, from that version's nearest
 ancestor that is the canary or live; after a rollback, from the version rolled back to; and when a
 version goes live that it does not descend from, from that one.
@@ -34,7 +34,7 @@ from config import telemetry
 from opentelemetry import trace
 from policies.checkpoint import CheckpointStore
 from policies.live_policy import LivePolicy
-from policies.groups import at_floor, behaviour_of, informative
+from policies.groups import at_floor, behaviour_of, informative, live_kind
 from policies.model_store import BASE_VERSION, staleness, version_name  # noqa: F401 (staleness: re-export)
 
 
@@ -69,7 +69,7 @@ class Learner(EventActor):
                 await asyncio.to_thread(self.trainer.reset_to, live.path, live.version)
         self.weights_version = self.policy.live_version
         self.ready: list[Judgement] = []  # informative groups waiting for a step
-        self.live: list[Judgement] = []  # rated interactions, pooled until a live group forms
+        self.live: dict[str, list[Judgement]] = {}  # rated interactions by kind of step, pooled until a group forms
         self.replay: list[Judgement] = []  # groups recent steps trained, trained again beside new ones (in memory)
         self.held: dict[str, object] = {}  # event_id -> unacked message
         self._last_beat = time.monotonic()
@@ -112,9 +112,10 @@ class Learner(EventActor):
                 self.log.info("live.skipped_mixed_weights", group_id=j.group_id)
                 return None
             self.held[j.event_id] = msg
-            self.live.append(j)
-            if len(self.live) >= self.settings.learner.min_live_group:
-                pooled, self.live = self.live, []
+            pool = self.live.setdefault(live_kind(j), [])
+            pool.append(j)
+            if len(pool) >= self.settings.learner.min_live_group:
+                pooled, self.live[live_kind(j)] = pool, []
                 group = Judgement(group_id=f"live-{j.event_id[:8]}", source="live", task_id="live",
                                   samples=[s for x in pooled for s in x.samples],
                                   outcomes=[o for x in pooled for o in x.outcomes],
@@ -277,6 +278,6 @@ class Learner(EventActor):
     def health(self) -> dict:
         t = getattr(self, "trainer", None)
         return {**super().health(), "step": t.step if t else 0, "training": t.version if t else None,
-                "held_groups": len(getattr(self, "ready", [])), "held_live": len(getattr(self, "live", [])),
+                "held_groups": len(getattr(self, "ready", [])), "held_live": sum(map(len, getattr(self, "live", {}).values())),
                 "held_messages": len(getattr(self, "held", {})), "dropped_stale": getattr(self, "dropped_stale", 0),
                 **self._signal_shares()}

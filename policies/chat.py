@@ -122,11 +122,14 @@ def render(messages: list[ChatMessage], tools: list[ToolSpec] | None = None, exp
 
 
 def assistant_spans(messages: list[ChatMessage], tools: list[ToolSpec] | None = None,
-                    experiences: list[str] | None = None) -> tuple[str, list[tuple[int, int]]]:
-    """Full text and the character span of each assistant message's content (+ its <|im_end|>)."""
+                    experiences: list[str] | None = None, only: list[int] | None = None
+                    ) -> tuple[str, list[tuple[int, int]]]:
+    """Full text and the character span of each assistant message's content (+ its <|im_end|>); with `only`,
+    of the messages at those indices only (a sample's steps: earlier assistant turns of a live conversation are
+    context, not actions of this sample)."""
     spans = []
     for i, m in enumerate(messages):
-        if m.role != "assistant":
+        if m.role != "assistant" or (only is not None and i not in only):
             continue
         start = len(render(messages[:i], tools, experiences, add_generation_prompt=True))
         end = len(render(messages[: i + 1], tools, experiences, add_generation_prompt=False))

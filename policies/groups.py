@@ -3,6 +3,7 @@
 - `informative`: does the group give any sample a non-zero advantage?
 - `at_floor`: a reference (off-policy) sample stays only where the policy's own samples teach nothing;
 - `behaviour_of`: the version that generated each sample (`REFERENCE` for a reference);
+- `live_kind`: which pool of rated live steps a judgement joins (tool calls and text answers apart);
 - `floor_scales`: how much a failure's negative advantage counts in a group only a reference solved;
 """
 from __future__ import annotations
@@ -18,6 +19,16 @@ def informative(j: Judgement, alpha: float) -> bool:
         return True
     return alpha > 0 and any(abs(a) > 1e-9 for adv in adca.step_advantages(j.step_labels, j.outcomes, alpha)
                              for a in adv)
+
+
+def live_kind(j: Judgement) -> str:
+    """What a rated live step is: a tool call ("call") or a text answer ("text"). Rated interactions are pooled
+    into groups of one kind: the z-score of a group is a baseline, and answers that users mostly rate down (a
+    small model's final answers) measured against calls they rate up would teach "answer less" instead of
+    "answer right"; within a kind, a group teaches only where a right and a wrong step of that kind differ."""
+    s = j.samples[0]
+    steps = [s.messages[i] for i in s.step_indices if i < len(s.messages)] or s.messages[-1:]
+    return "call" if steps and steps[-1].tool_calls else "text"
 
 
 def at_floor(j: Judgement, alpha: float) -> Judgement:

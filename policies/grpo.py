@@ -41,7 +41,11 @@ class Tokenized:
 def tokenize_sample(tok, sample: Sample, max_tokens: int, keep_experience: bool = False) -> Tokenized:
     """Strip mode (default): the training text is what the policy would see without guidance.
     Keep mode: a guided sample is trained in the context it was generated in, experiences included."""
-    text, spans = assistant_spans(sample.messages, sample.tools, sample.experiences if keep_experience else None)
+    # only the sample's own steps are trained (step k = its k-th step index): a live sample of a conversation's
+    # second request carries the first request's answer as context, and training that too would give the earlier
+    # answer this one's advantage (a rated pair of the same conversation then cancelled exactly)
+    text, spans = assistant_spans(sample.messages, sample.tools, sample.experiences if keep_experience else None,
+                                  only=list(sample.step_indices) or None)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
     step_ids = []

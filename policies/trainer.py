@@ -271,7 +271,9 @@ class Trainer:
                 loss_sum += float(loss.detach()) * n_i / total_tokens
             total.backward()  # gradients accumulate across micro-batches
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), L.grad_clip))
-        self.opt.step()
+        if grad_norm > 1e-6:  # no signal (rounding aside), no update: AdamW would still move every weight by its
+            # momentum and weight decay
+            self.opt.step()
         self.step, self._memo = self.step + 1, memo
         return {"loss": loss_sum, "kl": kl_sum, "grad_norm": grad_norm, "samples": n, "tokens": total_tokens,
                 "mean_reward": sum(scores) / len(scores), "seconds": time.monotonic() - t0,

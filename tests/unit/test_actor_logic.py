@@ -46,13 +46,55 @@ def test_a_live_answer_made_across_a_weights_swap_is_never_trained_on(tmp_path):
     s = load_settings(None)
     s.state_dir = str(tmp_path)
     ln = Learner(s, bus=object())
-    ln.trainer, ln.held, ln.live, ln.ready = SimpleNamespace(applied=set()), {}, [], []
+    ln.trainer, ln.held, ln.live, ln.ready = SimpleNamespace(applied=set()), {}, {}, []
 
     def live(behaviour):
         return Judgement(group_id="live:x", source="live", task_id="live:x", samples=[Sample(sample_id="a", messages=[])],
                          outcomes=[1.0], step_labels=[["GOOD"]], behaviour_versions=behaviour, origin="live")
-    assert asyncio.run(ln.handle_judgement(live([MIXED_WEIGHTS]), object())) is None and ln.live == []  # acked
-    assert asyncio.run(ln.handle_judgement(live([]), object())) is HOLD and len(ln.live) == 1
+    assert asyncio.run(ln.handle_judgement(live([MIXED_WEIGHTS]), object())) is None and ln.live == {}  # acked
+    assert asyncio.run(ln.handle_judgement(live([]), object())) is HOLD and len(ln.live["text"]) == 1
+
+
+def test_rated_live_steps_are_pooled_by_kind_so_one_sided_ratings_of_a_kind_teach_nothing(tmp_path):
+    """A scripted user's conversation is a rated tool call (+1 when its output is right) and then a rated answer
+    (mostly -1 from a 135M). Pooled in arrival order, each pair taught "call, do not answer"; pooled by kind, two
+    wrong answers carry no advantage, and a right and a wrong answer teach the difference."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from actors.actor import HOLD
+    from actors.events import ChatMessage, Judgement, Sample, ToolCall
+    from actors.learner import Learner
+    from config.settings import load_settings
+
+    s = load_settings(None)
+    s.state_dir = str(tmp_path)
+    ln = Learner(s, bus=object())
+    ln.trainer, ln.held, ln.live, ln.ready, ln.applied = SimpleNamespace(applied=set()), {}, {}, [], set()
+    acked = []
+
+    class Msg:
+        def __init__(self, i):
+            self.i = i
+
+        async def ack_sync(self):
+            acked.append(self.i)
+
+    def rated(i, call, score):
+        step = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c", name="python", arguments="{}")]) if call \
+            else ChatMessage(role="assistant", content="The answer is 7.")
+        smp = Sample(sample_id=f"s{i}", messages=[ChatMessage(role="user", content="q"), step], step_indices=[1])
+        return Judgement(event_id=f"e{i}", group_id=f"live:{i}", source="live", task_id=f"live:{i}", samples=[smp],
+                         outcomes=[score], step_labels=[["GOOD" if score > 0 else "BAD"]], origin="live")
+    handle = lambda j: asyncio.run(ln.handle_judgement(j, Msg(j.event_id)))  # noqa: E731
+    for j in [rated(1, True, 1.0), rated(2, False, -1.0), rated(3, True, -1.0), rated(4, False, -1.0)]:
+        assert handle(j) is HOLD
+    # calls (+1, -1) formed an informative group; the two wrong answers formed one with no advantage: acked untrained
+    assert [[s.sample_id for s in g.samples] for g in ln.ready] == [["s1", "s3"]]
+    assert sorted(acked) == ["e2", "e4"] and ln.live == {"call": [], "text": []}
+    handle(rated(5, False, 1.0))
+    handle(rated(6, False, -1.0))
+    assert [[s.sample_id for s in g.samples] for g in ln.ready][-1] == ["s5", "s6"]
 
 
 def test_the_learner_always_trains_from_a_version_users_get_or_will_get(tmp_path):

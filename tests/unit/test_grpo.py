@@ -65,6 +65,23 @@ def test_tokenize_marks_exactly_the_assistant_steps():
     assert sorted(set(t.step_ids) - {-1}) == [0, 1]
 
 
+def test_only_the_samples_own_steps_are_trained():
+    """A live sample of a conversation's second request: the first request's tool call is context; the answer
+    being rated is the one step, and its advantage lands on its own tokens."""
+    s = Sample(sample_id="x", step_indices=[4],
+               messages=[ChatMessage(role="system", content="S"), ChatMessage(role="user", content="U"),
+                         ChatMessage(role="assistant", content="AB"), ChatMessage(role="tool", content="T"),
+                         ChatMessage(role="assistant", content="CD")])
+    t = grpo.tokenize_sample(_Tok(), s, 10_000)
+    from policies.chat import render
+    text = render(s.messages, add_generation_prompt=False)
+    assert "".join(ch for ch, m in zip(text, t.response_mask) if m) == "CD<|im_end|>"
+    assert sorted(set(t.step_ids) - {-1}) == [0]
+    from policies import adca
+    adv = adca.token_advantages([t.step_ids], [[-1.0]], len(t.step_ids))[0]
+    assert [ch for ch, a in zip(text, adv.tolist()) if a] == list("CD<|im_end|>")
+
+
 def test_keep_and_strip_modes_really_differ():
     """AgentEvolver's two modes end up identical through a metadata key bug; ours must not."""
     s = Sample(sample_id="x", messages=[ChatMessage(role="system", content="S"), ChatMessage(role="user", content="U"),

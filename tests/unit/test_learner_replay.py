@@ -55,7 +55,7 @@ def _learner(tmp_path, tiny_dir, **learner):
     ln.base, ln.store = tiny_dir, ln.policy.store
     ln.ckpts = CheckpointStore(s.state / "learner")
     ln.trainer, ln.parent = Trainer(s, tiny_dir, ln.store), BASE_VERSION
-    ln.ready, ln.live, ln.replay, ln.held = [], [], [], {}
+    ln.ready, ln.live, ln.replay, ln.held = [], {}, [], {}
     ln._last_beat, ln.steps_done, ln.dropped_stale = 0.0, 0, 0
     ln.groups_seen = ln.groups_own_signal = ln.groups_no_signal = 0
     return ln

@@ -258,3 +258,22 @@ def test_a_second_pass_reuses_the_first_passs_log_probs_exactly(tmp_path, tiny_d
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=n)
     t.reset_to(None, "w-000000")
     assert t._memo == {}  # another version's reference and behaviour: nothing carries over
+
+
+def test_a_step_without_signal_leaves_the_weights_alone(tmp_path, tiny_dir):
+    """Two rated steps with the same tokens and opposite advantages cancel: no gradient, so no update (AdamW would
+    still move every weight by its momentum and weight decay). A rated pair of one conversation did this while the
+    earlier answer, which is context, was trained as a step."""
+    from policies.trainer import Trainer
+
+    s = _settings(tmp_path, lr=1e-3, kl_coef=0.0)
+    t = Trainer(s, tiny_dir, WeightsStore(s.state))
+    first = t.train_step([_group()])  # momentum from a real step
+    assert first["grad_norm"] > 0
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    twin = Judgement(group_id="live", source="live", task_id="live", samples=[_sample(1), _sample(1)],
+                     outcomes=[1.0, -1.0], step_labels=[["GOOD", "GOOD"], ["GOOD", "GOOD"]])
+    twin.samples[1] = twin.samples[1].model_copy(update={"sample_id": "s1b"})
+    stats = t.train_step([twin])
+    assert stats["grad_norm"] < 1e-6  # float rounding of two equal and opposite sums
+    assert all(torch.equal(before[k], v) for k, v in t.model.state_dict().items())
