@@ -31,7 +31,7 @@ import time
 
 from actors.actor import EventActor
 from actors.bus import Poison
-from actors.events import (Feedback, HeldoutScored, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected,
+from actors.events import (Feedback, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected,
                            WeightsRolledBack, WeightsSwapped)
 from envs.registry import make_envs
 from policies.gate import (GateScores, canary_verdict, clearly_worse, decide, gate_heldout, gate_metrics,
@@ -151,33 +151,25 @@ class Broadcaster(EventActor):
         """Hand the guard the newest served version it has not checked; act on its verdicts."""
         if self.guard is None:
             return
+        b = self.book
         for c in self.guard.results():
-            self.book.checks[c.version] = c.verdict
-            await self.bus.publish(HeldoutScored(version=c.version, env=c.env, entries=len(c.per_entry),
-                                                 suite_entries=c.suite_entries, k=c.k, verdict=c.verdict,
-                                                 duration_s=c.duration_s, reason=c.summary(), **c.stats),
-                                   weights_version=c.version)
+            b.checks[c.version] = c.verdict
+            await self.bus.publish(c.event(), weights_version=c.version)
             self.log.info("guard.checked", version=c.version, verdict=c.verdict, result=c.summary())
             if c.verdict == "below" and self.settings.guard.rollback:
-                await self._undo_below_base(c.version, f"below the base on held-out {c.summary()}")
+                for act, v, to, why in rollback_plan(c.version, f"below the base on held-out {c.summary()}",
+                                                     self.live_version(), (b.canary or {}).get("version"),
+                                                     (b.passed or {}).get("version"), b.history, b.checks, b.descends):
+                    if act == "supersede":
+                        b.passed = None
+                        await self._set(v, S.SUPERSEDED, why)
+                    else:
+                        await self._rollback(v, to, why)
             self._save()
-        served = (self.book.canary or {}).get("version") or self.live_version()
-        if self.guard.idle and served != BASE_VERSION and served not in self.book.checks:
-            self.book.checks[served] = ""  # offered: a check that fails is not offered again
+        served = (b.canary or {}).get("version") or self.live_version()
+        if self.guard.idle and served != BASE_VERSION and served not in b.checks:
+            b.checks[served] = ""  # offered: a check that fails is not offered again
             self.guard.offer(served)
-
-    async def _undo_below_base(self, bad: str, why: str) -> None:
-        b, live = self.book, self.live_version()
-        plan = rollback_plan(bad, live, (b.canary or {}).get("version"), (b.passed or {}).get("version"),
-                             b.history, b.checks, b.descends)
-        if plan["supersede"]:
-            b.passed = None
-            await self._set(plan["supersede"], S.SUPERSEDED, f"descends from {bad}, {why}")
-        if plan["canary"]:
-            await self._rollback(plan["canary"], live, why if plan["canary"] == bad else f"descends from {bad}, {why}")
-        if plan["live"]:
-            await self._rollback(live, plan["to"], (why if live == bad else f"descends from {bad}, {why}")
-                                 + f"; back to {plan['to']}, the newest live version no worse than the base")
 
     async def _prepare(self) -> None:
         """No gate to run now: the next gate's comparator is scored on the first look meanwhile, one environment a

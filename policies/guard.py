@@ -54,6 +54,13 @@ class Check:
     def complete(self) -> bool:
         return len(self.per_entry) >= self.suite_entries
 
+    def event(self):
+        from actors.events import HeldoutScored
+
+        return HeldoutScored(version=self.version, env=self.env, entries=len(self.per_entry),
+                             suite_entries=self.suite_entries, k=self.k, verdict=self.verdict,
+                             duration_s=self.duration_s, reason=self.summary(), **self.stats)
+
     def summary(self) -> str:
         s = self.stats
         return (f"{self.env} {100 * s['base_avg']:.1f}% -> {100 * s['avg']:.1f}% ({100 * s['delta']:+.1f} points, "
@@ -79,17 +86,27 @@ def look(check: Check, early_fraction: float, alpha: float) -> str:
     return ""
 
 
-def rollback_plan(bad: str, live: str, canary: str | None, passed: str | None, history: list[str],
-                  checks: dict[str, str], descends) -> dict:
-    """What a `below` verdict on `bad` undoes. `descends(a, b)`: a is b or was trained from it. `checks`:
-    version -> verdict. Returns {"supersede": passed or None, "canary": version or None, "live": version or
-    None, "to": the version live goes back to}."""
+def rollback_plan(bad: str, why: str, live: str, canary: str | None, passed: str | None, history: list[str],
+                  checks: dict[str, str], descends) -> list[tuple[str, str, str | None, str]]:
+    """What a `below` verdict on `bad` undoes, in order: ("supersede", passed, None, reason), ("rollback", canary,
+    live, reason), ("rollback", live, to, reason). A version is undone when it is `bad` or descends from it
+    (`descends(a, b)`: a is b or was trained from it) and was not checked no worse itself (`checks`: version ->
+    verdict); live goes back to the newest version that went live and was checked no worse, never one that
+    descends from `bad`, else the base."""
     def hit(v):
-        return v is not None and checks.get(v) != "not_below" and (v == bad or descends(v, bad))
+        return v is not None and checks.get(v) != "not_below" and descends(v, bad)
+
+    def reason(v):
+        return why if v == bad else f"descends from {bad}, {why}"
 
     to = next((v for v in reversed(history) if checks.get(v) == "not_below" and not descends(v, bad)), BASE_VERSION)
-    return {"supersede": passed if hit(passed) else None, "canary": canary if hit(canary) else None,
-            "live": live if hit(live) and live != to else None, "to": to}
+    out = [("supersede", passed, None, reason(passed))] if hit(passed) else []
+    if hit(canary):
+        out.append(("rollback", canary, live, reason(canary)))
+    if hit(live) and live != to:
+        out.append(("rollback", live, to, f"{reason(live)}; back to {to}, the newest live version no worse than "
+                    "the base"))
+    return out
 
 
 def anchor(history: list[str], checks: dict[str, str]) -> str | None:

@@ -168,7 +168,9 @@ def summary_row(name: str, out: dict) -> dict:
             "worst_scored_delta": worst, "significantly_below_base": below, "cycle_p50_s": out["cycle_p50_s"],
             "learner_steps": out["learner_steps"], "served": sum(r["gate"].startswith(("canary", "live"))
                                                                  for r in out["lineage"]),
-            "users": out["users"]}
+            "guard_checks": len(out["guard_checks"]),
+            "guard_below": [c["version"] for c in out["guard_checks"] if c["verdict"] == "below"],
+            "rollbacks": out["rollbacks"], "trained_groups": out["trained_groups"], "users": out["users"]}
 
 
 def write_summary(a, hours: list[dict]) -> None:
@@ -229,7 +231,8 @@ def one_hour(a, out_path: str, base_cache: dict | None = None) -> dict:
     return report(a, s, state, events, learner, stats, time.time() - t_start, out_path, base_cache)
 
 
-KINDS = ["judgement", "learner_step", "weights_published", "weights_status", "weights_promoted", "weights_rolled_back"]
+KINDS = ["judgement", "learner_step", "weights_published", "weights_status", "weights_promoted", "weights_rolled_back",
+         "heldout_scored"]
 
 
 def rescore(a) -> None:
@@ -258,6 +261,12 @@ def _p50(xs: list[float]) -> float | None:
     return xs[len(xs) // 2] if xs else None
 
 
+def _at(e) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(e.occurred_at).timestamp()
+
+
 def learner_detail(events, learner) -> dict:
     """What each step learned from (origin of its new groups, reward, KL, grad norm, staleness) and what the
     live ratings were: the figures that can tell a gaining hour from a losing one."""
@@ -269,7 +278,14 @@ def learner_detail(events, learner) -> dict:
     pos = sum(1 for e in live for o in e.outcomes if o > 0)
     n = sum(len(e.outcomes) for e in live)
     rollouts = [e for e in events if e.kind == "judgement" and e.source != "live"]
-    return {"steps": steps, "live_judgements": n, "live_positive_share": pos / n if n else None,
+    t0 = min((_at(e) for e in events), default=0.0)
+    guard = [{"minute": round((_at(e) - t0) / 60, 1), "version": e.version, "verdict": e.verdict,
+              "delta": round(e.delta, 4), "p_value": round(e.p_value, 5), "entries": e.entries,
+              "duration_s": round(e.duration_s)} for e in events if e.kind == "heldout_scored"]
+    rolled = [{"minute": round((_at(e) - t0) / 60, 1), "from": e.from_version, "to": e.to.version,
+               "reason": e.reason[:300]} for e in events if e.kind == "weights_rolled_back"]
+    return {"steps": steps, "guard_checks": guard, "rollbacks": rolled,
+            "live_judgements": n, "live_positive_share": pos / n if n else None,
             "rollout_judgements": len(rollouts),
             "trained_groups": {o: sum(st.get(f"groups_{o}", 0) for st in steps) for o in ("env", "synthetic", "live")}}
 
@@ -336,6 +352,11 @@ def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str, bas
     print(f"cycle p50: published {stages['published_after_s']} s, served {stages['served_after_s']} s after the "
           f"oldest judged group a version learned from; learner step {stages['step_s']} s, gate (published -> "
           f"decided) {stages['gate_s']} s")
+    for c in out["guard_checks"]:
+        print(f"  guard at {c['minute']:5.1f} min: {c['version']} {c['verdict']} ({100 * c['delta']:+.1f} points, "
+              f"p={c['p_value']:.4f}, {c['entries']} entries, {c['duration_s']} s)")
+    for r in out["rollbacks"]:
+        print(f"  rollback at {r['minute']:5.1f} min: {r['from']} -> {r['to']}: {r['reason'][:160]}")
     print(f"learner steps {len(learner)}; served versions {len(served)}; informative groups own "
           f"{shares.get('informative_own_share')}, with references {shares.get('informative_share')}")
     for env, d in out["newest_vs_base"].items():

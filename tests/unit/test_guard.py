@@ -52,25 +52,22 @@ LINE = _lineage(("w1", "w0"), ("w2", "w1"), ("w3", "w2"), ("w4", "w3"), ("x2", "
 @pytest.mark.parametrize("bad,live,canary,passed,history,checks,want", [
     # the checked version is live: back to the newest live version checked no worse
     ("w3", "w3", None, None, ["w0", "w1", "w2", "w3"], {"w1": "not_below", "w3": "below"},
-     {"supersede": None, "canary": None, "live": "w3", "to": "w1"}),
-    # found below after it was replaced: what descends from it is undone too (canary w4, live w3)
+     [("rollback", "w3", "w1", "W; back to w1, the newest live version no worse than the base")]),
+    # found below after it was replaced: what descends from it is undone too (canary w4 to live w3, then w3)
     ("w2", "w3", "w4", None, ["w0", "w1", "w2", "w3"], {"w1": "not_below", "w2": "below"},
-     {"supersede": None, "canary": "w4", "live": "w3", "to": "w1"}),
-    # nothing checked no worse: the base
+     [("rollback", "w4", "w3", "descends from w2, W"),
+      ("rollback", "w3", "w1", "descends from w2, W; back to w1, the newest live version no worse than the base")]),
+    # nothing checked no worse: the base; the passed successor is superseded first
     ("w2", "w2", "w3", "w4", ["w0", "w1", "w2"], {"w2": "below"},
-     {"supersede": "w4", "canary": "w3", "live": "w2", "to": "w-000000"}),
+     [("supersede", "w4", None, "descends from w2, W"), ("rollback", "w3", "w2", "descends from w2, W"),
+      ("rollback", "w2", "w-000000", "W; back to w-000000, the newest live version no worse than the base")]),
     # a branch that does not descend from the bad version stays
-    ("x2", "w3", None, None, ["w0", "w1", "x2", "w2", "w3"], {"x2": "below"},
-     {"supersede": None, "canary": None, "live": None, "to": "w-000000"}),
+    ("x2", "w3", None, None, ["w0", "w1", "x2", "w2", "w3"], {"x2": "below"}, []),
     # a served descendant checked no worse itself stays
-    ("w2", "w3", None, None, ["w0", "w2", "w3"], {"w2": "below", "w3": "not_below"},
-     {"supersede": None, "canary": None, "live": None, "to": "w3"}),
+    ("w2", "w3", None, None, ["w0", "w2", "w3"], {"w2": "below", "w3": "not_below"}, []),
 ])
 def test_rollback_plan(bad, live, canary, passed, history, checks, want):
-    plan = rollback_plan(bad, live, canary, passed, history, checks, LINE)
-    assert {k: plan[k] for k in ("supersede", "canary", "live")} == {k: want[k] for k in ("supersede", "canary", "live")}
-    if want["live"] or want["canary"]:
-        assert plan["to"] == want["to"]
+    assert rollback_plan(bad, "W", live, canary, passed, history, checks, LINE) == want
 
 
 def test_anchor_is_the_newest_live_version_checked_no_worse():
