@@ -14,17 +14,28 @@ reported in each judgement and in `health()`. `judge.step_labels` picks what the
 shaped by 0.1 x the mean step signal; a live interaction's outcome is its user feedback.
 When the judge is over budget, fails or answers malformed text, the environment's (or the
 feedback's) labels are used and the judgement says so; the actor never crashes on it.
+
+Unrated live traffic (`conversations.enabled`): every `evo.interaction` joins the conversation it extends
+(`policies/conversations.py`: requests stitched by content, per user), and its interaction message is held,
+unacked, until that conversation closes (idle for `conversations.idle_s`, or past its bounds): after a restart
+the stream hands the open conversations back. On close, each step that no user rated and whose next turn gave
+a signal (a correction, a re-ask, a tool error, thanks, ...) becomes a one-step live judgement with the rule's
+value x confidence as its outcome; its id derives from the step's interaction, so a redelivery publishes
+nothing twice. Rated steps keep their rating (the feedback path above).
 """
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 from actors.actor import EventActor
 from actors.bus import Poison
-from actors.events import (MIXED_WEIGHTS, Feedback, Judgement, Rollout, Sample, WeightsPromoted,
+from actors.actor import HOLD
+from actors.events import (MIXED_WEIGHTS, Feedback, Interaction, Judgement, Rollout, Sample, WeightsPromoted,
                            WeightsRolledBack)
 from envs.live import trajectory
+from policies.conversations import ConversationBook
 from policies.judge import Agreement, Budget, Verdict, env_labels, make_judge
 
 STEP_SHAPING = 0.1  # weight of the mean step signal added to the environment outcome
@@ -54,8 +65,9 @@ def choose_labels(mode: str, verified: list[str] | None, judged: list[str] | Non
 
 class Attributor(EventActor):
     name = "attributor"
-    kinds = ("rollout", "feedback", "weights_promoted", "weights_rolled_back")
+    kinds = ("rollout", "feedback", "interaction", "weights_promoted", "weights_rolled_back")
     batch = 1
+    book: ConversationBook | None = None
 
     async def start(self) -> None:
         await super().start()
@@ -71,6 +83,12 @@ class Attributor(EventActor):
         self.budget = Budget(s.judge.calls_per_minute)
         self.agreement = Agreement()
         self.stats = {"judged": 0, "fallback_budget": 0, "fallback_error": 0, "fallback_malformed": 0, "screened": 0}
+        c = s.conversations
+        if c.enabled:
+            self.book = ConversationBook(c.idle_s, c.max_open, c.max_steps)
+        self.held: dict[str, object] = {}  # interaction event id -> its unacked message, until its conversation closes
+        self.signalled: dict[str, int] = {}  # signal rule -> steps judged by it
+        self._last_beat = time.monotonic()
 
     async def _sync_live(self) -> None:
         self.weights_version = await asyncio.to_thread(self.policy.sync)
@@ -134,6 +152,8 @@ class Attributor(EventActor):
     async def handle_feedback(self, ev: Feedback, msg):
         if ev.interaction is None:
             raise Poison(f"feedback {ev.event_id} carries no interaction snapshot")
+        if self.book is not None:
+            self.book.rate(ev.interaction_id)
         sample = live_sample(ev)
         (v,) = await self.run_judge([sample], [None])
         fallback = ["GOOD" if ev.score > 0 else "BAD"]
@@ -150,8 +170,58 @@ class Attributor(EventActor):
         await self.bus.publish(out, weights_version=ev.interaction.weights_version)
         self.log.info("judged.live", interaction_id=ev.interaction_id, score=ev.score, labels=labels)
 
+    # ------------------------------------------------------------------ unrated conversations
+    async def handle_interaction(self, ev: Interaction, msg):
+        if self.book is None:
+            return None
+        if ev.event_id in self.held:  # redelivered while held: keep the newest delivery
+            self.held[ev.event_id] = msg
+            return HOLD
+        self.held[ev.event_id] = msg
+        _, closed = self.book.add(ev, time.time())
+        for conv in closed:
+            await self._closed(conv)
+        return HOLD
+
+    async def tick(self) -> None:
+        if self.book is None:
+            return
+        for conv in self.book.idle(time.time()):
+            await self._closed(conv)
+        if self.held and time.monotonic() - self._last_beat > 15:
+            self._last_beat = time.monotonic()
+            for m in list(self.held.values()):
+                try:
+                    await m.in_progress()
+                except Exception:
+                    pass
+
+    async def _closed(self, conv) -> None:
+        """Judge a closed conversation's unrated steps that have a signal, then ack its interactions."""
+        for st in conv.steps:
+            it = st.interaction
+            if st.rated or not st.signal or not st.outcome or it.mixed_weights:
+                continue
+            out = Judgement(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:judgement:signal:{it.event_id}")),
+                            group_id=f"live:{it.interaction_id}", source="live", task_id=f"live:{it.interaction_id}",
+                            samples=[trajectory(it, st.outcome)], outcomes=[st.outcome],
+                            step_labels=[["GOOD" if st.outcome > 0 else "BAD"]], judge=f"next-turn:{st.signal}",
+                            source_event_ids=[it.event_id], trace_id=it.trace_id, origin="live",
+                            user_hashes=[it.user_hash], signals=[st.signal])
+            await self.bus.publish(out, weights_version=it.weights_version)
+            self.signalled[st.signal] = self.signalled.get(st.signal, 0) + 1
+            self.log.info("judged.signal", interaction_id=it.interaction_id, signal=st.signal, outcome=st.outcome,
+                          conversation=conv.conversation_id)
+        for st in conv.steps:
+            m = self.held.pop(st.interaction.event_id, None)
+            if m is not None:
+                await m.ack_sync()
+            self.applied.add(st.interaction.event_id)
+
     def health(self) -> dict:
         h = super().health()
         if hasattr(self, "agreement"):
             h.update(judge=self.judge.name, judge_stats=dict(self.stats), judge_agreement=self.agreement.as_dict())
+        if self.book is not None:
+            h.update(open_conversations=len(self.book.open), next_turn_signals=dict(self.signalled))
         return h

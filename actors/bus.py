@@ -122,7 +122,10 @@ class Bus:
             deliver_policy=api.DeliverPolicy.NEW if deliver_new else api.DeliverPolicy.ALL,
         )
         try:
-            await self.js.consumer_info(self.stream, durable)
+            info = await self.js.consumer_info(self.stream, durable)
+            have = set(info.config.filter_subjects or [info.config.filter_subject or ""])
+            if have != set(subjects):  # a release that reads more kinds: the durable keeps its place, new filter
+                await self.js.add_consumer(self.stream, cfg)
         except NotFoundError:
             await self.js.add_consumer(self.stream, cfg)
         return await self.js.pull_subscribe_bind(durable=durable, stream=self.stream)

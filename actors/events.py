@@ -45,6 +45,8 @@ class Interaction(Event):
     trace_context: dict[str, str] = Field({}, description="W3C trace headers of the HTTP request (for feedback)")
     mixed_weights: bool = Field(False, description="a weights swap happened while the answer was generated: its "
                                 "first tokens come from `weights_version`, the rest from the next (not trainable)")
+    conversation: str = Field("", description="the client's own conversation key (metadata conversation_id, "
+                              "thread_id or session_id), when it sent one")
 
 
 class Feedback(Event):
@@ -115,6 +117,8 @@ class Judgement(Event):
     origin: Literal["env", "synthetic", "live"] = "env"
     user_hashes: list[str] = Field([], description="hashed user per sample (live judgements)")
     comments: list[str] = Field([], description="the user's feedback comment per sample (live judgements)")
+    signals: list[str] = Field([], description="per sample, what happened next that gave its outcome (a rule of "
+                               "policies/conversations.SIGNALS) when no user rated it")
 
 
 class Experience(Event):

@@ -238,6 +238,15 @@ class GateSettings(_Section):
                                 "(sliding window); a drop beyond rollback_margin rolls it back")
 
 
+class ConversationSettings(_Section):
+    enabled: bool = Field(True, description="Stitch requests into conversations and judge unrated steps by what "
+                          "happened next (policies/conversations.py); the attributor holds a conversation's "
+                          "interactions unacked until it closes")
+    idle_s: float = Field(120.0, description="A conversation with no request for this long closes")
+    max_open: int = Field(50, description="Open conversations kept (the least recent closes first)")
+    max_steps: int = Field(12, description="A conversation closes after this many answers")
+
+
 class GuardSettings(_Section):
     enabled: bool = Field(True, description="Score every served version against the base model on a held-out suite "
                           "in the background (policies/guard.py) and publish evo.heldout_scored")
@@ -291,6 +300,7 @@ class Settings(_Section):
     learner: LearnerSettings = LearnerSettings()
     gate: GateSettings = GateSettings()
     guard: GuardSettings = GuardSettings()
+    conversations: ConversationSettings = ConversationSettings()
     judge: JudgeSettings = JudgeSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
 

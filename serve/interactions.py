@@ -38,7 +38,9 @@ class Turn:
                          messages=self.messages, tools=self.tools, response=answer,
                          experience_ids=[e.experience_id for e in self.memory.experiences],
                          latency_ms=(time.perf_counter() - self.t0) * 1000, replica=replica, trace_id=self.trace_id,
-                         trace_context=self.trace_headers, mixed_weights=straddled)
+                         trace_context=self.trace_headers, mixed_weights=straddled,
+                         conversation=next((str(v)[:128] for k, v in (self.req.metadata or {}).items()
+                                            if k in ("conversation_id", "thread_id", "session_id")), ""))
         ev.weights_version, ev.producer = version, f"serve:{replica}"
         return ev
 

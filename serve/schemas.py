@@ -95,6 +95,8 @@ class ChatRequest(_Tolerant):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=1)
     user: str | None = None
+    metadata: dict[str, str] | None = Field(None, description="OpenAI's request metadata; conversation_id, "
+                                            "thread_id or session_id keys a conversation explicitly")
     memory: bool = Field(True, description="extension: retrieve experiences into the context (extra_body)")
 
     @field_validator("messages")

@@ -218,3 +218,24 @@ async def test_stream_takes_only_known_kinds_and_keeps_its_limits(nats_server):
     assert info.config.max_age == pytest.approx(7200) and info.config.max_bytes == -1
     await bus.close()
     await looser.close()
+
+
+async def test_a_durable_consumer_that_reads_more_kinds_keeps_its_place(nats_server):
+    """A release whose actor reads one more kind (the attributor reading interactions) updates the durable's filter;
+    what it had acked stays acked."""
+    from actors.events import Feedback
+
+    p = _prefix()
+    bus = await _bus(nats_server, p)
+    await bus.publish(Task(task_id="t1", env="bfcl", entry_id="a"))
+    sub = await bus.pull("reader", ["task"])
+    (m,) = await sub.fetch(1, timeout=5)
+    await m.ack_sync()
+    await bus.publish(Feedback(interaction_id="i", score=1.0))
+    await bus.publish(Task(task_id="t2", env="bfcl", entry_id="b"))
+    sub = await bus.pull("reader", ["task", "feedback"])
+    info = await bus.consumer_info("reader")
+    assert set(info.config.filter_subjects) == {f"{p}.task", f"{p}.feedback"}
+    got = [parse_event(x.data) for x in await sub.fetch(5, timeout=5)]
+    assert [e.kind for e in got] == ["feedback", "task"] and got[1].entry_id == "b"
+    await bus.close()
