@@ -36,6 +36,7 @@ from actors.events import (MIXED_WEIGHTS, Feedback, Interaction, Judgement, Roll
                            WeightsRolledBack)
 from envs.live import trajectory
 from policies.conversations import ConversationBook
+from policies.hygiene import scrub
 from policies.judge import Agreement, Budget, Verdict, env_labels, make_judge
 
 STEP_SHAPING = 0.1  # weight of the mean step signal added to the environment outcome
@@ -53,7 +54,7 @@ def score_rollout(sample: Sample) -> tuple[float, list[str]]:
 
 
 def live_sample(fb: Feedback) -> Sample:
-    return trajectory(fb.interaction, fb.score)
+    return trajectory(fb.interaction, fb.score, scrub)
 
 
 def choose_labels(mode: str, verified: list[str] | None, judged: list[str] | None) -> list[str] | None:
@@ -204,7 +205,7 @@ class Attributor(EventActor):
                 continue
             out = Judgement(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:judgement:signal:{it.event_id}")),
                             group_id=f"live:{it.interaction_id}", source="live", task_id=f"live:{it.interaction_id}",
-                            samples=[trajectory(it, st.outcome)], outcomes=[st.outcome],
+                            samples=[trajectory(it, st.outcome, scrub)], outcomes=[st.outcome],
                             step_labels=[["GOOD" if st.outcome > 0 else "BAD"]], judge=f"next-turn:{st.signal}",
                             source_event_ids=[it.event_id], trace_id=it.trace_id, origin="live",
                             user_hashes=[it.user_hash], signals=[st.signal])

@@ -1,28 +1,13 @@
-"""Weight broadcaster: the promotion gate, the canary, live monitoring and rollback.
+"""Weight broadcaster: the promotion gate, the canary, live monitoring, the guard against the base, rollback.
 
-Each version moves through the lifecycle in `actors/lifecycles.py`; every change is an `evo.weights_status`
-event, and the decisions use `policies/gate.py`.
-- `evo.weights_published`: the file's sha256 is verified (poison otherwise) and the version is staged. An
-  operator's forced publish (`main.py promote V --force`) goes live at once.
-- tick: the newest staged version is evaluated (older staged ones are superseded) against the live one on the
-  fixed held-out suite. Pass: it becomes the canary, named in the LIVE pointer, and every replica answers
-  `gate.canary_share` of its requests with it (`evo.weights_promoted`, stage canary; share 0 promotes straight
-  to live). Fail: rejected (`evo.weights_rejected`). With no gate to run, the next gate's comparator is scored
-  meanwhile, so a gate waits for its candidate's scores only.
-- while a canary runs, its newest staged successor is evaluated against the canary meanwhile. Once one passed
-  (status passed), the canary goes live after `gate.canary_min_s` unless its feedback so far is worse than
-  live's, and the successor becomes the canary at once: the gate is off the path from a published version to
-  users. A passed version whose baseline did not go live is superseded.
-- users' feedback on canary answers against live answers of the same period decides: live
-  (`evo.weights_promoted`, stage live; the previous version retires, kept for rollback) or rolled back
-  (`evo.weights_rolled_back`).
-- the live version's recent feedback is compared with its predecessor's; a significant drop rolls it back to
-  the predecessor, whatever brought it live (the gate or an operator).
-- the guard (policies/guard.py) scores the newest served version against the base in the background
-  (`evo.heldout_scored`); one significantly below it is rolled back, with what descends from it.
-Replicas report what they serve (`evo.weights_swapped`); the broadcaster keeps that map. Weights files beyond
-`gate.keep_versions` are pruned, never the live, canary, staged or recent live ones. Its state is a
-`PromotionBook` (policies/promotion.py), written atomically; evaluations are cached per version.
+Each version moves through the lifecycle in `actors/lifecycles.py`, every change an `evo.weights_status` event
+(README, "How one improvement cycle flows", items 3 and 5). Inputs: `evo.weights_published` (sha256 verified,
+else poison; staged, or live at once when forced by an operator), users' feedback, replicas' reports. A tick:
+the canary's feedback verdict, or its newest staged successor gated against it (`policies/gate.py`) and handed
+over after `gate.canary_min_s`; with no canary, the live watch and the next gate, the next comparator scored
+meanwhile; then the guard's verdicts (`policies/guard.py`) and the next version it checks. Files beyond
+`gate.keep_versions` are pruned, never live, canary, staged, recent live ones or the guard's anchor. Its state is
+a `PromotionBook` (`policies/promotion.py`), written atomically; evaluations are cached per version.
 """
 from __future__ import annotations
 
@@ -37,7 +22,7 @@ from envs.registry import make_envs
 from policies.gate import (GateScores, canary_verdict, clearly_worse, decide, gate_heldout, gate_metrics,
                            handoff_verdict, reference_pairs, watch_verdict)
 from actors.lifecycles import IllegalTransition, WeightsState as S
-from policies.guard import Guard, rollback_plan
+from policies.guard import Guard
 from policies.live_policy import LivePolicy
 from policies.model_store import BASE_VERSION, version_number
 from policies.promotion import PromotionBook, event_time
@@ -127,8 +112,7 @@ class Broadcaster(EventActor):
         self._dirty = True
 
     async def handle_weights_swapped(self, ev: WeightsSwapped, msg):
-        self.book.replicas[ev.replica] = {"version": ev.version, "canary": ev.canary, "swap_ms": round(ev.swap_ms, 1),
-                                          "reason": ev.reason, "at": event_time(ev.occurred_at)}
+        self.book.swapped(ev)
         self._dirty = True
 
     # ------------------------------------------------------------------ the lifecycle
@@ -148,28 +132,16 @@ class Broadcaster(EventActor):
         await self._guard_tick()
 
     async def _guard_tick(self) -> None:
-        """Hand the guard the newest served version it has not checked; act on its verdicts."""
+        """The guard's verdicts (a version below the base rolls back), then the next served version it checks."""
         if self.guard is None:
             return
-        b = self.book
         for c in self.guard.results():
-            b.checks[c.version] = c.verdict
             await self.bus.publish(c.event(), weights_version=c.version)
             self.log.info("guard.checked", version=c.version, verdict=c.verdict, result=c.summary())
-            if c.verdict == "below" and self.settings.guard.rollback:
-                for act, v, to, why in rollback_plan(c.version, f"below the base on held-out {c.summary()}",
-                                                     self.live_version(), (b.canary or {}).get("version"),
-                                                     (b.passed or {}).get("version"), b.history, b.checks, b.descends):
-                    if act == "supersede":
-                        b.passed = None
-                        await self._set(v, S.SUPERSEDED, why)
-                    else:
-                        await self._rollback(v, to, why)
+            for act, v, to, why in self.guard.undo(c, self.book, self.live_version(), self.settings.guard.rollback):
+                await (self._set(v, S.SUPERSEDED, why) if act == "supersede" else self._rollback(v, to, why))
             self._save()
-        served = (b.canary or {}).get("version") or self.live_version()
-        if self.guard.idle and served != BASE_VERSION and served not in b.checks:
-            b.checks[served] = ""  # offered: a check that fails is not offered again
-            self.guard.offer(served)
+        self.guard.offer_newest(self.book, self.live_version())
 
     async def _prepare(self) -> None:
         """No gate to run now: the next gate's comparator is scored on the first look meanwhile, one environment a
@@ -288,11 +260,10 @@ class Broadcaster(EventActor):
             await self._rollback(c["version"], c["baseline"], why)
 
     async def _watch_live(self) -> bool:
-        if len(self.book.history) < 2:
+        h = self.book.history
+        if len(h) < 2 or h[-1] != self.live_version():
             return False
-        live, prev = self.book.history[-1], self.book.history[-2]
-        if live != self.live_version():
-            return False
+        live, prev = h[-1], h[-2]
         g = self.settings.gate
         roll, why = watch_verdict(self.book.scores(live), self.book.scores(prev), window=g.watch_feedback,
                                   margin=g.rollback_margin)
@@ -302,16 +273,14 @@ class Broadcaster(EventActor):
 
     async def _rollback(self, version: str, to: str, reason: str) -> None:
         was_canary = bool(self.book.canary and self.book.canary["version"] == version)
-        ref = self._ref(to)
-        self.policy.publish_live(ref)  # the pointer first (see _evaluate)
+        self.policy.publish_live(ref := self._ref(to))  # the pointer first (see _evaluate)
         await self._set(version, S.ROLLED_BACK, reason)
         self.book.canary = None
-        if not was_canary:
-            self.book.history = [v for v in self.book.history if v != version]
+        if not was_canary:  # what went live after `to` leaves the history with the version rolled back
+            h = self.book.history
+            self.book.history = h[:len(h) - h[::-1].index(to)] if to in h else [v for v in h if v != version] + [to]
             if self.book.status.get(to) != S.LIVE:
                 await self._set(to, S.LIVE, f"rollback from {version}")
-            if not self.book.history or self.book.history[-1] != to:
-                self.book.history.append(to)
         self.weights_version = to
         self.book.counts["rolled_back"] += 1
         for v, st in list(self.book.status.items()):  # candidates trained from the bad version are not evaluated
@@ -326,7 +295,6 @@ class Broadcaster(EventActor):
         self.store.prune(self.settings.gate.keep_versions, protect=protect)
 
     def health(self) -> dict:
-        b = getattr(self, "book", None)
-        g = getattr(self, "guard", None)
+        b, g = getattr(self, "book", None), getattr(self, "guard", None)
         return {**super().health(), **(b.summary() if b else {}), "scores": self.scores.recent() if b else {},
-                "guard": g.health() if g else None}
+                "guard": g and g.health()}

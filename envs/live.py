@@ -8,13 +8,12 @@ nothing needs stripping.
 from __future__ import annotations
 
 from actors.events import DEFAULT_SYSTEM, ChatMessage, Interaction, Sample
-from policies.hygiene import scrub
 
 
-def trajectory(it: Interaction, score: float | None = None) -> Sample:
-    """The interaction as a one-step sample; personal data in the text is scrubbed (`policies/hygiene.scrub`)
-    before anything trains on it."""
-    msgs = [m.model_copy(update={"content": scrub(m.content)}) if m.content else m for m in [*it.messages, it.response]]
+def trajectory(it: Interaction, score: float | None = None, clean=lambda text: text) -> Sample:
+    """The interaction as a one-step sample; `clean` rewrites every message's text first (the attributor passes
+    `policies.hygiene.scrub`: personal data never reaches the learner)."""
+    msgs = [m.model_copy(update={"content": clean(m.content)}) if m.content else m for m in [*it.messages, it.response]]
     response, msgs = msgs[-1], msgs[:-1]
     if not msgs or msgs[0].role != "system":
         msgs.insert(0, ChatMessage(role="system", content=DEFAULT_SYSTEM))

@@ -147,6 +147,26 @@ class Guard:
         except queue.Full:
             return False
 
+    def undo(self, c: Check, book, live: str, rollback: bool) -> list[tuple[str, str, str | None, str]]:
+        """Record a finished check in the broadcaster's book; what it undoes (`rollback_plan`), when it is below
+        the base and rollbacks are on (a passed successor it supersedes leaves the book here)."""
+        book.checks[c.version] = c.verdict
+        if c.verdict != "below" or not rollback:
+            return []
+        acts = rollback_plan(c.version, f"below the base on held-out {c.summary()}", live,
+                             (book.canary or {}).get("version"), (book.passed or {}).get("version"), book.history,
+                             book.checks, book.descends)
+        if any(a[0] == "supersede" for a in acts):
+            book.passed = None
+        return acts
+
+    def offer_newest(self, book, live: str) -> None:
+        """When idle, take the newest served version (the canary, else live) that has no check yet."""
+        served = (book.canary or {}).get("version") or live
+        if self.idle and served != BASE_VERSION and served not in book.checks:
+            book.checks[served] = ""  # offered: a check that fails is not offered again
+            self.offer(served)
+
     def results(self) -> list[Check]:
         out = []
         while True:

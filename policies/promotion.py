@@ -80,6 +80,11 @@ class PromotionBook:
         rows.append([at, score])
         del rows[:-FEEDBACK_KEPT]
 
+    def swapped(self, ev) -> None:
+        """A replica's report of what it serves (`WeightsSwapped`)."""
+        self.replicas[ev.replica] = {"version": ev.version, "canary": ev.canary, "swap_ms": round(ev.swap_ms, 1),
+                                     "reason": ev.reason, "at": event_time(ev.occurred_at)}
+
     def scores(self, version: str, since: float = 0.0) -> list[float]:
         return [s for t, s in self.feedback.get(version, []) if t >= since]
 

@@ -43,6 +43,7 @@ from pathlib import Path
 import yaml
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
+from _hours import _p50, learner_detail, repeats  # noqa: E402
 
 PYTHON_TOOL = {"type": "function", "function": {
     "name": "python", "description": "Run Python 3 code in a sandbox; returns what it prints, or the value of its last "
@@ -140,53 +141,8 @@ def main():
     if a.from_run:
         return rescore(a)
     if a.repeats > 1:
-        return repeats(a)
+        return repeats(a, one_hour)
     one_hour(a, a.out)
-
-
-def repeats(a) -> None:
-    """`--repeats N`: N fresh hours, one after the other, and one summary of them."""
-    hours, base = [], None
-    for r in range(1, a.repeats + 1):
-        print(f"=== hour {r} of {a.repeats}", flush=True)
-        out = one_hour(a, f"{a.out}_r{r}", base)
-        base = base or out.get("base_cache")
-        hours.append(summary_row(f"{Path(a.out).name}_r{r}", out))
-        write_summary(a, hours)
-
-
-def summary_row(name: str, out: dict) -> dict:
-    nv = out["newest_vs_base"].get("code", {})
-    worst = min((d["code"]["delta"] for d in out["versus_base"].values() if "code" in d), default=None)
-    below = [v for v, d in out["versus_base"].items() if "code" in d and d["code"]["delta"] < 0
-             and d["code"]["p_value"] < 0.05]
-    return {"hour": name, "newest": out["newest_served"], "base_avg": nv.get("base_avg"), "avg": nv.get("avg"),
-            "delta": nv.get("delta"), "p_value": nv.get("p_value"), "wins": nv.get("wins"), "losses": nv.get("losses"),
-            "unseen_by_gate": out["newest_vs_base_unseen_by_gate"].get("code"),
-            "scored_versions": {v: {k: d["code"][k] for k in ("delta", "p_value")}
-                                for v, d in out["versus_base"].items() if "code" in d},
-            "worst_scored_delta": worst, "significantly_below_base": below, "cycle_p50_s": out["cycle_p50_s"],
-            "learner_steps": out["learner_steps"], "served": sum(r["gate"].startswith(("canary", "live"))
-                                                                 for r in out["lineage"]),
-            "guard_checks": len(out["guard_checks"]),
-            "guard_below": [c["version"] for c in out["guard_checks"] if c["verdict"] == "below"],
-            "rollbacks": out["rollbacks"], "trained_groups": out["trained_groups"], "users": out["users"]}
-
-
-def write_summary(a, hours: list[dict]) -> None:
-    ds = [h["delta"] for h in hours if h["delta"] is not None]
-    served = [h["cycle_p50_s"].get("served_after_s") for h in hours if h["cycle_p50_s"].get("served_after_s")]
-    summ = {"config": a.config, "minutes": a.minutes, "k": a.k, "per_category": a.per_category, "hours": hours,
-            "delta_mean": sum(ds) / len(ds) if ds else None, "delta_min": min(ds, default=None),
-            "p_max": max((h["p_value"] for h in hours if h["p_value"] is not None), default=None),
-            "served_p50_median": sorted(served)[len(served) // 2] if served else None,
-            "any_version_significantly_below_base": any(h["significantly_below_base"] for h in hours)}
-    path = Path(f"{a.out}_summary.json")
-    path.write_text(json.dumps(summ, indent=1))
-    print(f"summary of {len(hours)} hour(s): " + ", ".join(
-        f"{100 * h['delta']:+.1f} (p={h['p_value']:.4f})" for h in hours if h["delta"] is not None)
-        + f"; mean {100 * (summ['delta_mean'] or 0):+.1f}, min {100 * (summ['delta_min'] or 0):+.1f} points; "
-        f"written {path}", flush=True)
 
 
 def one_hour(a, out_path: str, base_cache: dict | None = None) -> dict:
@@ -254,40 +210,6 @@ def rescore(a) -> None:
     stats = json.loads((root / "users.json").read_text()) if (root / "users.json").exists() else {}
     learner = [e for e in events if e.kind == "learner_step"]
     report(a, s, state, events, learner, stats, None, a.out)
-
-
-def _p50(xs: list[float]) -> float | None:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else None
-
-
-def _at(e) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(e.occurred_at).timestamp()
-
-
-def learner_detail(events, learner) -> dict:
-    """What each step learned from (origin of its new groups, reward, KL, grad norm, staleness) and what the
-    live ratings were: the figures that can tell a gaining hour from a losing one."""
-    keep = ("groups_env", "groups_synthetic", "groups_live", "groups_again", "samples", "mean_reward", "kl",
-            "grad_norm", "loss", "staleness_max", "is_mean", "off_policy_samples", "guided_samples", "seconds")
-    steps = [{"step": e.step, "version": e.weights_version, **{k: round(float(e.metrics[k]), 5)
-                                                               for k in keep if k in e.metrics}} for e in learner]
-    live = [e for e in events if e.kind == "judgement" and e.source == "live"]
-    pos = sum(1 for e in live for o in e.outcomes if o > 0)
-    n = sum(len(e.outcomes) for e in live)
-    rollouts = [e for e in events if e.kind == "judgement" and e.source != "live"]
-    t0 = min((_at(e) for e in events), default=0.0)
-    guard = [{"minute": round((_at(e) - t0) / 60, 1), "version": e.version, "verdict": e.verdict,
-              "delta": round(e.delta, 4), "p_value": round(e.p_value, 5), "entries": e.entries,
-              "duration_s": round(e.duration_s)} for e in events if e.kind == "heldout_scored"]
-    rolled = [{"minute": round((_at(e) - t0) / 60, 1), "from": e.from_version, "to": e.to.version,
-               "reason": e.reason[:300]} for e in events if e.kind == "weights_rolled_back"]
-    return {"steps": steps, "guard_checks": guard, "rollbacks": rolled,
-            "live_judgements": n, "live_positive_share": pos / n if n else None,
-            "rollout_judgements": len(rollouts),
-            "trained_groups": {o: sum(st.get(f"groups_{o}", 0) for st in steps) for o in ("env", "synthetic", "live")}}
 
 
 def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str, base_cache: dict | None = None) -> dict:

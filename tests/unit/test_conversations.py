@@ -163,11 +163,12 @@ def test_the_attributor_judges_a_closed_conversations_unrated_steps_once(tmp_pat
 
 
 def test_live_samples_are_scrubbed_of_personal_data():
-    from envs.live import trajectory
+    from actors.attributor import live_sample
+    from actors.events import Feedback
 
     it = _it("i9", [_user("Mail the report to jane.doe@example.com or call +1 415 555 0100")],
              ChatMessage(role="assistant", content="Sent to jane.doe@example.com."))
-    s = trajectory(it, 1.0)
+    s = live_sample(Feedback(interaction_id="i9", score=1.0, interaction=it))
     text = " ".join(m.content for m in s.messages)
     assert "jane.doe@example.com" not in text and "555 0100" not in text and "[EMAIL]" in text
     assert s.messages[s.step_indices[0]].content == "Sent to [EMAIL]."

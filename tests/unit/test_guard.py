@@ -125,10 +125,16 @@ def test_a_version_below_the_base_is_scored_in_full_and_cached(tmp_path, monkeyp
     assert again.verdict == "below" and g.scored == []
 
 
-class FakeGuard:
+class FakeGuard(Guard):
+    """The real bookkeeping (undo, offer_newest) without a thread or an engine."""
+
     def __init__(self):
         self.offered, self.pending = [], []
-        self.idle = True
+        self._busy = False
+
+    @property
+    def idle(self):
+        return True
 
     def offer(self, version):
         self.offered.append(version)
@@ -178,6 +184,7 @@ def test_the_broadcaster_offers_the_newest_served_version_and_rolls_back_a_linea
         assert b.book.status["w-000001"] == S.LIVE and b.policy.pointer().version == "w-000001"
         assert b.policy.pointer().canary is None
         assert "w-000001" in b.book.protected()  # the rollback anchor's file is kept
+        assert b.book.history == ["w-000000", "w-000001"]  # what went live after the anchor left the history
         lives = [e for e in b.bus.events if isinstance(e, WeightsStatus) and e.version == "w-000001"]
         assert lives[-1].status == S.LIVE and lives[-1].reason == "rollback from w-000002"
 
