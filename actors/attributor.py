@@ -189,7 +189,7 @@ class Attributor(EventActor):
             return
         for conv in self.book.idle(time.time()):
             await self._closed(conv)
-        if self.held and time.monotonic() - self._last_beat > 15:
+        if self.held and time.monotonic() - self._last_beat > min(15.0, self.settings.nats.ack_wait_s / 3):
             self._last_beat = time.monotonic()
             for m in list(self.held.values()):
                 try:

@@ -141,12 +141,6 @@ class Conversation:
     steps: list[Step] = field(default_factory=list)
     last_at: float = 0.0
 
-    def last_user(self, before: int) -> str | None:
-        for m in reversed(self.steps[before].interaction.messages):
-            if m.role == "user":
-                return m.content
-        return None
-
 
 class ConversationBook:
     """Open conversations, bounded: at most `max_open`, each at most `max_steps` steps (the oldest close first);
@@ -157,27 +151,42 @@ class ConversationBook:
         self.open: dict[str, Conversation] = {}  # conversation id -> conversation
         self.by_key: dict[str, str] = {}  # step key -> conversation id
         self.rated: dict[str, None] = {}  # interaction ids users rated (their feedback may come first), bounded
+        self.orphans: dict[str, str] = {}  # parent key -> an open conversation that began with a later request
 
     def add(self, it: Interaction, now: float) -> tuple[Conversation, list[Conversation]]:
         """Join the interaction to the conversation it extends (giving that conversation's last step its signal)
         or start one. Returns it, and the conversations closed to stay within bounds."""
         conv = self.open.get(self.by_key.pop(parent_key(it) or "", ""))
         if conv is not None:
-            prev = conv.steps[-1]
-            n = len(prev.interaction.messages) + 1  # the request repeats the earlier messages and answer
-            # the answer as the client sent it back (its tool call ids are the ones its tool results answer)
-            prev.signal = signal_of(it.messages[n - 1], list(it.messages[n:]), conv.last_user(-1))
+            self._signal(conv.steps[-1], it)
         else:
             conv = self.open[it.interaction_id] = Conversation(it.interaction_id, scope_of(it))
+            if key := parent_key(it):
+                self.orphans[key] = conv.conversation_id
         conv.steps.append(Step(it, rated=it.interaction_id in self.rated))
         conv.last_at = now
-        self.by_key[step_key(it)] = conv.conversation_id
+        if (later := self.open.pop(self.orphans.pop(step_key(it), ""), None)) is not None:
+            # a later request of this conversation came first (redelivered out of order after a restart)
+            self._signal(conv.steps[-1], later.steps[0].interaction)
+            conv.steps += later.steps
+            conv.last_at = max(now, later.last_at)
+            self.by_key.update({k: conv.conversation_id for k, v in self.by_key.items() if v == later.conversation_id})
+        else:
+            self.by_key[step_key(it)] = conv.conversation_id
         closed = []
         if len(conv.steps) >= self.max_steps:
             closed.append(self.close(conv.conversation_id))
         while len(self.open) > self.max_open:
             closed.append(self.close(min(self.open.values(), key=lambda c: c.last_at).conversation_id))
         return conv, closed
+
+    @staticmethod
+    def _signal(prev: Step, it: Interaction) -> None:
+        """`prev`'s signal from the request `it` that extends it."""
+        n = len(prev.interaction.messages) + 1  # the request repeats the earlier messages and the answer
+        user = next((m.content for m in reversed(prev.interaction.messages) if m.role == "user"), None)
+        # the answer as the client sent it back (its tool call ids are the ones its tool results answer)
+        prev.signal = signal_of(it.messages[n - 1], list(it.messages[n:]), user)
 
     def rate(self, interaction_id: str) -> None:
         """A user rated this interaction: its step trains on the rating, not on a signal (whichever came first)."""
@@ -192,6 +201,7 @@ class ConversationBook:
     def close(self, conversation_id: str) -> Conversation:
         conv = self.open.pop(conversation_id)
         self.by_key = {k: v for k, v in self.by_key.items() if v != conversation_id}
+        self.orphans = {k: v for k, v in self.orphans.items() if v != conversation_id}
         last = conv.steps[-1]
         if last.signal is None and last.interaction.response.tool_calls:
             last.signal = "abandoned_call"

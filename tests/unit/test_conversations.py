@@ -86,6 +86,21 @@ def test_stitching_ignores_ids_whitespace_and_argument_order_but_not_users_or_ex
     assert other is not c1 and keyed is not c1 and len(book.open) == 3
 
 
+def test_requests_that_arrive_out_of_order_still_join_their_conversation():
+    """After a restart the stream hands back held interactions after newer ones: a later request first."""
+    its = _agent_conversation("Error: city not found", "No, that's not what I asked.")
+    book = ConversationBook()
+    for i, it in zip((3, 1, 2), (its[2], its[0], its[1])):
+        book.add(it, float(i))
+    (conv,) = book.open.values()
+    assert [s.interaction.interaction_id for s in conv.steps] == ["i1", "i2", "i3"]
+    assert [s.signal for s in conv.steps] == ["tool_error", "correction", None]
+    assert conv.conversation_id == "i1" and not book.orphans
+    r4 = ChatMessage(role="assistant", content="Done.")
+    c4, _ = book.add(_it("i4", list(its[2].messages) + [its[2].response, _user("thanks!")], r4), 4.0)
+    assert c4 is conv and conv.steps[2].signal == "thanks"
+
+
 def test_open_conversations_are_bounded_and_close_when_idle():
     book = ConversationBook(idle_s=60, max_open=2, max_steps=2)
     a, _ = book.add(_it("a1", [_user("one")], _call()), 1.0)
