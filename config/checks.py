@@ -51,7 +51,7 @@ class GuardSettings(_Section):
     alpha: float = Field(0.05, description="Below the base: lower mean and paired sign-flip p below this")
     rollback: bool = Field(True, description="Roll back served versions found below the base, and the ones that "
                            "descend from them, to the newest live version checked no worse (else the base)")
-    nice: int = Field(15, ge=0, le=19, description="OS niceness of the guard's thread: 15 shares the CPU with "
-                      "exploration, below the learner, the gate and the judge, never above users' replicas (0); 19 "
-                      "takes only what nothing else wants (on 2 busy cores, a check then takes most of an hour)")
+    nice: int = Field(5, ge=0, le=19, description="OS niceness of the guard's thread: 5, the gate's and the "
+                      "learner's (it decides what users get, as the gate does), below users' replicas (0); on 2 "
+                      "busy cores a check takes ~10-20 min at 5 and most of an hour at 15")
     batch: int = Field(16, description="Episodes generated together")

@@ -4,7 +4,7 @@ rolled back when significantly below it.
 The promotion gate compares a candidate with the version it would replace on a few entries, in seconds, so
 it cannot see a loss that builds up over many small steps (README, Known limits); the canary and the live
 watch compare users' ratings, which unrated traffic does not give. The guard closes that gap. A thread of the
-broadcaster, with an engine of its own at OS niceness `guard.nice` (15, exploration's: users first), scores the newest
+broadcaster, with an engine of its own at OS niceness `guard.nice` (5, the gate's: users first), scores the newest
 served version (the canary, else live) that has no check yet, on a fixed held-out suite (`guard.suite`: every
 held-out entry of the named categories, up to `guard.per_category` each; avg@k sampled at the rollout
 temperature, as `main.py report` and bench_learning_curve score), paired entry by entry with the base's
@@ -124,7 +124,7 @@ class Guard:
 
         g, r = settings.guard, settings.rollout
         self.s, self.g, self.base_path, self.store, self.envs = settings, g, base_path, store, envs
-        self.suite = suite(envs, g.per_category, g.suite)
+        self.suite = suite(envs, {env: g.per_category for env in g.suite}, g.suite)  # the named environments only
         self.cache = HeldoutCache(settings.state / "evals" / "heldout.json", self.suite, k=g.k,
                                   temperature=r.temperature, max_new_tokens=r.max_new_tokens, call_prefix=r.call_prefix)
         self.opts = {"max_new_tokens": r.max_new_tokens, "temperature": r.temperature, "call_prefix": r.call_prefix}

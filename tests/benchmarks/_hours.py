@@ -66,9 +66,59 @@ def write_summary(a, hours: list[dict]) -> None:
         f"written {path}", flush=True)
 
 
+def suite_args(a) -> tuple:
+    """(--per-category, --categories) as heldout.suite takes them."""
+    per = int(a.per_category) if a.per_category.isdigit() else {
+        k: int(v) for k, v in (x.split("=") for x in a.per_category.split(","))}
+    return per, {k: v.split(",") for k, v in (x.split("=") for x in a.categories.split(";") if x)}
+
+
+def _cache(a, config: Path, state: Path):
+    from config.settings import load_settings
+    from deploy import reports
+    from envs.registry import make_envs
+
+    s = load_settings(config)
+    s.state_dir = str(state)
+    envs = make_envs(s.env)
+    per, cats = suite_args(a)
+    return s, envs, reports.heldout_cache(s, envs, per, a.k, cats)
+
+
+def score_base(a, root: Path) -> dict:
+    """The base on the suite, once for every hour of --repeats, before the first (nothing else runs: every core)."""
+    import shutil
+
+    from policies.engine import make_engine
+    from policies.model_store import BASE_VERSION, ensure_base_model
+
+    from _common import ROOT
+
+    state = Path(root) / "state"
+    if (ROOT / ".kaizen" / "model").exists():  # reuse the one-time conversion
+        shutil.copytree(ROOT / ".kaizen" / "model", state / "model", dirs_exist_ok=True)
+    s, envs, cache = _cache(a, Path(a.config), state)
+    s.model.torch_threads = a.score_threads
+    engine = make_engine(s, ensure_base_model(s.state, s.model.source, s.model.path, progress=False), role="eval")
+    return cache.evaluate(engine, envs, BASE_VERSION, batch=a.score_batch)
+
+
+def seed_base(a, config: Path, state: Path, base: dict) -> None:
+    """Write the base's scores into a fresh state dir's held-out cache, where the guard and the report look."""
+    from policies.model_store import BASE_VERSION
+
+    _, envs, cache = _cache(a, config, state)
+    cache.put(BASE_VERSION, envs, {env: x["per_entry"] for env, x in base.items()})
+
+
 def repeats(a, one_hour) -> None:
-    """`--repeats N`: N fresh hours, one after the other, and one summary of them."""
-    hours, base = [], None
+    """`--repeats N`: N fresh hours, one after the other, and one summary of them. The base is scored first and
+    handed to every hour (seeded into its state dir: the guard does not score it again)."""
+    import tempfile
+
+    hours = []
+    base = score_base(a, Path(tempfile.mkdtemp(prefix="kz-base-")))
+    print("base scored: " + json.dumps({e: round(x["avg"], 4) for e, x in base.items()}), flush=True)
     for r in range(1, a.repeats + 1):
         print(f"=== hour {r} of {a.repeats}", flush=True)
         out = one_hour(a, f"{a.out}_r{r}", base)

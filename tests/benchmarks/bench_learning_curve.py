@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
-from _hours import _p50, learner_detail, repeats  # noqa: E402
+from _hours import _p50, learner_detail, repeats, seed_base, suite_args  # noqa: E402
 
 PYTHON_TOOL = {"type": "function", "function": {
     "name": "python", "description": "Run Python 3 code in a sandbox; returns what it prints, or the value of its last "
@@ -156,6 +156,8 @@ def one_hour(a, out_path: str, base_cache: dict | None = None) -> dict:
     (root / "config.yaml").write_text(yaml.safe_dump(cfg))
     if (ROOT / ".kaizen" / "model").exists():  # reuse the one-time conversion
         shutil.copytree(ROOT / ".kaizen" / "model", state / "model")
+    if base_cache:  # the guard finds the base scored (once per state dir; every hour of --repeats shares one)
+        seed_base(a, root / "config.yaml", state, base_cache)
     env = {**os.environ, "KAIZEN_STATE_DIR": str(state), "KAIZEN_SERVE_PORT": str(free_port())}
     t_start = time.time()
     up = subprocess.run([sys.executable, str(ROOT / "main.py"), "up", "--detach", "--config", str(root / "config.yaml")],
@@ -226,11 +228,9 @@ def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str, bas
         step = (len(served) - 1) / (a.max_versions - 1) if a.max_versions > 1 else 0
         served = [served[round(i * step)] for i in range(a.max_versions - 1)] + [served[-1]]
     envs = make_envs(s.env)
-    per = int(a.per_category) if a.per_category.isdigit() else {
-        k: int(v) for k, v in (x.split("=") for x in a.per_category.split(","))}
-    cats = {k: v.split(",") for k, v in (x.split("=") for x in a.categories.split(";") if x)}
+    per, cats = suite_args(a)
     cache = cli.heldout_cache(s, envs, per, a.k, cats)
-    if base_cache and cache.get(BASE_VERSION) is None:  # a later hour of --repeats: the same base draw
+    if base_cache and cache.get(BASE_VERSION) is None:  # an hour of --repeats: the same base draw
         cache.versions[BASE_VERSION] = base_cache
     store = WeightsStore(s.state)
     base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
