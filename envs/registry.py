@@ -11,7 +11,10 @@ def make_env(name: str, env_settings) -> Environment:
     if name == "code":
         from envs.code import CodeEnvironment
         return CodeEnvironment.from_settings(env_settings)
-    raise KeyError(f"unknown environment {name!r}; known: bfcl, code")
+    if name == "bfcl_single":
+        from envs.bfcl_single import SingleTurnEnvironment
+        return SingleTurnEnvironment.from_settings(env_settings)
+    raise KeyError(f"unknown environment {name!r}; known: bfcl, bfcl_single, code")
 
 
 def make_envs(env_settings) -> dict[str, Environment]:
