@@ -122,7 +122,10 @@ class Guard:
     def __init__(self, settings, base_path, store, envs):
         from policies.heldout import HeldoutCache, suite
 
+        from envs.registry import make_env
+
         g, r = settings.guard, settings.rollout
+        envs = {**envs, **{n: make_env(n, settings.env) for n in g.suite if n not in envs}}  # e.g. bfcl_single
         self.s, self.g, self.base_path, self.store, self.envs = settings, g, base_path, store, envs
         self.suite = suite(envs, {env: g.per_category for env in g.suite}, g.suite)  # the named environments only
         self.cache = HeldoutCache(settings.state / "evals" / "heldout.json", self.suite, k=g.k,

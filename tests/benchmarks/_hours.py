@@ -26,7 +26,11 @@ def learner_detail(events, learner) -> dict:
               "duration_s": round(e.duration_s)} for e in events if e.kind == "heldout_scored"]
     rolled = [{"minute": round((_at(e) - t0) / 60, 1), "from": e.from_version, "to": e.to.version,
                "reason": e.reason[:300]} for e in events if e.kind == "weights_rolled_back"]
-    return {"steps": steps, "guard_checks": guard, "rollbacks": rolled,
+    signals: dict[str, int] = {}
+    for e in live:
+        for sig in e.signals:
+            signals[sig] = signals.get(sig, 0) + 1
+    return {"steps": steps, "guard_checks": guard, "rollbacks": rolled, "next_turn_judgements": signals,
             "live_judgements": n, "live_positive_share": pos / n if n else None,
             "rollout_judgements": len(rollouts),
             "trained_groups": {o: sum(st.get(f"groups_{o}", 0) for st in steps) for o in ("env", "synthetic", "live")}}
@@ -73,15 +77,21 @@ def suite_args(a) -> tuple:
     return per, {k: v.split(",") for k, v in (x.split("=") for x in a.categories.split(";") if x)}
 
 
+def suite_envs(s, per) -> dict:
+    """The environments the suite names (one the system does not train on, like bfcl_single, included)."""
+    from envs.registry import make_env
+
+    return {n: make_env(n, s.env) for n in (per if isinstance(per, dict) else s.env.names)}
+
+
 def _cache(a, config: Path, state: Path):
     from config.settings import load_settings
     from deploy import reports
-    from envs.registry import make_envs
 
     s = load_settings(config)
     s.state_dir = str(state)
-    envs = make_envs(s.env)
     per, cats = suite_args(a)
+    envs = suite_envs(s, per)
     return s, envs, reports.heldout_cache(s, envs, per, a.k, cats)
 
 

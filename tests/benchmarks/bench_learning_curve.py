@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
-from _hours import _p50, learner_detail, repeats, seed_base, suite_args  # noqa: E402
+from _hours import _p50, learner_detail, repeats, seed_base, suite_args, suite_envs  # noqa: E402
 
 PYTHON_TOOL = {"type": "function", "function": {
     "name": "python", "description": "Run Python 3 code in a sandbox; returns what it prints, or the value of its last "
@@ -114,7 +114,7 @@ def users(run: dict, stop: threading.Event, stats: dict, pause_s: float, seed: i
         stop.wait(pause_s)
 
 
-def main():
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=float, default=60)
     ap.add_argument("--config", default=str(ROOT / "config" / "cpu.yaml"))
@@ -137,7 +137,10 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "tests" / "benchmarks" / "results" / "learning_curve_cpu"))
     ap.add_argument("--from-run", default="", help="score a finished run again: its directory (kz-curve-*), "
                     "whose stream is read from its stored nats data; the run itself is not repeated")
-    a = ap.parse_args()
+    return ap
+
+
+def run(a) -> None:
     if a.from_run:
         return rescore(a)
     if a.repeats > 1:
@@ -167,7 +170,8 @@ def one_hour(a, out_path: str, base_cache: dict | None = None) -> dict:
     print(f"up in {time.time() - t_start:.0f}s; state {state}; scripted users for {a.minutes:.0f} min", flush=True)
     stop, stats = threading.Event(), {"requests": 0, "rated": 0, "tool_right": 0, "right": 0, "failed": 0}
     stats_file = root / "users.json"
-    th = threading.Thread(target=users, args=(run, stop, stats, a.user_pause_s, a.seed), daemon=True)
+    th = threading.Thread(target=getattr(a, "users_fn", users), args=(run, stop, stats, a.user_pause_s, a.seed),
+                          daemon=True)
     th.start()
     t0 = time.monotonic()
     try:
@@ -216,7 +220,6 @@ def rescore(a) -> None:
 
 def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str, base_cache: dict | None = None) -> dict:
     from deploy import reports as cli
-    from envs.registry import make_envs
     from policies import lineage
     from policies.engine import make_engine
     from policies.gate import gate_entries
@@ -227,8 +230,8 @@ def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str, bas
     if a.max_versions and len(served) > a.max_versions:
         step = (len(served) - 1) / (a.max_versions - 1) if a.max_versions > 1 else 0
         served = [served[round(i * step)] for i in range(a.max_versions - 1)] + [served[-1]]
-    envs = make_envs(s.env)
     per, cats = suite_args(a)
+    envs = suite_envs(s, per)
     cache = cli.heldout_cache(s, envs, per, a.k, cats)
     if base_cache and cache.get(BASE_VERSION) is None:  # an hour of --repeats: the same base draw
         cache.versions[BASE_VERSION] = base_cache
@@ -293,4 +296,4 @@ def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str, bas
 
 
 if __name__ == "__main__":
-    main()
+    run(parser().parse_args())

@@ -1,0 +1,131 @@
+"""Learning from what users do next: unrated, multi-turn traffic with the client's own tools (CPU default, real `up`).
+
+Scripted agent clients replay public function-calling requests through the OpenAI API: BFCL v4 `simple_python`,
+`multiple` and `parallel` train entries (bfcl-eval's data), each with its declared functions as the client's
+tools (dots in names escaped to `_`, as OpenAI clients do). The client asks for a call (`tool_choice: required`),
+checks the calls it gets with BFCL's own AST checker (`envs/bfcl_single.py`) and behaves as a user does: a wrong
+call gets the tool's error back, then "That is not what I asked." and the request again, in the same
+conversation; a right one gets the tools' results and the next request. A conversation holds up to
+`--requests-per-conversation` requests. No answer is rated unless `--rate-share` says so (then that share of
+answers, drawn at random, gets +1 / -1 by the checker). The held-out split of those categories is never sent.
+
+Everything else is bench_learning_curve's: `up` on a fresh state dir, `--minutes` of traffic, then the base and
+the served versions scored on the held-out split (`--per-category bfcl_single=N`, avg@k, paired sign-flip test),
+the lineage, per-stage times, what each learner step learned from, the judgements that came from next turns by
+rule, and the guard's checks (its suite is set to the same held-out split here). Writes JSON and a PNG.
+
+    .venv/bin/python tests/benchmarks/bench_live_traffic.py --minutes 60 [--rate-share 0.1] [--repeats N]
+"""
+import json
+import random
+import tempfile
+import threading
+from pathlib import Path
+
+import yaml
+
+from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
+from bench_learning_curve import parser, run  # noqa: E402
+
+NOT_WHAT_I_ASKED = "That is not what I asked."
+
+
+def _tools(entry: dict) -> tuple[list[dict], dict[str, str]]:
+    from envs.bfcl_single import to_tool_spec
+
+    tools, names = [], {}
+    for doc in entry["function"]:
+        spec = to_tool_spec(doc).model_dump()
+        names[spec["function"]["name"].replace(".", "_")] = spec["function"]["name"]
+        spec["function"]["name"] = spec["function"]["name"].replace(".", "_")
+        tools.append(spec)
+    return tools, names
+
+
+def live_users(rate_share: float, per_conversation: int):
+    def users(run_info: dict, stop: threading.Event, stats: dict, pause_s: float, seed: int) -> None:
+        import httpx
+        import openai
+
+        from actors.events import ToolCall
+        from envs.bfcl_single import SingleTurnEnvironment, check, load
+
+        env = SingleTurnEnvironment()
+        train = env.entries("train")  # the held-out split is never sent
+        entries = {e: load(env.category_of(e))[0][e] for e in train}
+        key = Path(run_info["api_key_file"]).read_text().strip()
+        c = openai.OpenAI(base_url=run_info["endpoint"], api_key=key, max_retries=0, timeout=300)
+        rng = random.Random(seed)
+        stats.update(conversations=0, right=0, wrong=0, retries=0, retry_right=0)
+
+        def ask(msgs, tools):
+            r = c.chat.completions.create(model="m", messages=msgs, tools=tools, tool_choice="required", max_tokens=96)
+            stats["requests"] += 1
+            return r, r.choices[0].message
+
+        def judge(eid, m, names):
+            calls = [ToolCall(id=t.id, name=names.get(t.function.name, t.function.name), arguments=t.function.arguments)
+                     for t in (m.tool_calls or [])]
+            return check(eid, calls) if calls else (False, "no function call")
+
+        def maybe_rate(r, ok):
+            if rng.random() < rate_share:
+                httpx.post(run_info["endpoint"] + "/feedback", headers={"Authorization": f"Bearer {key}"},
+                           json={"interaction_id": r.id, "score": 1.0 if ok else -1.0}, timeout=60)
+                stats["rated"] += 1
+
+        while not stop.is_set():
+            msgs, tools, names = [], [], {}
+            stats["conversations"] += 1
+            try:
+                for _ in range(per_conversation):
+                    eid = rng.choice(train)
+                    more, more_names = _tools(entries[eid])
+                    tools += [t for t in more if t["function"]["name"] not in names]
+                    names.update(more_names)
+                    question = entries[eid]["question"][0][-1]["content"]
+                    msgs.append({"role": "user", "content": question})
+                    r, m = ask(msgs, tools)
+                    ok, why = judge(eid, m, names)
+                    stats["right" if ok else "wrong"] += 1
+                    maybe_rate(r, ok)
+                    msgs.append(m.model_dump(exclude_none=True))
+                    results = [{"role": "tool", "tool_call_id": t.id, "content": json.dumps({"status": "ok"}) if ok
+                                else f"Error: {why or 'the call does not match the request'}"} for t in (m.tool_calls or [])]
+                    msgs += results
+                    if not ok:  # what a user does next: say so, ask again
+                        msgs.append({"role": "user", "content": f"{NOT_WHAT_I_ASKED} {question}"})
+                        r, m = ask(msgs, tools)
+                        ok, _ = judge(eid, m, names)
+                        stats["retries"] += 1
+                        stats["retry_right"] += ok
+                        maybe_rate(r, ok)
+                        msgs.append(m.model_dump(exclude_none=True))
+                        msgs += [{"role": "tool", "tool_call_id": t.id, "content": json.dumps({"status": "ok"})}
+                                 for t in (m.tool_calls or [])]
+            except Exception as exc:  # counted, never fatal
+                stats["failed"] += 1
+                stats["last_error"] = repr(exc)[:200]
+            stop.wait(pause_s)
+    return users
+
+
+def main():
+    ap = parser()
+    ap.set_defaults(per_category="bfcl_single=16", categories="", k=4, max_versions=3, user_pause_s=10.0,
+                    out=str(ROOT / "tests" / "benchmarks" / "results" / "live_traffic_cpu"))
+    ap.add_argument("--rate-share", type=float, default=0.0, help="share of answers rated (+1/-1 by the checker)")
+    ap.add_argument("--requests-per-conversation", type=int, default=3)
+    a = ap.parse_args()
+    cfg = yaml.safe_load(Path(a.config).read_text()) or {}
+    per = int(a.per_category.split("=")[1])
+    cfg.setdefault("guard", {}).update(suite={"bfcl_single": []}, per_category=per)  # the guard checks this split
+    path = Path(tempfile.mkdtemp(prefix="kz-live-")) / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    a.config = str(path)
+    a.users_fn = live_users(a.rate_share, a.requests_per_conversation)
+    run(a)
+
+
+if __name__ == "__main__":
+    main()
