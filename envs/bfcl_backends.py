@@ -33,15 +33,19 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def load_data(name: str) -> tuple[dict, dict]:
+    """entries and ground truths by id of one BFCL data file (e.g. `BFCL_v4_simple_python.json`)."""
+    entries = {e["id"]: e for e in _jsonl(_root() / "data" / name)}
+    truths = {g["id"]: g["ground_truth"] for g in _jsonl(_root() / "data" / "possible_answer" / name)}
+    return entries, truths
+
+
 @lru_cache(maxsize=None)
 def load_category(category: str) -> tuple[dict, dict]:
     """entries and ground truths by id for one multi-turn category."""
     if category not in CATEGORIES:
         raise ValueError(f"unknown BFCL category {category!r}; known: {CATEGORIES}")
-    name = f"BFCL_v4_multi_turn_{category}.json"
-    entries = {e["id"]: e for e in _jsonl(_root() / "data" / name)}
-    truths = {g["id"]: g["ground_truth"] for g in _jsonl(_root() / "data" / "possible_answer" / name)}
-    return entries, truths
+    return load_data(f"BFCL_v4_multi_turn_{category}.json")
 
 
 @lru_cache(maxsize=None)

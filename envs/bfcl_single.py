@@ -23,7 +23,7 @@ from functools import lru_cache
 
 from actors.events import ChatMessage, ToolCall, ToolSpec
 from envs.base import Reference, Split, StepResult, split_of
-from envs.bfcl_backends import _jsonl, _root, to_tool_spec
+from envs.bfcl_backends import _root, load_data, to_tool_spec
 
 CATEGORIES = ("simple_python", "multiple", "parallel")
 SYSTEM = ("You are an assistant that answers the user's request by calling the available functions with the right "
@@ -62,10 +62,7 @@ def load(category: str) -> tuple[dict, dict]:
     """entries and possible answers by id for one single-turn category."""
     if category not in CATEGORIES:
         raise ValueError(f"unknown BFCL single-turn category {category!r}; known: {CATEGORIES}")
-    name = f"BFCL_v4_{category}.json"
-    entries = {e["id"]: e for e in _jsonl(_root() / "data" / name)}
-    answers = {g["id"]: g["ground_truth"] for g in _jsonl(_root() / "data" / "possible_answer" / name)}
-    return entries, answers
+    return load_data(f"BFCL_v4_{category}.json")
 
 
 def category_of(entry_id: str) -> str:
