@@ -44,11 +44,14 @@ class GuardSettings(_Section):
                                         "guard scores (empty list = every category); where the base is neither at 0 "
                                         "nor at 1, so a loss can show")
     per_category: int = Field(32, description="Held-out entries per category (the first ones)")
-    k: int = Field(4, description="Samples per entry (avg@k at rollout.temperature)")
+    k: int = Field(4, description="Samples per entry of a checked version (avg@k at rollout.temperature)")
+    base_k: int = Field(16, description="Samples per entry of the base, scored once per state dir: near the floor "
+                        "(the 135M solves ~4% of the suite) only a well-known base rate gives the test power")
     chunk_entries: int = Field(8, description="Entries scored between two looks at the running comparison")
     early_fraction: float = Field(0.5, description="Once this share of the suite is scored and the version is at "
                                   "least as good as the base there, the check stops (not below)")
-    alpha: float = Field(0.05, description="Below the base: lower mean and paired sign-flip p below this")
+    alpha: float = Field(0.05, description="Below the base: a lower success rate, and the stratified exact test's "
+                         "one-sided p (policies/stats.fewer_successes) below this")
     rollback: bool = Field(True, description="Roll back served versions found below the base, and the ones that "
                            "descend from them, to the newest live version checked no worse (else the base)")
     nice: int = Field(5, ge=0, le=19, description="OS niceness of the guard's thread: 5, the gate's and the "

@@ -11,13 +11,17 @@ temperature, as `main.py report` and bench_learning_curve score), paired entry b
 scores on the same entries. The base is scored once; full-suite scores go into the same cache as
 `main.py report`'s (`<state>/evals/heldout.json`), so a report reuses them.
 
-The check is sequential, with a futility stop only. Entries run `guard.chunk_entries` at a time, each chunk
-with its own fixed seed (the base drew with the same seeds: common random numbers). Once at least
-`guard.early_fraction` of the suite is scored and the version is at least as good as the base there, the
-check stops: `not_below`. Stopping for futility never makes a false alarm more likely; it halves the cost of
-a healthy version's check and costs a version 5 points below a ~5% base about 7% of the power (the chance
-that its first half shows no loss). Otherwise the whole suite decides: `below` when the mean is lower and
-the paired sign-flip test (`policies/stats.py`) gives p < `guard.alpha`.
+The base is sampled `guard.base_k` (16) times an entry, once; a version `guard.k` (4) times. Near the floor
+that is what gives the check power: the 135M solves ~4% of the suite, so a base sampled as often as a version
+shows 3-10 successes, and even a version that solves nothing is then not significantly worse by a sign test.
+The test is the stratified exact one (`policies/stats.fewer_successes`): per entry, given both versions'
+successes, the version's share is hypergeometric under "same rate".
+
+The check is sequential, with a futility stop only. Entries run `guard.chunk_entries` at a time. Once at least
+`guard.early_fraction` of the suite is scored and the version's success rate there is at least the base's,
+the check stops: `not_below`. Stopping for futility never makes a false alarm more likely; it halves the cost
+of a healthy version's check. Otherwise the whole suite decides: `below` when the rate is lower and the test
+gives p < `guard.alpha`.
 
 A version found below the base rolls back (`rollback_plan`): every served version that is it or descends
 from it (the canary, then live), unless checked no worse itself, goes back to the newest version that went
@@ -34,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 
 from policies.model_store import BASE_VERSION
-from policies.stats import paired_test
+from policies.stats import fewer_successes
 
 
 # ---------------------------------------------------------------------------- decisions (pure)
@@ -43,9 +47,10 @@ class Check:
     version: str
     env: str
     per_entry: list[float]  # the version's avg@k on the entries scored so far, in suite order
-    base: list[float]  # the base's on the same entries
+    base: list[float]  # the base's avg@base_k on the same entries
     suite_entries: int
     k: int
+    base_k: int = 16
     duration_s: float = 0.0
     verdict: str = ""  # "" while running, then not_below | below
     stats: dict = field(default_factory=dict)
@@ -65,20 +70,22 @@ class Check:
         s = self.stats
         return (f"{self.env} {100 * s['base_avg']:.1f}% -> {100 * s['avg']:.1f}% ({100 * s['delta']:+.1f} points, "
                 f"p={s['p_value']:.4f}, +{s['wins']}/-{s['losses']}, {len(self.per_entry)} of {self.suite_entries} "
-                f"entries x{self.k}{', stopped early' if not self.complete else ''})")
+                f"entries x{self.k} vs the base's x{self.base_k}{', stopped early' if not self.complete else ''})")
 
 
-def compare(version: list[float], base: list[float]) -> dict:
-    t = paired_test(base, version)
-    return {"avg": sum(version) / len(version), "base_avg": sum(base) / len(base), "delta": t["mean_diff"],
-            "p_value": t["p_value"], "wins": t["wins"], "losses": t["losses"]}
+def compare(version: list[float], k: int, base: list[float], base_k: int) -> dict:
+    """Success rates and the one-sided exact p that the version succeeds less often (per-entry avg@k in)."""
+    avg, base_avg = sum(version) / len(version), sum(base) / len(base)
+    p = fewer_successes([round(x * base_k) for x in base], base_k, [round(x * k) for x in version], k)
+    return {"avg": avg, "base_avg": base_avg, "delta": avg - base_avg, "p_value": p,
+            "wins": sum(v > b for v, b in zip(version, base)), "losses": sum(v < b for v, b in zip(version, base))}
 
 
 def look(check: Check, early_fraction: float, alpha: float) -> str:
     """After a chunk: "" (go on), "not_below" or "below". Early only for futility (no loss so far)."""
     if not check.per_entry:
         return ""
-    check.stats = compare(check.per_entry, check.base)
+    check.stats = compare(check.per_entry, check.k, check.base, check.base_k)
     if check.complete:
         return "below" if check.stats["delta"] < 0 and check.stats["p_value"] < alpha else "not_below"
     if len(check.per_entry) >= early_fraction * check.suite_entries and check.stats["delta"] >= 0:
@@ -128,8 +135,9 @@ class Guard:
         envs = {**envs, **{n: make_env(n, settings.env) for n in g.suite if n not in envs}}  # e.g. bfcl_single
         self.s, self.g, self.base_path, self.store, self.envs = settings, g, base_path, store, envs
         self.suite = suite(envs, {env: g.per_category for env in g.suite}, g.suite)  # the named environments only
-        self.cache = HeldoutCache(settings.state / "evals" / "heldout.json", self.suite, k=g.k,
-                                  temperature=r.temperature, max_new_tokens=r.max_new_tokens, call_prefix=r.call_prefix)
+        caches = {k: HeldoutCache(settings.state / "evals" / "heldout.json", self.suite, k=k, temperature=r.temperature,
+                                  max_new_tokens=r.max_new_tokens, call_prefix=r.call_prefix) for k in {g.k, g.base_k}}
+        self.cache, self.base_cache = caches[g.k], caches[g.base_k]
         self.opts = {"max_new_tokens": r.max_new_tokens, "temperature": r.temperature, "call_prefix": r.call_prefix}
         self._todo: queue.Queue = queue.Queue(maxsize=1)
         self._done: queue.Queue = queue.Queue()
@@ -200,14 +208,15 @@ class Guard:
             version = self._todo.get()
             self._busy = True
 
-    def _scores(self, version: str, env: str, entries: list[str], chunk_no: int) -> list[float]:
+    def _scores(self, version: str, env: str, entries: list[str], chunk_no: int, k: int | None = None) -> list[float]:
         import torch
 
         from policies.rollout import evaluate
 
-        torch.manual_seed(chunk_no)  # the base drew chunk n with the same seed
-        res = evaluate(self.engine, self.envs[env], entries, k=self.g.k, batch=self.g.batch, **self.opts)
-        return [sum(res["entries"][e]) / self.g.k for e in entries]
+        k = k or self.g.k
+        torch.manual_seed(chunk_no)
+        res = evaluate(self.engine, self.envs[env], entries, k=k, batch=self.g.batch, **self.opts)
+        return [sum(res["entries"][e]) / k for e in entries]
 
     def _chunks(self, entries: list[str]):
         n = max(1, self.g.chunk_entries)
@@ -225,10 +234,11 @@ class Guard:
         self.engine.load_weights(path, version)
 
     def _base(self) -> dict[str, list[float]]:
-        if (got := self.cache.get(BASE_VERSION)) is None:
+        if (got := self.base_cache.get(BASE_VERSION)) is None:
             self._load(BASE_VERSION)
-            got = self.cache.put(BASE_VERSION, self.envs, {
-                env: [x for no, ids in self._chunks(entries) for x in self._scores(BASE_VERSION, env, ids, no)]
+            got = self.base_cache.put(BASE_VERSION, self.envs, {
+                env: [x for no, ids in self._chunks(entries)
+                      for x in self._scores(BASE_VERSION, env, ids, no, self.g.base_k)]
                 for env, entries in self.suite.items()})
         return {env: got[env]["per_entry"] for env in self.suite}
 
@@ -240,7 +250,7 @@ class Guard:
         out, full = [], {}
         for env, entries in self.suite.items():
             t0 = time.monotonic()
-            c = self.current = Check(version, env, [], [], len(entries), self.g.k)
+            c = self.current = Check(version, env, [], [], len(entries), self.g.k, self.g.base_k)
             if cached := self.cache.get(version):  # scored in full before (a restart, or `main.py report`)
                 c.per_entry, c.base = list(cached[env]["per_entry"]), base[env]
                 c.verdict = look(c, self.g.early_fraction, self.g.alpha)
@@ -260,6 +270,6 @@ class Guard:
 
     def health(self) -> dict:
         c = self.current
-        base = self.cache.get(BASE_VERSION)
+        base = self.base_cache.get(BASE_VERSION)
         return {"checking": c and c.version, "checked_entries": c and len(c.per_entry),
                 "base": {e: round(x["avg"], 4) for e, x in base.items()} if base else None, "error": self.error}

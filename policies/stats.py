@@ -6,6 +6,15 @@ two-sided exact sign-flip permutation test (under H0 each entry's difference is 
 negated), exact up to 16 non-zero differences and Monte Carlo (20,000 draws, fixed seed) beyond.
 Entries where both versions score the same carry no evidence either way and do not change d's sign
 distribution. No normality is assumed: scores on a handful of tasks are far from normal.
+
+`fewer_successes(base, base_k, version, version_k)`: per-entry success counts of two versions sampled a
+different number of times (the guard samples the base 16 times an entry, once, and each version 4 times). Under
+H0 (each entry's success rate is the same for both), given an entry's total successes t the version's count is
+hypergeometric (t draws from base_k + version_k samples, version_k of them the version's), independently across
+entries; the one-sided p-value is P(S <= the version's total) under the convolution of those (the stratified
+conditional exact test, as in Cochran-Mantel-Haenszel). Near the floor a base sampled more often is what gives a
+test power: a version that solves nothing against a base with 3 successes in 160 samples is p = 0.25 by sign
+flips, and p ~ 0.003 against the same base rate known from 640.
 """
 from __future__ import annotations
 
@@ -30,3 +39,27 @@ def paired_test(a: list[float], b: list[float], draws: int = 20_000, seed: int =
         hits = sum(1 for _ in range(draws) if abs(sum(x if rng.random() < 0.5 else -x for x in nz)) >= target)
         p = (hits + 1) / (draws + 1)
     return {"n": n, "mean_diff": obs, "p_value": p, "wins": sum(x > 0 for x in nz), "losses": sum(x < 0 for x in nz)}
+
+
+def fewer_successes(base: list[int], base_k: int, version: list[int], version_k: int) -> float:
+    """One-sided exact p-value that the version succeeds less often than the base (see the module docstring)."""
+    from math import comb
+
+    if len(base) != len(version):
+        raise ValueError("fewer_successes needs the same entries for both versions")
+    dist = [1.0]  # P(S = s) for the entries so far
+    for b, v in zip(base, version):
+        t = b + v
+        if t == 0:
+            continue
+        lo, hi = max(0, t - base_k), min(version_k, t)
+        pmf = [comb(version_k, x) * comb(base_k, t - x) / comb(base_k + version_k, t) if lo <= x <= hi else 0.0
+               for x in range(hi + 1)]
+        out = [0.0] * (len(dist) + hi)
+        for s, ps in enumerate(dist):
+            if ps:
+                for x, px in enumerate(pmf):
+                    out[s + x] += ps * px
+        dist = out
+    observed = sum(version)
+    return min(1.0, sum(dist[:observed + 1]))

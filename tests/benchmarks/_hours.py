@@ -84,55 +84,56 @@ def suite_envs(s, per) -> dict:
     return {n: make_env(n, s.env) for n in (per if isinstance(per, dict) else s.env.names)}
 
 
-def _cache(a, config: Path, state: Path):
+def _caches(a, config: Path, state: Path):
+    """(settings, envs, [held-out caches of the base]): the bench's suite at --k, and the guard's at guard.base_k."""
     from config.settings import load_settings
     from deploy import reports
+    from policies.heldout import HeldoutCache, suite
 
     s = load_settings(config)
     s.state_dir = str(state)
     per, cats = suite_args(a)
-    envs = suite_envs(s, per)
-    return s, envs, reports.heldout_cache(s, envs, per, a.k, cats)
+    g, r = s.guard, s.rollout
+    envs = {**suite_envs(s, per), **suite_envs(s, {n: g.per_category for n in g.suite})}
+    caches = [reports.heldout_cache(s, envs, per, a.k, cats)]
+    if g.enabled:
+        caches.append(HeldoutCache(s.state / "evals" / "heldout.json", suite(envs, {n: g.per_category for n in g.suite},
+                                   g.suite), k=g.base_k, temperature=r.temperature, max_new_tokens=r.max_new_tokens,
+                                   call_prefix=r.call_prefix))
+    return s, envs, caches
 
 
-def score_base(a, root: Path) -> dict:
-    """The base on the suite, once for every hour of --repeats, before the first (nothing else runs: every core)."""
-    import shutil
-
+def seed_base(a, config: Path, state: Path) -> None:
+    """The base's scores into a fresh state dir, where the guard and the report look: scored once on this machine
+    (nothing else running) and kept in the checkout's `.kaizen/evals/heldout.json` with the converted model, as
+    `up` keeps them in its state dir (a base does not change)."""
+    from _common import ROOT
     from policies.engine import make_engine
     from policies.model_store import BASE_VERSION, ensure_base_model
 
-    from _common import ROOT
-
-    state = Path(root) / "state"
-    if (ROOT / ".kaizen" / "model").exists():  # reuse the one-time conversion
-        shutil.copytree(ROOT / ".kaizen" / "model", state / "model", dirs_exist_ok=True)
-    s, envs, cache = _cache(a, Path(a.config), state)
-    s.model.torch_threads = a.score_threads
-    engine = make_engine(s, ensure_base_model(s.state, s.model.source, s.model.path, progress=False), role="eval")
-    return cache.evaluate(engine, envs, BASE_VERSION, batch=a.score_batch)
-
-
-def seed_base(a, config: Path, state: Path, base: dict) -> None:
-    """Write the base's scores into a fresh state dir's held-out cache, where the guard and the report look."""
-    from policies.model_store import BASE_VERSION
-
-    _, envs, cache = _cache(a, config, state)
-    cache.put(BASE_VERSION, envs, {env: x["per_entry"] for env, x in base.items()})
+    s, envs, kept = _caches(a, Path(a.config), ROOT / ".kaizen")
+    engine = None
+    for cache in kept:
+        if cache.get(BASE_VERSION) is None:
+            if engine is None:
+                s.model.torch_threads = a.score_threads
+                engine = make_engine(s, ensure_base_model(s.state, s.model.source, s.model.path, progress=False),
+                                     role="eval")
+            cache.evaluate(engine, envs, BASE_VERSION, batch=a.score_batch)
+            print(f"base scored at k={cache.k}: " + json.dumps({e: round(x["avg"], 4)
+                                                             for e, x in cache.get(BASE_VERSION).items()}), flush=True)
+    _, _, fresh = _caches(a, config, state)
+    for cache, have in zip(fresh, kept):
+        cache.put(BASE_VERSION, envs, {env: x["per_entry"] for env, x in have.get(BASE_VERSION).items()})
 
 
 def repeats(a, one_hour) -> None:
-    """`--repeats N`: N fresh hours, one after the other, and one summary of them. The base is scored first and
-    handed to every hour (seeded into its state dir: the guard does not score it again)."""
-    import tempfile
-
+    """`--repeats N`: N fresh hours, one after the other, and one summary of them (every hour seeded with the
+    same base scores)."""
     hours = []
-    base = score_base(a, Path(tempfile.mkdtemp(prefix="kz-base-")))
-    print("base scored: " + json.dumps({e: round(x["avg"], 4) for e, x in base.items()}), flush=True)
     for r in range(1, a.repeats + 1):
         print(f"=== hour {r} of {a.repeats}", flush=True)
-        out = one_hour(a, f"{a.out}_r{r}", base)
-        base = base or out.get("base_cache")
+        out = one_hour(a, f"{a.out}_r{r}")
         hours.append(summary_row(f"{Path(a.out).name}_r{r}", out))
         write_summary(a, hours)
 

@@ -148,7 +148,7 @@ def run(a) -> None:
     one_hour(a, a.out)
 
 
-def one_hour(a, out_path: str, base_cache: dict | None = None) -> dict:
+def one_hour(a, out_path: str) -> dict:
     from config.settings import load_settings
     from deploy.nats import free_port
 
@@ -159,8 +159,7 @@ def one_hour(a, out_path: str, base_cache: dict | None = None) -> dict:
     (root / "config.yaml").write_text(yaml.safe_dump(cfg))
     if (ROOT / ".kaizen" / "model").exists():  # reuse the one-time conversion
         shutil.copytree(ROOT / ".kaizen" / "model", state / "model")
-    if base_cache:  # the guard finds the base scored (once per state dir; every hour of --repeats shares one)
-        seed_base(a, root / "config.yaml", state, base_cache)
+    seed_base(a, root / "config.yaml", state)  # scored once on this machine: the guard and the report find it
     env = {**os.environ, "KAIZEN_STATE_DIR": str(state), "KAIZEN_SERVE_PORT": str(free_port())}
     t_start = time.time()
     up = subprocess.run([sys.executable, str(ROOT / "main.py"), "up", "--detach", "--config", str(root / "config.yaml")],
@@ -190,7 +189,7 @@ def one_hour(a, out_path: str, base_cache: dict | None = None) -> dict:
     finally:
         subprocess.run([sys.executable, str(ROOT / "main.py"), "down"], env=env, cwd=ROOT, capture_output=True,
                        timeout=600)
-    return report(a, s, state, events, learner, stats, time.time() - t_start, out_path, base_cache)
+    return report(a, s, state, events, learner, stats, time.time() - t_start, out_path)
 
 
 KINDS = ["judgement", "learner_step", "weights_published", "weights_status", "weights_promoted", "weights_rolled_back",
@@ -218,7 +217,7 @@ def rescore(a) -> None:
     report(a, s, state, events, learner, stats, None, a.out)
 
 
-def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str, base_cache: dict | None = None) -> dict:
+def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str) -> dict:
     from deploy import reports as cli
     from policies import lineage
     from policies.engine import make_engine
@@ -233,8 +232,6 @@ def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str, bas
     per, cats = suite_args(a)
     envs = suite_envs(s, per)
     cache = cli.heldout_cache(s, envs, per, a.k, cats)
-    if base_cache and cache.get(BASE_VERSION) is None:  # an hour of --repeats: the same base draw
-        cache.versions[BASE_VERSION] = base_cache
     store = WeightsStore(s.state)
     base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
     s.model.torch_threads = a.score_threads
@@ -292,7 +289,7 @@ def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str, bas
               f"{100 * d['avg']:.1f}% ({100 * d['delta']:+.1f} points, p={d['p_value']:.4f}, "
               f"+{d['wins']}/-{d['losses']})")
     print(f"written {out_file} and .png", flush=True)
-    return {**out, "base_cache": base_scores}
+    return out
 
 
 if __name__ == "__main__":

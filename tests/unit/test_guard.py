@@ -11,7 +11,7 @@ from test_canary_pipeline import _broadcaster, _publish  # noqa: E402  (tests/un
 
 
 def _check(version, base, n=None):
-    return Check("v", "code", list(version), list(base), n or len(version), 4)
+    return Check("v", "code", list(version), list(base), n or len(version), 4, 16)  # the base sampled 16 times
 
 
 def test_look_stops_early_only_when_no_loss_so_far():
@@ -22,16 +22,19 @@ def test_look_stops_early_only_when_no_loss_so_far():
     assert look(_check([1.0, 1.0], base[:2], n=8), 0.5, 0.05) == ""
     # half scored but behind the base: no early verdict either way (futility only)
     assert look(_check([0.0, 0.0, 0.0, 0.0], base[:4], n=8), 0.5, 0.05) == ""
-    # the whole suite decides: behind on 6 entries of 6 that differ -> p = 2 / 2**6 = 0.03125
-    c = _check([0.0] * 6 + [0.0, 0.0], [0.25] * 6 + [0.0, 0.0])
+    # the whole suite decides. The base solved 4 of 16 on 6 entries, the version none of 4: per entry, given 4
+    # successes among 20 samples, all 4 in the base's 16 has probability C(16,4)/C(20,4) = 1820/4845
+    c = _check([0.0] * 8, [0.25] * 6 + [0.0, 0.0])
     assert look(c, 0.5, 0.05) == "below"
-    assert c.stats["delta"] == pytest.approx(-0.1875) and c.stats["p_value"] == pytest.approx(0.03125)
+    assert c.stats["p_value"] == pytest.approx((1820 / 4845) ** 6) and c.stats["delta"] == pytest.approx(-0.1875)
     assert c.stats["wins"] == 0 and c.stats["losses"] == 6
-    # 5 of 5: p = 2 / 32 = 0.0625, not significant at 0.05
-    assert look(_check([0.0] * 5 + [0.0] * 3, [0.25] * 5 + [0.0] * 3), 0.5, 0.05) == "not_below"
+    # one success in 16 on 5 entries, none in 4: 0.8 ** 5 = 0.33, not significant
+    c = _check([0.0] * 8, [1 / 16] * 5 + [0.0] * 3)
+    assert look(c, 0.5, 0.05) == "not_below" and c.stats["p_value"] == pytest.approx(0.8 ** 5)
     c2 = _check([0.5, 0.0, 0.5, 0.0], [0.0] * 4, n=8)
     assert look(c2, 0.5, 0.05) == "not_below"
-    assert c2.summary() == "code 0.0% -> 25.0% (+25.0 points, p=0.5000, +2/-0, 4 of 8 entries x4, stopped early)"
+    assert c2.summary() == ("code 0.0% -> 25.0% (+25.0 points, p=1.0000, +2/-0, 4 of 8 entries x4 vs the base's "
+                            "x16, stopped early)")
 
 
 def _lineage(*pairs):
@@ -77,7 +80,8 @@ def test_anchor_is_the_newest_live_version_checked_no_worse():
 
 class _Settings:
     class guard:
-        suite, per_category, k, chunk_entries, early_fraction, alpha, batch, nice = {"code": []}, 32, 4, 2, 0.5, 0.05, 8, 19
+        suite, per_category, k, base_k, chunk_entries, early_fraction, alpha, batch, nice = (
+            {"code": []}, 32, 4, 16, 2, 0.5, 0.05, 8, 19)
 
 
 def _guard(tmp_path, base, version, monkeypatch):
@@ -87,8 +91,9 @@ def _guard(tmp_path, base, version, monkeypatch):
     g = Guard.__new__(Guard)
     g.g, g.envs, g.current = _Settings.guard, {"code": _Cats()}, None
     g.suite = {"code": [f"e{i}" for i in range(len(base))]}
-    g.cache = HeldoutCache(tmp_path / "heldout.json", g.suite, k=4, temperature=0.7, max_new_tokens=8, call_prefix=True)
-    g.cache.put("w-000000", g.envs, {"code": base})
+    g.cache, g.base_cache = (HeldoutCache(tmp_path / "heldout.json", g.suite, k=k, temperature=0.7, max_new_tokens=8,
+                                          call_prefix=True) for k in (4, 16))
+    g.base_cache.put("w-000000", g.envs, {"code": base})
     g.scored = []
     table = {"v": version}
 
@@ -118,7 +123,9 @@ def test_a_version_below_the_base_is_scored_in_full_and_cached(tmp_path, monkeyp
     base = [0.25, 0.5, 0.25, 0.25, 0.5, 0.25, 0.0, 0.0]
     g = _guard(tmp_path, base, [0.0] * 8, monkeypatch)
     (c,) = g.check("v")
-    assert c.verdict == "below" and c.complete and c.stats["p_value"] == pytest.approx(2 / 2 ** 6)
+    # per entry C(16,t)/C(20,t) for the base's t successes: t = 4 on four entries, 8 on two
+    assert c.verdict == "below" and c.complete and c.stats["p_value"] == pytest.approx(
+        (1820 / 4845) ** 4 * (12870 / 125970) ** 2)
     assert g.cache.get("v")["code"]["per_entry"] == [0.0] * 8
     g.scored.clear()
     (again,) = g.check("v")  # cached: no episode runs
@@ -150,7 +157,7 @@ class FakeGuard(Guard):
 
 def _verdict(version, verdict):
     base = [0.25] * 6 + [0.0, 0.0]
-    c = Check(version, "code", [0.0] * 8 if verdict == "below" else base, base, 8, 4, 90.0)
+    c = Check(version, "code", [0.0] * 8 if verdict == "below" else base, base, 8, 4, 16, 90.0)
     c.verdict = look(c, 0.5, 0.05)
     assert c.verdict == verdict
     return c
