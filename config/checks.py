@@ -45,8 +45,9 @@ class GuardSettings(_Section):
                                         "nor at 1, so a loss can show")
     per_category: int = Field(32, description="Held-out entries per category (the first ones)")
     k: int = Field(4, description="Samples per entry of a checked version (avg@k at rollout.temperature)")
-    base_k: int = Field(16, description="Samples per entry of the base, scored once per state dir: near the floor "
-                        "(the 135M solves ~4% of the suite) only a well-known base rate gives the test power")
+    base_k: int = Field(8, description="Samples per entry of the base, scored once per state dir: near the floor "
+                        "(the 135M solves ~4% of the suite) only a well-known base rate gives the test power; 16 "
+                        "doubles that power and the first scoring's cost")
     chunk_entries: int = Field(8, description="Entries scored between two looks at the running comparison")
     early_fraction: float = Field(0.5, description="Once this share of the suite is scored and the version is at "
                                   "least as good as the base there, the check stops (not below)")

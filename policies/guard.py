@@ -11,7 +11,7 @@ temperature, as `main.py report` and bench_learning_curve score), paired entry b
 scores on the same entries. The base is scored once; full-suite scores go into the same cache as
 `main.py report`'s (`<state>/evals/heldout.json`), so a report reuses them.
 
-The base is sampled `guard.base_k` (16) times an entry, once; a version `guard.k` (4) times. Near the floor
+The base is sampled `guard.base_k` (8) times an entry, once; a version `guard.k` (4) times. Near the floor
 that is what gives the check power: the 135M solves ~4% of the suite, so a base sampled as often as a version
 shows 3-10 successes, and even a version that solves nothing is then not significantly worse by a sign test.
 The test is the stratified exact one (`policies/stats.fewer_successes`): per entry, given both versions'
