@@ -50,7 +50,7 @@ class Check:
     base: list[float]  # the base's avg@base_k on the same entries
     suite_entries: int
     k: int
-    base_k: int = 16
+    base_k: int = 8
     duration_s: float = 0.0
     verdict: str = ""  # "" while running, then not_below | below
     stats: dict = field(default_factory=dict)
