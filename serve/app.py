@@ -11,10 +11,8 @@ wire format is `serve/wire.py`, the network edge (auth, body checks, loopback) `
 """
 import asyncio
 import functools
-import json
 import os
 import socket
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -34,6 +32,7 @@ from serve.interactions import InteractionLog, Turn
 from serve.net import authorized, loopback_replica_grpc, read_body
 from serve.outbox import Outbox
 from serve.schemas import FeedbackRequest
+from serve.streaming import stream_chat
 from serve.weights import ReplicaWeights
 from serve.wire import BadRequest, completion, error, parse_chat, pretty
 
@@ -220,48 +219,8 @@ class KaizenServer:
             await self._record(turn, answer, version, gen.straddled)
             return completion(iid, self.s.model.name, version, answer, gen, n_prompt)
 
-    async def _stream(self, turn: Turn):
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
-        req, iid, name = turn.req, turn.iid, self.s.model.name
-        plain = not turn.tools  # with tools the text is parsed whole, then sent as one delta
-
-        def on_text(piece: str):
-            if plain:
-                loop.call_soon_threadsafe(q.put_nowait, piece)
-
-        engine = turn.engine
-        task = asyncio.create_task(self._in_pool(engine.generate, [turn.prompt], turn.max_new,
-                                                     req.temperature, req.top_p, on_text))
-        version = engine.version  # the fingerprint of the first chunk; the record uses what really answered
-        created = int(time.time())
-
-        def chunk(delta: dict, finish=None) -> str:
-            return "data: " + json.dumps({"id": iid, "object": "chat.completion.chunk", "created": created,
-                                          "model": name, "system_fingerprint": version,
-                                          "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
-
-        yield chunk({"role": "assistant", "content": ""})
-        while not task.done() or not q.empty():
-            try:
-                piece = await asyncio.wait_for(q.get(), timeout=0.05)
-                yield chunk({"content": piece})
-            except asyncio.TimeoutError:
-                continue
-        gen = task.result()[0]
-        version = gen.version or version
-        answer = turn.answer(gen.text)
-        if not plain:
-            delta = {"content": answer.content or None}
-            if answer.tool_calls:
-                delta["tool_calls"] = [{"index": i, "id": c.id, "type": "function",
-                                        "function": {"name": c.name, "arguments": c.arguments}}
-                                       for i, c in enumerate(answer.tool_calls)]
-            yield chunk(delta)
-        finish = "tool_calls" if answer.tool_calls else ("length" if gen.finish_reason == "length" else "stop")
-        yield chunk({}, finish)
-        yield "data: [DONE]\n\n"
-        await self._record(turn, answer, version, gen.straddled)
+    def _stream(self, turn: Turn):
+        return stream_chat(self, turn)
 
     async def _record(self, turn: Turn, answer: ChatMessage, version: str, straddled: bool = False) -> None:
         ev = turn.interaction(answer, version, straddled, self.replica, self.key)

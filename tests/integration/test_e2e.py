@@ -123,6 +123,15 @@ def test_tools_and_streaming(system):
                                             max_tokens=12))
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    # the sync SDK closes the connection at [DONE]: every streamed interaction still reaches the stream, once
+    streamed = [chunks[0].id] + [list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": q}],
+                                                               stream=True, max_tokens=8))[0].id
+                                 for q in ("Say yes", "Say no", "Count to three", "Name a colour")]
+    for _ in range(30):
+        ev = _cli(system["state"], "events", "interaction", "--all", "--seconds", "4", timeout=120)
+        if all(ev.stdout.count(i) == 1 for i in streamed):
+            break
+    assert all(ev.stdout.count(i) == 1 for i in streamed), (streamed, ev.stdout[-2000:])
     forced = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
                                        tools=tools, max_tokens=48, tool_choice={"type": "function",
                                                                                 "function": {"name": "get_weather"}})

@@ -1,0 +1,81 @@
+"""A streamed chat answer (server-sent events, as the OpenAI API sends them) that is recorded exactly once.
+
+Clients close the connection at `[DONE]`, which cancels whatever the response generator had left to do: the
+interaction is recorded before the last frames (shielded from that cancellation), and a client that hangs up
+mid-stream still leaves its interaction, recorded when the answer is done. A generation that fails mid-stream
+sends an error event, then `[DONE]`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+
+async def stream_chat(server, turn):
+    """The SSE frames of one streamed answer; `server` is the Serve replica (its pool, recorder and log)."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+    req, iid, name = turn.req, turn.iid, server.s.model.name
+    plain = not turn.tools  # with tools the text is parsed whole, then sent as one delta
+
+    def on_text(piece: str):
+        if plain:
+            loop.call_soon_threadsafe(q.put_nowait, piece)
+
+    engine = turn.engine
+    task = asyncio.create_task(server._in_pool(engine.generate, [turn.prompt], turn.max_new,
+                                                 req.temperature, req.top_p, on_text))
+    version = engine.version  # the fingerprint of the first chunk; the record uses what really answered
+    created = int(time.time())
+
+    def chunk(delta: dict, finish=None) -> str:
+        return "data: " + json.dumps({"id": iid, "object": "chat.completion.chunk", "created": created,
+                                      "model": name, "system_fingerprint": version,
+                                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
+
+    # The interaction is recorded before the last frames, and when the client hangs up mid-stream it still is,
+    # once the answer is done: clients close the connection at [DONE], which cancels whatever this generator
+    # had left to do (the openai SDK lost 2 of 5 streamed interactions that way).
+    recorded = False
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        while not task.done() or not q.empty():
+            try:
+                piece = await asyncio.wait_for(q.get(), timeout=0.05)
+                yield chunk({"content": piece})
+            except asyncio.TimeoutError:
+                continue
+        try:
+            gen = task.result()[0]
+        except Exception as exc:  # the answer failed mid-stream: an error event, then [DONE]; nothing to record
+            recorded = True
+            server.log.exception("stream.failed", interaction_id=iid)
+            yield "data: " + json.dumps({"error": {"message": f"generation failed: {type(exc).__name__}",
+                                                   "type": "server_error", "param": None, "code": None}}) + "\n\n"
+            yield "data: [DONE]\n\n"
+            return
+        answer = turn.answer(gen.text)
+        await asyncio.shield(server._record(turn, answer, gen.version or version, gen.straddled))
+        recorded = True
+        if not plain:
+            delta = {"content": answer.content or None}
+            if answer.tool_calls:
+                delta["tool_calls"] = [{"index": i, "id": c.id, "type": "function",
+                                        "function": {"name": c.name, "arguments": c.arguments}}
+                                       for i, c in enumerate(answer.tool_calls)]
+            yield chunk(delta)
+        finish = "tool_calls" if answer.tool_calls else ("length" if gen.finish_reason == "length" else "stop")
+        yield chunk({}, finish)
+        yield "data: [DONE]\n\n"
+    finally:
+        if not recorded:  # hung up mid-stream: the answer is still being generated; record it when it is done
+            asyncio.ensure_future(_record_when_done(server, task, turn, version))
+
+
+async def _record_when_done(server, task, turn, version: str) -> None:
+    try:
+        gen = (await task)[0]
+    except Exception:  # no answer, nothing to learn from
+        return
+    await server._record(turn, turn.answer(gen.text), gen.version or version, gen.straddled)

@@ -1,0 +1,92 @@
+"""A streamed answer is recorded exactly once: before its last frames (clients close the connection at [DONE],
+which cancels the rest of the response), and after the answer is done when the client hangs up mid-stream; a
+generation that fails mid-stream sends an error event, then [DONE], and records nothing."""
+import asyncio
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+from actors.events import ChatMessage
+from policies.generation import Generation
+from serve.streaming import stream_chat
+
+
+class _Engine:
+    version = "w-000007"
+
+    def __init__(self, fail=False, gate=None):
+        self.fail, self.gate = fail, gate
+
+    def generate(self, prompts, max_new, temperature, top_p, stream_cb):
+        for piece in ("Hel", "lo"):
+            stream_cb(piece)
+            if self.gate is not None:
+                self.gate.wait(5)  # the client goes away while the answer is still being written
+        if self.fail:
+            raise RuntimeError("engine died")
+        return [Generation("Hello", 3, 2, "stop", "w-000007")]
+
+
+class _Server:
+    def __init__(self):
+        self.s = SimpleNamespace(model=SimpleNamespace(name="m"))
+        self.recorded = []
+        self.log = SimpleNamespace(exception=lambda *a, **k: None)
+
+    async def _in_pool(self, fn, *args):
+        return await asyncio.to_thread(fn, *args)
+
+    async def _record(self, turn, answer, version, straddled=False):
+        self.recorded.append((turn.iid, answer.content, version))
+
+
+def _turn(engine):
+    return SimpleNamespace(req=SimpleNamespace(temperature=0.0, top_p=1.0), iid="chatcmpl-1", tools=[], engine=engine,
+                           prompt="p", max_new=8, answer=lambda text: ChatMessage(role="assistant", content=text))
+
+
+def test_recorded_before_the_last_frames_so_a_client_that_leaves_at_done_loses_nothing():
+    async def go():
+        server = _Server()
+        frames = []
+        agen = stream_chat(server, _turn(_Engine()))
+        async for f in agen:
+            frames.append(f)
+            if f.startswith("data: [DONE]"):
+                break
+        assert server.recorded == [("chatcmpl-1", "Hello", "w-000007")]  # before the client saw [DONE]
+        await agen.aclose()  # the client closes the connection at [DONE]
+        await asyncio.sleep(0.1)
+        assert len(server.recorded) == 1
+        text = "".join(json.loads(f[6:])["choices"][0]["delta"].get("content") or "" for f in frames[:-1])
+        assert text == "Hello" and json.loads(frames[-2][6:])["choices"][0]["finish_reason"] == "stop"
+    asyncio.run(go())
+
+
+def test_a_client_that_hangs_up_mid_stream_still_leaves_its_interaction():
+    async def go():
+        server, gate = _Server(), threading.Event()
+        agen = stream_chat(server, _turn(_Engine(gate=gate)))
+        assert json.loads((await agen.__anext__())[6:])["choices"][0]["delta"]["role"] == "assistant"
+        await agen.aclose()  # gone after the first frame, while the answer is still being generated
+        assert server.recorded == []
+        gate.set()
+        for _ in range(50):
+            await asyncio.sleep(0.05)
+            if server.recorded:
+                break
+        assert server.recorded == [("chatcmpl-1", "Hello", "w-000007")]
+    asyncio.run(go())
+
+
+def test_a_generation_error_mid_stream_is_an_error_event_then_done():
+    async def go():
+        server = _Server()
+        frames = [f async for f in stream_chat(server, _turn(_Engine(fail=True)))]
+        assert json.loads(frames[-2][6:])["error"]["type"] == "server_error" and frames[-1] == "data: [DONE]\n\n"
+        await asyncio.sleep(0.1)
+        assert server.recorded == []
+    t0 = time.monotonic()
+    asyncio.run(go())
+    assert time.monotonic() - t0 < 10
