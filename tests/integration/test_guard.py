@@ -25,7 +25,9 @@ async def test_the_canary_is_scored_against_the_base_in_the_background(settings,
     settings.env.names = ["code"]
     settings.gate.heldout_tasks, settings.gate.nll_entries = 1, 2
     g = settings.guard
-    g.enabled, g.suite, g.per_category, g.k, g.chunk_entries, g.early_fraction = True, {"code": ["add"]}, 2, 2, 1, 1.0
+    g.enabled, g.suite, g.per_category, g.k, g.base_k, g.chunk_entries, g.early_fraction = (
+        True, {"code": ["add"]}, 2, 2, 4, 1, 1.0)
+    g.alpha = 0.001  # the same weights twice: a false alarm at most 0.1% of the time
     bus = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p).connect()
     store = WeightsStore(settings.state)
     same = {k: v.to(torch.bfloat16) for k, v in load_file(str(model_dir / "model.safetensors")).items()}
@@ -37,16 +39,16 @@ async def test_the_canary_is_scored_against_the_base_in_the_background(settings,
         await bus.publish(WeightsPublished(weights=WeightsRef(version="w-000001", path=str(path), sha256=sha,
                                                               parent="w-000000", step=1)))
         ev = await _wait(bus, p, "heldout_scored", lambda e: e.version == "w-000001", timeout=900)
-        # the base's own weights again: scored on both entries (early_fraction 1), never below the base
-        assert ev.env == "code" and ev.entries == ev.suite_entries == 2 and ev.k == 2
+        # the base's own weights again: scored on both entries (early_fraction 1), not below the base
+        assert ev.env == "code" and ev.entries == ev.suite_entries == 2 and ev.k == 2 and "x4" in ev.reason
         assert ev.verdict == "not_below" and ev.reason.startswith("code ")
         assert 0.0 <= ev.avg <= 1.0 and 0.0 <= ev.base_avg <= 1.0 and ev.duration_s > 0
         assert actor.book.checks["w-000001"] == "not_below"
-        cache = HeldoutCache(settings.state / "evals" / "heldout.json", actor.guard.suite, k=2,
-                             temperature=settings.rollout.temperature, max_new_tokens=settings.rollout.max_new_tokens,
-                             call_prefix=settings.rollout.call_prefix)
-        assert cache.get("w-000000") is not None and cache.get("w-000001") is not None
-        assert len(cache.get("w-000001")["code"]["per_entry"]) == 2
+        cache = {k: HeldoutCache(settings.state / "evals" / "heldout.json", actor.guard.suite, k=k,
+                                 temperature=settings.rollout.temperature, call_prefix=settings.rollout.call_prefix,
+                                 max_new_tokens=settings.rollout.max_new_tokens) for k in (2, 4)}
+        assert cache[4].get("w-000000") is not None and cache[2].get("w-000000") is None  # the base at base_k
+        assert len(cache[2].get("w-000001")["code"]["per_entry"]) == 2
         print(f"guard: base + one check of 2 entries x2 in {time.monotonic() - t0:.0f}s")
     finally:
         actor.stop.set()
