@@ -55,7 +55,10 @@ class ServeSettings(_Section):
     replica_gpus: float = Field(0.0, description="GPUs per serving replica (a fraction shares one GPU)")
     api_key: str | None = Field(None, description="Bearer key; generated into the state dir (0600) when unset")
     max_body_bytes: int = Field(1_000_000, description="Largest accepted request body")
-    max_new_tokens: int = Field(256, description="Cap on generated tokens per request (a larger max_tokens is a 400)")
+    max_new_tokens: int = Field(256, description="Cap on generated tokens per request (a larger max_tokens is "
+                                "clamped to it)")
+    model_aliases: list[str] = Field([], description="Other model names requests may use for the served model (an "
+                                     "unknown name is a 404 model_not_found, as the reference answers)")
     max_batch: int = Field(8, description="Concurrent requests a replica's transformers engine answers in one batch")
     batch_window_ms: float = Field(50.0, description="How long a batch that is not full waits for more requests")
     max_ongoing_requests: int = Field(16, description="Requests a replica takes at once; Serve queues the rest")

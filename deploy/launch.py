@@ -103,7 +103,8 @@ def up(s: Settings, args) -> int:
         serve.run(build_app(s, s.serve.api_key), name="kaizen", route_prefix="/", blocking=False)
         _wait_ready(s)
         endpoint = f"http://{s.serve.host}:{s.serve.port}/v1"
-        run = {"pid": os.getpid(), "endpoint": endpoint, "api_key_file": str(key_file) if key_file else None,
+        run = {"pid": os.getpid(), "endpoint": endpoint, "model": s.model.name,
+               "api_key_file": str(key_file) if key_file else None,
                "nats_url": s.nats.url, "nats_user": s.nats.user, "gcs_address": ray.get_runtime_context().gcs_address,
                "settings": json.loads(s.model_dump_json(exclude={"serve": {"api_key"}, "nats": {"password"}, "judge": {"api_key"},
                                                                 "questioner": {"generator_api_key"}})),

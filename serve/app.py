@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from pydantic import ValidationError
 from ray import serve
 
@@ -34,9 +35,19 @@ from serve.outbox import Outbox
 from serve.schemas import FeedbackRequest
 from serve.streaming import stream_chat
 from serve.weights import ReplicaWeights
-from serve.wire import BadRequest, completion, error, parse_chat, pretty
+from serve.wire import BadRequest, completion, error, first_param, parse_chat, pretty
 
 app = FastAPI(title="Kaizen", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request, exc):  # unknown routes and methods: the reference's error object, not {"detail"}
+    return error(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500 else "server_error")
+
+
+@app.exception_handler(Exception)
+async def _uncaught(request, exc):  # never a plain-text 500
+    return error(500, f"internal error: {type(exc).__name__}", "server_error")
 
 
 @serve.deployment(max_ongoing_requests=8, health_check_period_s=10, graceful_shutdown_timeout_s=20)
@@ -142,15 +153,31 @@ class KaizenServer:
                 "canary": self.weights.engines.canary.version if self.weights.engines.canary else None,
                 "canary_share": self.weights.engines.share}
 
+    def _model_names(self) -> list[str]:
+        return [self.s.model.name, *self.s.serve.model_aliases]
+
+    def _no_such_model(self, name: str) -> JSONResponse:
+        return error(404, f"The model {name!r} does not exist; this deployment serves {self.s.model.name!r} (aliases: "
+                          "serve.model_aliases)", param="model", code="model_not_found")
+
+    def _model(self, name: str) -> dict:
+        return {"id": name, "object": "model", "owned_by": "kaizen", "created": 0,
+                "weights_version": self.engine.version, "replica": self.replica,
+                "canary_version": self.weights.engines.canary.version if self.weights.engines.canary else None}
+
     @app.get("/v1/models")
     async def models(self, request: Request):
         if not authorized(request, self.key):
-            return error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error")
-        return {"object": "list", "data": [{"id": self.s.model.name, "object": "model", "owned_by": "kaizen",
-                                            "created": 0, "weights_version": self.engine.version,
-                                            "canary_version": self.weights.engines.canary.version if self.weights.engines.canary
-                                            else None,
-                                            "replica": self.replica}]}
+            return error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error",
+                         code="invalid_api_key")
+        return {"object": "list", "data": [self._model(n) for n in self._model_names()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(self, model_id: str, request: Request):
+        if not authorized(request, self.key):
+            return error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error",
+                         code="invalid_api_key")
+        return self._model(model_id) if model_id in self._model_names() else self._no_such_model(model_id)
 
     @app.post("/v1/feedback")
     async def feedback(self, request: Request):
@@ -160,7 +187,7 @@ class KaizenServer:
         try:
             fb = FeedbackRequest.model_validate(body)
         except ValidationError as exc:
-            return error(422, pretty(exc))
+            return error(400, pretty(exc), param=first_param(exc))
         it = await asyncio.to_thread(self.interactions.get, fb.interaction_id)
         if it is None:
             return error(404, f"unknown interaction_id {fb.interaction_id!r}", "not_found_error")
@@ -190,6 +217,8 @@ class KaizenServer:
             req, messages, tools, forced = parse_chat(body, self.s.serve.max_new_tokens, checked=True)  # _body checked it
         except BadRequest as exc:
             return exc.response()
+        if req.model and req.model not in self._model_names():
+            return self._no_such_model(req.model)
         query = next((m.content for m in reversed(messages) if m.role == "user"), "")
         iid = f"chatcmpl-{uuid.uuid4().hex}"
         engine = self.weights.engines.pick(iid)  # this request is answered by one engine from start to end
@@ -204,20 +233,22 @@ class KaizenServer:
             prompt += forced
             n_prompt = await asyncio.to_thread(engine.count_tokens, prompt)
             if n_prompt > self.s.serve.max_prompt_tokens:
-                return error(400, f"prompt is {n_prompt} tokens; the limit is {self.s.serve.max_prompt_tokens}")
+                return error(400, f"prompt is {n_prompt} tokens; this model's context takes at most "
+                                  f"{self.s.serve.max_prompt_tokens}", param="messages", code="context_length_exceeded")
             max_new = req.max_completion_tokens or req.max_tokens or self.s.serve.max_new_tokens
             span.set_attribute("kaizen.interaction_id", iid)
             trace_id = telemetry.current_trace_id()
             trace_headers = telemetry.inject_headers({})
             turn = Turn(req=req, messages=messages, tools=tools, memory=mem, prompt=prompt, forced=forced,
-                        max_new=max_new, iid=iid, trace_id=trace_id, trace_headers=trace_headers, engine=engine)
+                        max_new=max_new, iid=iid, trace_id=trace_id, trace_headers=trace_headers, engine=engine,
+                        n_prompt=n_prompt)
             if req.stream:
                 return StreamingResponse(self._stream(turn), media_type="text/event-stream")
             gen = (await self._in_pool(engine.generate, [prompt], max_new, req.temperature, req.top_p))[0]
             version = gen.version or engine.version
             answer = turn.answer(gen.text)
             await self._record(turn, answer, version, gen.straddled)
-            return completion(iid, self.s.model.name, version, answer, gen, n_prompt)
+            return completion(iid, self.s.model.name, version, answer, gen, n_prompt, turn.finish(answer, gen))
 
     def _stream(self, turn: Turn):
         return stream_chat(self, turn)

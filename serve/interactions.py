@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from actors.events import ChatMessage, Interaction, RetrieveReply, ToolSpec
 from policies.chat import parse_forced
 from serve.schemas import ChatRequest
+from serve.wire import cut_at_stop
 
 
 @dataclass
@@ -26,11 +27,25 @@ class Turn:
     trace_id: str | None = None
     trace_headers: dict = field(default_factory=dict)
     engine: object = None  # this request is answered by one engine from start to end
+    n_prompt: int = 0
+    stopped: bool = False  # the answer ended at one of the request's stop sequences
     t0: float = field(default_factory=time.perf_counter)
 
     def answer(self, text: str) -> ChatMessage:
-        """The assistant message: with tools, the whole text parsed (a forced call keeps its name)."""
-        return parse_forced(self.forced, text) if self.tools else ChatMessage(role="assistant", content=text.strip())
+        """The assistant message: cut at the first stop sequence; with tools, the whole text parsed (a forced call
+        keeps its name), one call only when the client asked for no parallel calls."""
+        text, self.stopped = cut_at_stop(text, self.req.stop or [])
+        if not self.tools:
+            return ChatMessage(role="assistant", content=text.strip())
+        msg = parse_forced(self.forced, text)
+        if self.req.parallel_tool_calls is False and len(msg.tool_calls) > 1:
+            msg.tool_calls = msg.tool_calls[:1]
+        return msg
+
+    def finish(self, answer: ChatMessage, gen) -> str:
+        if answer.tool_calls:
+            return "tool_calls"
+        return "stop" if self.stopped or gen.finish_reason != "length" else "length"
 
     def interaction(self, answer: ChatMessage, version: str, straddled: bool, replica: str, key: str) -> Interaction:
         user = (self.req.user or "") + "|" + hashlib.sha256(key.encode()).hexdigest()[:8]

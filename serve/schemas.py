@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Tolerant(BaseModel):
@@ -42,7 +42,7 @@ class InMessage(_Tolerant):
 
 
 class InFunction(_Tolerant):
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")  # the reference's pattern (MCP tools use dashes)
     description: str | None = ""
     parameters: dict = {}
 
@@ -83,28 +83,54 @@ class NamedToolChoice(_Tolerant):
     function: _Named
 
 
+class StreamOptions(_Tolerant):
+    include_usage: bool | None = None
+
+
 class ChatRequest(_Tolerant):
+    """Explicit nulls mean "the default", as the reference takes them (wrappers pass temperature=None)."""
+
     model: str | None = None
     messages: list[InMessage] = Field(min_length=1, max_length=256)
     tools: list[InTool] | None = Field(None, max_length=64)
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
-    stream: bool = False
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(0.7, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    n: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    response_format: dict | None = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     user: str | None = None
     metadata: dict[str, str] | None = Field(None, description="OpenAI's request metadata; conversation_id, "
                                             "thread_id or session_id keys a conversation explicitly")
     memory: bool = Field(True, description="extension: retrieve experiences into the context (extra_body)")
 
-    @field_validator("messages")
+    @model_validator(mode="after")
+    def _defaults(self):
+        self.stream = bool(self.stream)
+        self.temperature = 0.7 if self.temperature is None else self.temperature
+        self.top_p = 1.0 if self.top_p is None else self.top_p
+        self.n = 1 if self.n is None else self.n
+        return self
+
+    @field_validator("stop")
     @classmethod
-    def _has_user(cls, v):
-        if not any(m.role == "user" for m in v):
-            raise ValueError("messages must contain at least one user message")
-        return v
+    def _stops(cls, v):
+        stops = [v] if isinstance(v, str) else list(v or [])
+        if len(stops) > 4 or any(not isinstance(x, str) or not x for x in stops):
+            raise ValueError("stop must be a non-empty string or a list of up to 4 non-empty strings")
+        return stops
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
 
 
 class FeedbackRequest(_Tolerant):

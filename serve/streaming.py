@@ -3,13 +3,16 @@
 Clients close the connection at `[DONE]`, which cancels whatever the response generator had left to do: the
 interaction is recorded before the last frames (shielded from that cancellation), and a client that hangs up
 mid-stream still leaves its interaction, recorded when the answer is done. A generation that fails mid-stream
-sends an error event, then `[DONE]`.
+sends an error event, then `[DONE]`. Stop sequences cut the text (`serve.wire.StopStream`), and
+`stream_options.include_usage` adds the usage chunk before `[DONE]`.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+
+from serve.wire import StopStream, usage
 
 
 async def stream_chat(server, turn):
@@ -18,6 +21,7 @@ async def stream_chat(server, turn):
     q: asyncio.Queue = asyncio.Queue()
     req, iid, name = turn.req, turn.iid, server.s.model.name
     plain = not turn.tools  # with tools the text is parsed whole, then sent as one delta
+    stops = StopStream(req.stop or [])  # nothing that could begin a stop sequence is sent before it is known
 
     def on_text(piece: str):
         if plain:
@@ -42,10 +46,13 @@ async def stream_chat(server, turn):
         yield chunk({"role": "assistant", "content": ""})
         while not task.done() or not q.empty():
             try:
-                piece = await asyncio.wait_for(q.get(), timeout=0.05)
-                yield chunk({"content": piece})
+                piece = stops.feed(await asyncio.wait_for(q.get(), timeout=0.05))
+                if piece:
+                    yield chunk({"content": piece})
             except asyncio.TimeoutError:
                 continue
+        if plain and (rest := stops.rest()):
+            yield chunk({"content": rest})
         try:
             gen = task.result()[0]
         except Exception as exc:  # the answer failed mid-stream: an error event, then [DONE]; nothing to record
@@ -65,8 +72,11 @@ async def stream_chat(server, turn):
                                         "function": {"name": c.name, "arguments": c.arguments}}
                                        for i, c in enumerate(answer.tool_calls)]
             yield chunk(delta)
-        finish = "tool_calls" if answer.tool_calls else ("length" if gen.finish_reason == "length" else "stop")
-        yield chunk({}, finish)
+        yield chunk({}, turn.finish(answer, gen))
+        if req.include_usage:  # stream_options.include_usage: one more chunk, with no choices
+            yield "data: " + json.dumps({"id": iid, "object": "chat.completion.chunk", "created": created, "model": name,
+                                         "system_fingerprint": version, "choices": [],
+                                         "usage": usage(turn.n_prompt, gen)}) + "\n\n"
         yield "data: [DONE]\n\n"
     finally:
         if not recorded:  # hung up mid-stream: the answer is still being generated; record it when it is done

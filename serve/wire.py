@@ -1,10 +1,13 @@
 """The OpenAI wire format at the HTTP edge: parsing and checking a chat request, and writing answers.
 
-Everything a client can get wrong is found here, before the model runs, and becomes a 4xx with a JSON
-message (`BadRequest`): invalid JSON, nesting deeper than `MAX_DEPTH`, text that is not valid Unicode,
-fields of the wrong shape (422, from the schemas), tool schemas the prompt cannot describe, a
-`tool_choice` naming an undeclared function, and `max_tokens` beyond the deployment's cap (400, as
-OpenAI answers a budget beyond the model's limit).
+Everything a client can get wrong is found here, before the model runs, and becomes a 4xx with the reference's
+error object, `{"error": {"message", "type", "param", "code"}}` (`BadRequest`): invalid JSON, nesting deeper
+than `MAX_DEPTH`, text that is not valid Unicode, fields of the wrong shape, tool schemas the prompt cannot
+describe, a `tool_choice` naming an undeclared function (400, as the reference answers validation errors).
+What the reference accepts and this deployment cannot do is refused by name, never ignored: `n` > 1, `seed`,
+`response_format` other than text, `logprobs`. A `max_tokens` above the deployment's cap is clamped to it (the
+answer then finishes with `length`), as clients send 1024 or 4096 by default; `stop` and
+`parallel_tool_calls: false` are honoured.
 """
 from __future__ import annotations
 
@@ -20,16 +23,19 @@ from serve.schemas import ChatRequest
 
 
 class BadRequest(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.param, self.code = status, message, param, code
 
     def response(self) -> JSONResponse:
-        return error(self.status, self.message)
+        return error(self.status, self.message, param=self.param, code=self.code)
 
 
-def error(status: int, message: str, type_: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type_, "code": status}}, status_code=status)
+def error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+          code: str | None = None) -> JSONResponse:
+    """The reference's error object (`code` is a string such as "model_not_found", or null)."""
+    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
+                        status_code=status)
 
 
 MAX_DEPTH = 64
@@ -72,17 +78,56 @@ def pretty(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
 
 
-def completion(iid: str, model: str, version: str, answer: ChatMessage, gen, n_prompt: int) -> dict:
+def first_param(exc: ValidationError) -> str | None:
+    errs = exc.errors()
+    return ".".join(str(p) for p in errs[0]["loc"]) if errs and errs[0]["loc"] else None
+
+
+def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """The text up to the first stop sequence, and whether one was found."""
+    at = min((i for i in (text.find(x) for x in stops) if i >= 0), default=-1)
+    return (text[:at], True) if at >= 0 else (text, False)
+
+
+class StopStream:
+    """Streamed text with stop sequences: `feed` returns what can be sent (never the start of a stop sequence that
+    the next piece may complete), `stopped` once one was found; `rest` is what remains at the end."""
+
+    def __init__(self, stops: list[str]):
+        self.stops, self.held, self.stopped = stops, "", False
+        self.keep = max((len(x) for x in stops), default=1) - 1
+
+    def feed(self, piece: str) -> str:
+        if self.stopped:
+            return ""
+        self.held += piece
+        text, self.stopped = cut_at_stop(self.held, self.stops)
+        if self.stopped:
+            self.held = ""
+            return text
+        send, self.held = (self.held[:len(self.held) - self.keep], self.held[len(self.held) - self.keep:]) \
+            if self.keep else (self.held, "")
+        return send
+
+    def rest(self) -> str:
+        out, self.held = ("" if self.stopped else self.held), ""
+        return out
+
+
+def usage(n_prompt: int, gen) -> dict:
+    return {"prompt_tokens": n_prompt, "completion_tokens": gen.completion_tokens,
+            "total_tokens": n_prompt + gen.completion_tokens}
+
+
+def completion(iid: str, model: str, version: str, answer: ChatMessage, gen, n_prompt: int, finish: str) -> dict:
     msg: dict = {"role": "assistant", "content": answer.content or (None if answer.tool_calls else "")}
     if answer.tool_calls:
         msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                              for c in answer.tool_calls]
-    finish = "tool_calls" if answer.tool_calls else ("length" if gen.finish_reason == "length" else "stop")
     return {"id": iid, "object": "chat.completion", "created": int(time.time()), "model": model,
             "system_fingerprint": version,
             "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}],
-            "usage": {"prompt_tokens": n_prompt, "completion_tokens": gen.completion_tokens,
-                      "total_tokens": n_prompt + gen.completion_tokens}}
+            "usage": usage(n_prompt, gen)}
 
 
 def parse_chat(body, max_new_tokens: int, checked: bool = False
@@ -95,12 +140,14 @@ def parse_chat(body, max_new_tokens: int, checked: bool = False
         req = ChatRequest.model_validate(body)
         messages = to_chat_messages(req)
     except ValidationError as exc:
-        raise BadRequest(422, pretty(exc)) from None
+        raise BadRequest(400, pretty(exc), first_param(exc)) from None
     except ValueError as exc:
-        raise BadRequest(400, str(exc)) from None
-    if (asked := req.max_completion_tokens or req.max_tokens or 0) > max_new_tokens:
-        raise BadRequest(400, f"max_tokens is {asked}; this deployment generates at most {max_new_tokens} tokens "
-                              "per request (serve.max_new_tokens)")
+        raise BadRequest(400, str(exc), "messages") from None
+    refuse(req)
+    if req.max_completion_tokens:
+        req.max_completion_tokens = min(req.max_completion_tokens, max_new_tokens)
+    if req.max_tokens:
+        req.max_tokens = min(req.max_tokens, max_new_tokens)  # clamped: the answer finishes with "length"
     tools = [ToolSpec(function=FunctionSpec(name=t.function.name, description=t.function.description or "",
                                             parameters=t.function.parameters))
              for t in (req.tools or [])] if req.tool_choice != "none" else []
@@ -108,5 +155,19 @@ def parse_chat(body, max_new_tokens: int, checked: bool = False
     try:
         forced = tool_choice_prefix(choice, tools)
     except ValueError as exc:
-        raise BadRequest(400, str(exc)) from None
+        raise BadRequest(400, str(exc), "tool_choice") from None
     return req, messages, tools, forced
+
+
+def refuse(req: ChatRequest) -> None:
+    """What the reference accepts and this deployment cannot do: a 400 that names it."""
+    if req.n > 1:
+        raise BadRequest(400, f"n is {req.n}; this deployment returns one choice per request (n = 1)", "n")
+    if req.seed is not None:
+        raise BadRequest(400, "seed is not supported: answers are generated in batches with other requests, so no "
+                              "seed can make one reproducible", "seed")
+    if (req.response_format or {}).get("type", "text") != "text":
+        raise BadRequest(400, f"response_format {req.response_format.get('type')!r} is not supported (no "
+                              "constrained decoding here); ask for JSON in the prompt instead", "response_format")
+    if req.logprobs or req.top_logprobs:
+        raise BadRequest(400, "logprobs are not supported by this deployment", "logprobs")

@@ -139,7 +139,7 @@ def main():
             q, ans = QA[i % len(QA)]
             i += 1
             try:
-                r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": q}], max_tokens=20)
+                r = c.chat.completions.create(model=run["model"], messages=[{"role": "user", "content": q}], max_tokens=20)
             except openai.APIError:
                 failed += 1
                 continue

@@ -77,7 +77,7 @@ def main():
 
     def ask(name, memory):
         t = time.perf_counter()
-        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": KIND.format(name=name)}],
+        r = client.chat.completions.create(model=run["model"], messages=[{"role": "user", "content": KIND.format(name=name)}],
                                            tools=tools, temperature=0.7, max_tokens=48, tool_choice=a.tool_choice,
                                            extra_body={"memory": memory})
         calls = r.choices[0].message.tool_calls or []

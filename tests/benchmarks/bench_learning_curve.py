@@ -89,7 +89,7 @@ def users(run: dict, stop: threading.Event, stats: dict, pause_s: float, seed: i
         msgs = [{"role": "user", "content": q}]
         try:
             # an agent client that wants its sums run: the first turn must call the tool
-            r = c.chat.completions.create(model="m", messages=msgs, tools=[PYTHON_TOOL], max_tokens=48,
+            r = c.chat.completions.create(model=run["model"], messages=msgs, tools=[PYTHON_TOOL], max_tokens=48,
                                           tool_choice="required")
             stats["requests"] += 1
             m = r.choices[0].message
@@ -103,7 +103,7 @@ def users(run: dict, stop: threading.Event, stats: dict, pause_s: float, seed: i
                 stats["tool_right"] += right(out, truth)
                 rate(r, 1.0 if right(out, truth) else -1.0)
                 msgs += [m.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": tc.id, "content": out or "(no output)"}]
-                r = c.chat.completions.create(model="m", messages=msgs, tools=[PYTHON_TOOL], max_tokens=32)
+                r = c.chat.completions.create(model=run["model"], messages=msgs, tools=[PYTHON_TOOL], max_tokens=32)
                 stats["requests"] += 1
             ok = right(r.choices[0].message.content, truth)
             stats["right"] += ok

@@ -53,6 +53,7 @@ class Clients:
 
         self.key = Path(run["api_key_file"]).read_text().strip()
         self.endpoint, self.n, self.max_tokens, self.rate = run["endpoint"], n, max_tokens, rate
+        self.model = run["model"]
         self.openai, self.httpx = openai, httpx
         self.records: list[dict] = []  # {"t", "latency", "tokens", "ok", "error", "id", "feedback"}
         self.stop = threading.Event()
@@ -67,7 +68,7 @@ class Clients:
             t0 = time.monotonic()
             rec = {"t": t0, "ok": False, "tokens": 0, "id": None, "feedback": None, "error": None}
             try:
-                r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": q}],
+                r = c.chat.completions.create(model=self.model, messages=[{"role": "user", "content": q}],
                                               max_tokens=self.max_tokens)
                 rec.update(ok=True, tokens=r.usage.completion_tokens, id=r.id)
             except Exception as exc:  # noqa: BLE001 - a failed request is what this measures

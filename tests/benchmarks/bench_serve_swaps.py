@@ -106,7 +106,7 @@ def main():
             t0 = time.perf_counter()
             ok = True
             try:
-                client.chat.completions.create(model="m", max_tokens=a.max_tokens, temperature=0.7,
+                client.chat.completions.create(model=s.model.name, max_tokens=a.max_tokens, temperature=0.7,
                                                messages=[{"role": "user", "content": f"Tell me a fact about number {i}-{n}."}],
                                                extra_body={"memory": False})
             except Exception as exc:  # noqa: BLE001 - every failure counts

@@ -84,15 +84,27 @@ def test_auth_and_bad_input_are_4xx(system):
     assert httpx.get(base + "/models").status_code == 401
     assert httpx.get(base + "/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert httpx.post(base + "/chat/completions", headers=h, content=b"{nope").status_code == 400
-    assert httpx.post(base + "/chat/completions", headers=h, json={"messages": []}).status_code == 422
+    hi = [{"role": "user", "content": "hi"}]
+    for body, status, param, code in [({"messages": []}, 400, "messages", None), ({"model": system["model"], "n": 2,
+                                      "messages": hi}, 400, "n", None), ({"model": "gpt-4o", "messages": hi}, 404,
+                                      "model", "model_not_found")]:
+        err = httpx.post(base + "/chat/completions", headers=h, json=body)
+        assert (err.status_code, err.json()["error"]["param"], err.json()["error"]["code"]) == (status, param, code)
+    assert httpx.get(base + f"/models/{system['model']}", headers=h).json()["id"] == system["model"]
+    assert httpx.get(base + "/models/gpt-4o", headers=h).json()["error"]["code"] == "model_not_found"
+    assert httpx.get(base + "/nowhere", headers=h).json()["error"]["message"]  # unknown routes: the error object
+    r = httpx.post(base + "/chat/completions", headers=h, json={  # explicit nulls, a client's default budget, stop
+        "model": system["model"], "messages": [{"role": "user", "content": "Count from 1 to 9"}], "temperature": None,
+        "top_p": None, "n": None, "stream": None, "max_tokens": 4096, "stop": ["4"]})
+    assert r.status_code == 200 and "4" not in (r.json()["choices"][0]["message"]["content"] or ""), r.text[:300]
     r = httpx.post(base + "/chat/completions", headers=h, content=b"x" * 2_000_000)
     assert r.status_code == 413 and "larger" in r.json()["error"]["message"]
     assert httpx.post(base + "/feedback", headers=h, json={"interaction_id": "nope", "score": 1}).status_code == 404
-    assert httpx.post(base + "/feedback", headers=h, json={"interaction_id": "x", "score": 7}).status_code == 422
+    assert httpx.post(base + "/feedback", headers=h, json={"interaction_id": "x", "score": 7}).status_code == 400
     assert httpx.get(base.replace("/v1", "/healthz")).status_code == 200
     deep = b'{"messages": [{"role": "user", "content": "hi"}], "x": ' + b"[" * 1000 + b"]" * 1000 + b"}"
     for body in (deep, b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
-                 json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}).encode(),
+                 json.dumps({"messages": [{"role": "user", "content": "hi"}], "seed": 3}).encode(),
                  json.dumps({"messages": [{"role": "user", "content": "hi"}], "tools": [
                      {"type": "function", "function": {"name": "ls", "parameters": {"properties": "bad"}}}]}).encode()):
         r = httpx.post(base + "/chat/completions", headers={**h, "Content-Type": "application/json"}, content=body)
@@ -115,16 +127,19 @@ def test_tools_and_streaming(system):
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
                                                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                                "required": ["city"]}}}]
-    r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools,
+    r = c.chat.completions.create(model=system["model"], messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools,
                                   max_tokens=32)
     assert r.id.startswith("chatcmpl-") and r.system_fingerprint.startswith("w-")
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    chunks = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Say hi"}], stream=True,
+    chunks = list(c.chat.completions.create(model=system["model"], messages=[{"role": "user", "content": "Say hi"}], stream=True,
                                             max_tokens=12))
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    counted = list(c.chat.completions.create(model=system["model"], messages=[{"role": "user", "content": "Say hi"}],
+                                             stream=True, max_tokens=6, stream_options={"include_usage": True}))
+    assert counted[-1].choices == [] and counted[-1].usage.completion_tokens > 0  # what LangChain counts tokens by
     # the sync SDK closes the connection at [DONE]: every streamed interaction still reaches the stream, once
-    streamed = [chunks[0].id] + [list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": q}],
+    streamed = [chunks[0].id] + [list(c.chat.completions.create(model=system["model"], messages=[{"role": "user", "content": q}],
                                                                stream=True, max_tokens=8))[0].id
                                  for q in ("Say yes", "Say no", "Count to three", "Name a colour")]
     for _ in range(30):
@@ -132,15 +147,15 @@ def test_tools_and_streaming(system):
         if all(ev.stdout.count(i) == 1 for i in streamed):
             break
     assert all(ev.stdout.count(i) == 1 for i in streamed), (streamed, ev.stdout[-2000:])
-    forced = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
+    forced = c.chat.completions.create(model=system["model"], messages=[{"role": "user", "content": "Weather in Paris?"}],
                                        tools=tools, max_tokens=48, tool_choice={"type": "function",
                                                                                 "function": {"name": "get_weather"}})
     assert [t.function.name for t in forced.choices[0].message.tool_calls or []][:1] == ["get_weather"]
-    required = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
+    required = c.chat.completions.create(model=system["model"], messages=[{"role": "user", "content": "Weather in Paris?"}],
                                          tools=tools, max_tokens=32, tool_choice="required")
     assert [t.function.name for t in required.choices[0].message.tool_calls or []][:1] == ["get_weather"]
     with pytest.raises(openai.BadRequestError, match="not among the request's tools"):
-        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tools=tools, max_tokens=4,
+        c.chat.completions.create(model=system["model"], messages=[{"role": "user", "content": "hi"}], tools=tools, max_tokens=4,
                                   tool_choice={"type": "function", "function": {"name": "rm_rf"}})
 
 
@@ -157,7 +172,7 @@ def test_promoted_version_is_served_with_no_failed_request(system):
         q, a = qa[i % len(qa)]
         i += 1
         try:
-            r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": q}], max_tokens=20)
+            r = c.chat.completions.create(model=system["model"], messages=[{"role": "user", "content": q}], max_tokens=20)
             sent += 1
             first = first or r.system_fingerprint
             score = 1.0 if a in (r.choices[0].message.content or "").lower() else -1.0
@@ -211,7 +226,7 @@ def test_killed_actor_comes_back_and_endpoint_keeps_answering(system):
     assert victim, st["actors"]
     os.kill(victim, signal.SIGKILL)
     c = openai.OpenAI(base_url=system["endpoint"], api_key=system["key"], max_retries=0, timeout=300)
-    r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=8)
+    r = c.chat.completions.create(model=system["model"], messages=[{"role": "user", "content": "Hello"}], max_tokens=8)
     httpx.post(system["endpoint"] + "/feedback", headers={"Authorization": f"Bearer {system['key']}"},
                json={"interaction_id": r.id, "score": 0.5})
     deadline = time.monotonic() + 180
@@ -261,7 +276,7 @@ def test_nats_server_kill_loses_nothing(system):
     os.kill(old, signal.SIGKILL)
     ids, t0 = [], time.monotonic()
     for i in range(3):
-        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": f"Say {i}"}], max_tokens=4)
+        r = c.chat.completions.create(model=system["model"], messages=[{"role": "user", "content": f"Say {i}"}], max_tokens=4)
         ids.append(r.id)
         fb = httpx.post(system["endpoint"] + "/feedback", headers=h, json={"interaction_id": r.id, "score": 1})
         assert fb.status_code == 202, fb.text

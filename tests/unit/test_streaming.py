@@ -42,8 +42,10 @@ class _Server:
 
 
 def _turn(engine):
-    return SimpleNamespace(req=SimpleNamespace(temperature=0.0, top_p=1.0), iid="chatcmpl-1", tools=[], engine=engine,
-                           prompt="p", max_new=8, answer=lambda text: ChatMessage(role="assistant", content=text))
+    return SimpleNamespace(req=SimpleNamespace(temperature=0.0, top_p=1.0, stop=[], include_usage=False),
+                           iid="chatcmpl-1", tools=[], engine=engine, prompt="p", max_new=8, n_prompt=3,
+                           answer=lambda text: ChatMessage(role="assistant", content=text),
+                           finish=lambda answer, gen: "stop")
 
 
 def test_recorded_before_the_last_frames_so_a_client_that_leaves_at_done_loses_nothing():
