@@ -155,6 +155,7 @@ class Attributor(EventActor):
             raise Poison(f"feedback {ev.event_id} carries no interaction snapshot")
         if self.book is not None:
             self.book.rate(ev.interaction_id)
+            self.applied.add(f"rated:{ev.interaction_id}")  # durable: a restart must not judge the step by a signal
         sample = live_sample(ev)
         (v,) = await self.run_judge([sample], [None])
         fallback = ["GOOD" if ev.score > 0 else "BAD"]
@@ -179,16 +180,16 @@ class Attributor(EventActor):
             self.held[ev.event_id] = msg
             return HOLD
         self.held[ev.event_id] = msg
-        _, closed = self.book.add(ev, time.time())
-        for conv in closed:
-            await self._closed(conv)
+        _, over = self.book.add(ev, time.time())
+        for cid in over:
+            await self._close(cid)
         return HOLD
 
     async def tick(self) -> None:
         if self.book is None:
             return
-        for conv in self.book.idle(time.time()):
-            await self._closed(conv)
+        for cid in self.book.idle(time.time()):
+            await self._close(cid)
         if self.held and time.monotonic() - self._last_beat > min(15.0, self.settings.nats.ack_wait_s / 3):
             self._last_beat = time.monotonic()
             for m in list(self.held.values()):
@@ -197,11 +198,21 @@ class Attributor(EventActor):
                 except Exception:
                     pass
 
+    async def _close(self, cid: str) -> None:
+        """Close one conversation; if that cannot be carried out, it goes back to the book (tried again later)."""
+        conv = self.book.close(cid)
+        try:
+            await self._closed(conv)
+        except BaseException:
+            self.book.reopen(conv)
+            raise
+
     async def _closed(self, conv) -> None:
         """Judge a closed conversation's unrated steps that have a signal, then ack its interactions."""
         for st in conv.steps:
             it = st.interaction
-            if st.rated or not st.signal or not st.outcome or it.mixed_weights:
+            rated = st.rated or f"rated:{it.interaction_id}" in self.applied  # also rated before a restart
+            if rated or not st.signal or not st.outcome or it.mixed_weights:
                 continue
             out = Judgement(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:judgement:signal:{it.event_id}")),
                             group_id=f"live:{it.interaction_id}", source="live", task_id=f"live:{it.interaction_id}",

@@ -135,11 +135,11 @@ class Broadcaster(EventActor):
         """The guard's verdicts (a version below the base rolls back), then the next served version it checks."""
         if self.guard is None:
             return
-        for c in self.guard.results():
-            await self.bus.publish(c.event(), weights_version=c.version)
-            self.log.info("guard.checked", version=c.version, verdict=c.verdict, result=c.summary())
+        for c in self.guard.results():  # a check whose actions fail stays pending and is carried out next tick
             for act, v, to, why in self.guard.undo(c, self.book, self.live_version(), self.settings.guard.rollback):
                 await (self._set(v, S.SUPERSEDED, why) if act == "supersede" else self._rollback(v, to, why))
+            await self.bus.publish(c.event(), weights_version=c.version)  # the event id derives from the check
+            self.guard.done(c, self.book)
             self._save()
         self.guard.offer_newest(self.book, self.live_version())
 

@@ -153,9 +153,9 @@ class ConversationBook:
         self.rated: dict[str, None] = {}  # interaction ids users rated (their feedback may come first), bounded
         self.orphans: dict[str, str] = {}  # parent key -> an open conversation that began with a later request
 
-    def add(self, it: Interaction, now: float) -> tuple[Conversation, list[Conversation]]:
+    def add(self, it: Interaction, now: float) -> tuple[Conversation, list[str]]:
         """Join the interaction to the conversation it extends (giving that conversation's last step its signal)
-        or start one. Returns it, and the conversations closed to stay within bounds."""
+        or start one. Returns it, and the ids of the conversations to close to stay within bounds (`close`)."""
         conv = self.open.get(self.by_key.pop(parent_key(it) or "", ""))
         if conv is not None:
             self._signal(conv.steps[-1], it)
@@ -173,12 +173,10 @@ class ConversationBook:
             self.by_key.update({k: conv.conversation_id for k, v in self.by_key.items() if v == later.conversation_id})
         else:
             self.by_key[step_key(it)] = conv.conversation_id
-        closed = []
-        if len(conv.steps) >= self.max_steps:
-            closed.append(self.close(conv.conversation_id))
-        while len(self.open) > self.max_open:
-            closed.append(self.close(min(self.open.values(), key=lambda c: c.last_at).conversation_id))
-        return conv, closed
+        over = [conv.conversation_id] if len(conv.steps) >= self.max_steps else []
+        rest = sorted((c for c in self.open.values() if c.conversation_id not in over), key=lambda c: c.last_at)
+        over += [c.conversation_id for c in rest[:max(0, len(self.open) - len(over) - self.max_open)]]
+        return conv, over
 
     @staticmethod
     def _signal(prev: Step, it: Interaction) -> None:
@@ -198,6 +196,11 @@ class ConversationBook:
                 if st.interaction.interaction_id == interaction_id:
                     st.rated = True
 
+    def reopen(self, conv: Conversation) -> None:
+        """Put back a conversation whose close could not be carried out (the bus was down, say)."""
+        self.open[conv.conversation_id] = conv
+        self.by_key[step_key(conv.steps[-1].interaction)] = conv.conversation_id
+
     def close(self, conversation_id: str) -> Conversation:
         conv = self.open.pop(conversation_id)
         self.by_key = {k: v for k, v in self.by_key.items() if v != conversation_id}
@@ -207,5 +210,5 @@ class ConversationBook:
             last.signal = "abandoned_call"
         return conv
 
-    def idle(self, now: float) -> list[Conversation]:
-        return [self.close(c) for c, conv in list(self.open.items()) if now - conv.last_at >= self.idle_s]
+    def idle(self, now: float) -> list[str]:
+        return [c for c, conv in self.open.items() if now - conv.last_at >= self.idle_s]

@@ -35,6 +35,7 @@ import os
 import queue
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from policies.model_store import BASE_VERSION
@@ -62,7 +63,9 @@ class Check:
     def event(self):
         from actors.events import HeldoutScored
 
-        return HeldoutScored(version=self.version, env=self.env, entries=len(self.per_entry),
+        return HeldoutScored(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:heldout_scored:{self.version}:"
+                                                       f"{self.env}:{len(self.per_entry)}:{self.verdict}")),
+                             version=self.version, env=self.env, entries=len(self.per_entry),
                              suite_entries=self.suite_entries, k=self.k, verdict=self.verdict,
                              duration_s=self.duration_s, reason=self.summary(), **self.stats)
 
@@ -88,7 +91,9 @@ def look(check: Check, early_fraction: float, alpha: float) -> str:
     check.stats = compare(check.per_entry, check.k, check.base, check.base_k)
     if check.complete:
         return "below" if check.stats["delta"] < 0 and check.stats["p_value"] < alpha else "not_below"
-    if len(check.per_entry) >= early_fraction * check.suite_entries and check.stats["delta"] >= 0:
+    # no loss so far, and evidence of it: a version that solved nothing yet has not shown it is no worse
+    if len(check.per_entry) >= early_fraction * check.suite_entries and check.stats["delta"] >= 0 \
+            and check.stats["avg"] > 0:
         return "not_below"
     return ""
 
@@ -99,7 +104,7 @@ def rollback_plan(bad: str, why: str, live: str, canary: str | None, passed: str
     live, reason), ("rollback", live, to, reason). A version is undone when it is `bad` or descends from it
     (`descends(a, b)`: a is b or was trained from it) and was not checked no worse itself (`checks`: version ->
     verdict); live goes back to the newest version that went live and was checked no worse, never one that
-    descends from `bad`, else the base."""
+    descends from `bad`, else the base; a running canary ends with the live version it was measured against."""
     def hit(v):
         return v is not None and checks.get(v) != "not_below" and descends(v, bad)
 
@@ -108,12 +113,22 @@ def rollback_plan(bad: str, why: str, live: str, canary: str | None, passed: str
 
     to = next((v for v in reversed(history) if checks.get(v) == "not_below" and not descends(v, bad)), BASE_VERSION)
     out = [("supersede", passed, None, reason(passed))] if hit(passed) else []
-    if hit(canary):
-        out.append(("rollback", canary, live, reason(canary)))
-    if hit(live) and live != to:
+    live_goes = hit(live) and live != to
+    if hit(canary) or (canary is not None and live_goes):  # a canary whose baseline goes ends with it
+        out.append(("rollback", canary, live, reason(canary) if hit(canary) else f"{live}, its baseline, goes: {why}"))
+    if live_goes:
         out.append(("rollback", live, to, f"{reason(live)}; back to {to}, the newest live version no worse than "
                     "the base"))
     return out
+
+
+def interleave(entries: list[str], category_of) -> list[str]:
+    """Round-robin over the categories, each in its own order: add_1, muladd_1, add_2, muladd_2, ..."""
+    by: dict[str, list[str]] = {}
+    for e in entries:
+        by.setdefault(category_of(e), []).append(e)
+    lists = list(by.values())
+    return [e for i in range(max(map(len, lists), default=0)) for lst in lists if i < len(lst) for e in [lst[i]]]
 
 
 def anchor(history: list[str], checks: dict[str, str]) -> str | None:
@@ -134,7 +149,9 @@ class Guard:
         g, r = settings.guard, settings.rollout
         envs = {**envs, **{n: make_env(n, settings.env) for n in g.suite if n not in envs}}  # e.g. bfcl_single
         self.s, self.g, self.base_path, self.store, self.envs = settings, g, base_path, store, envs
-        self.suite = suite(envs, {env: g.per_category for env in g.suite}, g.suite)  # the named environments only
+        # the named environments only; their categories interleaved, so that a first half (an early stop) has all
+        self.suite = {env: interleave(ids, envs[env].category_of)
+                      for env, ids in suite(envs, {env: g.per_category for env in g.suite}, g.suite).items()}
         caches = {k: HeldoutCache(settings.state / "evals" / "heldout.json", self.suite, k=k, temperature=r.temperature,
                                   max_new_tokens=r.max_new_tokens, call_prefix=r.call_prefix) for k in {g.k, g.base_k}}
         self.cache, self.base_cache = caches[g.k], caches[g.base_k]
@@ -142,6 +159,8 @@ class Guard:
         self._todo: queue.Queue = queue.Queue(maxsize=1)
         self._done: queue.Queue = queue.Queue()
         self.current: Check | None = None
+        self.pending: list[Check] = []  # finished checks whose verdict the broadcaster has not carried out yet
+        self.offered: set[str] = set()  # in memory only: after a restart a version still served is offered again
         self._busy = True  # until the base is scored
         self.engine = None
         self.error = ""
@@ -159,32 +178,33 @@ class Guard:
             return False
 
     def undo(self, c: Check, book, live: str, rollback: bool) -> list[tuple[str, str, str | None, str]]:
-        """Record a finished check in the broadcaster's book; what it undoes (`rollback_plan`), when it is below
-        the base and rollbacks are on (a passed successor it supersedes leaves the book here)."""
-        book.checks[c.version] = c.verdict
+        """What a finished check undoes (`rollback_plan`), when it is below the base and rollbacks are on."""
         if c.verdict != "below" or not rollback:
             return []
-        acts = rollback_plan(c.version, f"below the base on held-out {c.summary()}", live,
+        checks = {**book.checks, c.version: c.verdict}
+        return rollback_plan(c.version, f"below the base on held-out {c.summary()}", live,
                              (book.canary or {}).get("version"), (book.passed or {}).get("version"), book.history,
-                             book.checks, book.descends)
-        if any(a[0] == "supersede" for a in acts):
-            book.passed = None
-        return acts
+                             checks, book.descends)
+
+    def done(self, c: Check, book) -> None:
+        """The broadcaster carried out what `c` undoes: record its verdict (a failure before this retries it)."""
+        book.checks[c.version] = c.verdict
+        self.pending = [x for x in self.pending if x is not c]
 
     def offer_newest(self, book, live: str) -> None:
         """When idle, take the newest served version (the canary, else live) that has no check yet."""
         served = (book.canary or {}).get("version") or live
-        if self.idle and served != BASE_VERSION and served not in book.checks:
-            book.checks[served] = ""  # offered: a check that fails is not offered again
+        if self.idle and served != BASE_VERSION and served not in book.checks and served not in self.offered:
+            self.offered.add(served)  # a check that fails is not offered again (until a restart)
             self.offer(served)
 
     def results(self) -> list[Check]:
-        out = []
+        """Finished checks not yet carried out, oldest first (a check stays here until `done`)."""
         while True:
             try:
-                out.append(self._done.get_nowait())
+                self.pending.append(self._done.get_nowait())
             except queue.Empty:
-                return out
+                return list(self.pending)
 
     # -------------------------------------------------------------- the thread
     def _loop(self) -> None:

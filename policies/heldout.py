@@ -10,6 +10,7 @@ Held-out entries are only ever evaluated, never trained on (tests pin that).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 from pathlib import Path
@@ -70,9 +71,14 @@ class HeldoutCache:
                       "categories": _by_category(envs[name], self.entries[name], per)}
                for name, per in per_entry.items()}
         self.versions[version] = out
-        self._all[self.fingerprint] = self.versions
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(self.path, json.dumps(self._all).encode())
+        # other caches share the file (the guard's base and versions, `main.py report`): merge, do not overwrite
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self._all = json.loads(self.path.read_text()) if self.path.exists() else {}
+            self._all[self.fingerprint] = {**self._all.get(self.fingerprint, {}), version: out}
+            self.versions = self._all[self.fingerprint]
+            atomic_write_bytes(self.path, json.dumps(self._all).encode())
         return out
 
     def versus(self, base: str, version: str, exclude: set[str] = frozenset()) -> dict[str, dict]:

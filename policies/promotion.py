@@ -63,6 +63,8 @@ class PromotionBook:
         old = self.status.get(version)
         transition(old, new)
         self.status[version] = new
+        if self.passed and self.passed.get("version") == version and new != S.PASSED:
+            self.passed = None  # the passed successor moved on: canary, live or superseded
         n = len(self.history)  # distinguishes a version going live a second time
         return WeightsStatus(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:weights_status:{version}:{new}:{old}:{n}")),
                              version=version, status=new, previous_status=old, reason=reason[:1000],

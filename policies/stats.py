@@ -8,13 +8,15 @@ Entries where both versions score the same carry no evidence either way and do n
 distribution. No normality is assumed: scores on a handful of tasks are far from normal.
 
 `fewer_successes(base, base_k, version, version_k)`: per-entry success counts of two versions sampled a
-different number of times (the guard samples the base 16 times an entry, once, and each version 4 times). Under
+different number of times (the guard samples the base 8 times an entry, once, and each version 4 times). Under
 H0 (each entry's success rate is the same for both), given an entry's total successes t the version's count is
 hypergeometric (t draws from base_k + version_k samples, version_k of them the version's), independently across
 entries; the one-sided p-value is P(S <= the version's total) under the convolution of those (the stratified
 conditional exact test, as in Cochran-Mantel-Haenszel). Near the floor a base sampled more often is what gives a
-test power: a version that solves nothing against a base with 3 successes in 160 samples is p = 0.25 by sign
-flips, and p ~ 0.003 against the same base rate known from 640.
+test power. A version that solves nothing on 40 entries x 4, against a base that solved 6 entries once each in
+x4 (a 3.8% rate), is p = 2 x 0.5^6 = 0.031 by sign flips at best and (4/8)^6 = 0.016 here; against the same rate
+known from x8 (12 successes, one an entry) it is (8/12)^12 = 0.0077; at a 1.9% rate (6 successes in x8) it is
+(8/12)^6 = 0.088, and nothing at this floor can tell a loss from chance.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """OpenAI-compatible request models for the HTTP edge (tolerant of fields we do not use)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -108,7 +108,7 @@ class ChatRequest(_Tolerant):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     user: str | None = None
-    metadata: dict[str, str] | None = Field(None, description="OpenAI's request metadata; conversation_id, "
+    metadata: dict[str, Any] | None = Field(None, description="OpenAI's request metadata; conversation_id, "
                                             "thread_id or session_id keys a conversation explicitly")
     memory: bool = Field(True, description="extension: retrieve experiences into the context (extra_body)")
 

@@ -63,8 +63,9 @@ async def stream_chat(server, turn):
             yield "data: [DONE]\n\n"
             return
         answer = turn.answer(gen.text)
-        await asyncio.shield(server._record(turn, answer, gen.version or version, gen.straddled))
-        recorded = True
+        record = asyncio.ensure_future(server._record(turn, answer, gen.version or version, gen.straddled))
+        recorded = True  # from here on the record is under way: a hang-up now must not record it again
+        await asyncio.shield(record)
         if not plain:
             delta = {"content": answer.content or None}
             if answer.tool_calls:

@@ -56,7 +56,8 @@ def test_each_step_gets_the_signal_of_what_came_next(tool_result, next_user, fir
     assert convs[0] is convs[1] is convs[2] and len(convs[0].steps) == 3
     assert [s.signal for s in convs[0].steps] == [first, second, None]
     assert [s.interaction.weights_version for s in convs[0].steps] == ["w-000003"] * 3
-    (closed,) = book.idle(100.0 + 2 + book.idle_s)
+    (cid,) = book.idle(100.0 + 2 + book.idle_s)
+    closed = book.close(cid)
     assert closed.steps[-1].signal is None  # a text answer left alone: no signal
     assert closed.steps[0].outcome == round(RULES[first].value * RULES[first].confidence, 4)
 
@@ -105,13 +106,16 @@ def test_open_conversations_are_bounded_and_close_when_idle():
     book = ConversationBook(idle_s=60, max_open=2, max_steps=2)
     a, _ = book.add(_it("a1", [_user("one")], _call()), 1.0)
     b, _ = book.add(_it("b1", [_user("two")], ChatMessage(role="assistant", content="2")), 2.0)
-    _, closed = book.add(_it("c1", [_user("three")], ChatMessage(role="assistant", content="3")), 3.0)
-    assert [c.conversation_id for c in closed] == ["a1"]  # the least recent made room
-    assert closed[0].steps[0].signal == "abandoned_call"  # its tool call was never answered
-    _, closed = book.add(_it("b2", [_user("two"), ChatMessage(role="assistant", content="2"), _user("thanks")],
-                             ChatMessage(role="assistant", content="ok")), 4.0)
-    assert [c.conversation_id for c in closed] == ["b1"] and closed[0].steps[0].signal == "thanks"  # max_steps
-    assert [c.conversation_id for c in book.idle(3.0 + 60)] == ["c1"] and not book.open
+    _, over = book.add(_it("c1", [_user("three")], ChatMessage(role="assistant", content="3")), 3.0)
+    assert over == ["a1"]  # the least recent makes room
+    closed = book.close("a1")
+    assert closed.steps[0].signal == "abandoned_call"  # its tool call was never answered
+    _, over = book.add(_it("b2", [_user("two"), ChatMessage(role="assistant", content="2"), _user("thanks")],
+                           ChatMessage(role="assistant", content="ok")), 4.0)
+    assert over == ["b1"] and book.close("b1").steps[0].signal == "thanks"  # max_steps
+    assert book.idle(3.0 + 60) == ["c1"]
+    book.close("c1")
+    assert not book.open
 
 
 def test_a_rating_overrides_the_signal_whichever_arrives_first():
@@ -143,6 +147,43 @@ class Msg:
 
     async def in_progress(self):
         pass
+
+
+def test_a_close_that_fails_puts_the_conversation_back_and_the_others_still_close(tmp_path):
+    from actors.attributor import Attributor
+    from config.settings import load_settings
+
+    s = load_settings(None)
+    s.state_dir = str(tmp_path)
+    bus = FakeBus()
+    a = Attributor(s, bus=bus)
+    a.book, a.held, a.signalled, a._last_beat = ConversationBook(idle_s=30), {}, {}, 0.0
+    first = _agent_conversation("Error: not found", "No, that is wrong.")
+    other = [_it(f"o{i}", m.messages, m.response, user="u2") for i, m in enumerate(_agent_conversation("ok", "thanks"))]
+    msgs = {it.event_id: Msg() for it in first + other}
+    real = bus.publish
+    calls = {"n": 0}
+
+    async def flaky(ev, weights_version=None):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ConnectionError("bus down")
+        await real(ev, weights_version)
+    bus.publish = flaky
+
+    async def go():
+        for it in first + other:
+            await a.handle_interaction(it, msgs[it.event_id])
+        for c in a.book.open.values():
+            c.last_at -= 31
+        with pytest.raises(ConnectionError):
+            await a.tick()
+        assert len(a.book.open) == 2 and len(a.held) == 6  # the failed one is back, the other not lost
+        await a.tick()
+    asyncio.run(go())
+    assert not a.book.open and not a.held and all(m.acks == 1 for m in msgs.values())
+    assert sorted(j.signals[0] for j in bus.events if isinstance(j, Judgement)) == [
+        "correction", "thanks", "tool_error", "tool_ok"]
 
 
 def test_the_attributor_judges_a_closed_conversations_unrated_steps_once(tmp_path):

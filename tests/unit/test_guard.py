@@ -68,9 +68,25 @@ LINE = _lineage(("w1", "w0"), ("w2", "w1"), ("w3", "w2"), ("w4", "w3"), ("x2", "
     ("x2", "w3", None, None, ["w0", "w1", "x2", "w2", "w3"], {"x2": "below"}, []),
     # a served descendant checked no worse itself stays
     ("w2", "w3", None, None, ["w0", "w2", "w3"], {"w2": "below", "w3": "not_below"}, []),
+    # a canary checked no worse still ends when the live version it was measured against goes
+    ("w2", "w2", "w3", None, ["w0", "w1", "w2"], {"w1": "not_below", "w2": "below", "w3": "not_below"},
+     [("rollback", "w3", "w2", "w2, its baseline, goes: W"),
+      ("rollback", "w2", "w1", "W; back to w1, the newest live version no worse than the base")]),
 ])
 def test_rollback_plan(bad, live, canary, passed, history, checks, want):
     assert rollback_plan(bad, "W", live, canary, passed, history, checks, LINE) == want
+
+
+def test_categories_are_interleaved_so_a_first_half_holds_each_of_them():
+    from policies.guard import interleave
+
+    ids = ["add_1", "add_2", "add_3", "mul_1", "mul_2"]
+    assert interleave(ids, lambda e: e.split("_")[0]) == ["add_1", "mul_1", "add_2", "mul_2", "add_3"]
+
+
+def test_no_early_stop_without_a_single_success():
+    # half the suite scored, both at zero: no evidence that the version is no worse, so the check goes on
+    assert look(_check([0.0] * 4, [0.0] * 4, n=8), 0.5, 0.05) == ""
 
 
 def test_anchor_is_the_newest_live_version_checked_no_worse():
@@ -133,23 +149,23 @@ def test_a_version_below_the_base_is_scored_in_full_and_cached(tmp_path, monkeyp
 
 
 class FakeGuard(Guard):
-    """The real bookkeeping (undo, offer_newest) without a thread or an engine."""
+    """The real bookkeeping (results, undo, done, offer_newest) without a thread or an engine."""
 
     def __init__(self):
-        self.offered, self.pending = [], []
+        self.offered, self.pending, self.asked = set(), [], []
         self._busy = False
+        self._done = __import__("queue").Queue()
 
     @property
     def idle(self):
         return True
 
     def offer(self, version):
-        self.offered.append(version)
+        self.asked.append(version)
         return True
 
-    def results(self):
-        out, self.pending = self.pending, []
-        return out
+    def finish(self, c):
+        self._done.put(c)
 
     def health(self):
         return {}
@@ -169,17 +185,27 @@ def test_the_broadcaster_offers_the_newest_served_version_and_rolls_back_a_linea
         b.guard = FakeGuard()
         await _publish(b, refs["w-000001"])
         await b.tick()  # w1 canary
-        assert b.guard.offered == ["w-000001"]
-        b.guard.pending = [_verdict("w-000001", "not_below")]
+        assert b.guard.asked == ["w-000001"]
+        b.guard.finish(_verdict("w-000001", "not_below"))
         await _publish(b, refs["w-000002"])
         await b.tick()  # w2 passed against the canary, hands over: w1 live, w2 canary
         assert b.book.status["w-000001"] == S.LIVE and b.book.status["w-000002"] == S.CANARY
-        assert b.book.checks["w-000001"] == "not_below" and b.guard.offered[-1] == "w-000002"
+        assert b.book.checks["w-000001"] == "not_below" and b.guard.asked[-1] == "w-000002"
         await _publish(b, refs["w-000003"])
         await b.tick()  # w2 live, w3 canary
         assert b.book.status["w-000002"] == S.LIVE and b.book.status["w-000003"] == S.CANARY
-        b.guard.pending = [_verdict("w-000002", "below")]
-        await b.tick()
+        b.guard.finish(_verdict("w-000002", "below"))
+        real = b._rollback
+
+        async def broken(*a):  # the first try fails half-way (the bus, say): the check stays pending
+            raise RuntimeError("bus down")
+        b._rollback = broken
+        with pytest.raises(RuntimeError):
+            await b.tick()
+        assert b.book.checks.get("w-000002") != "below" and len(b.guard.pending) == 1
+        b._rollback = real
+        await b.tick()  # carried out on the next tick
+        assert not b.guard.pending
         scored = [e for e in b.bus.events if isinstance(e, HeldoutScored)]
         assert [(e.version, e.verdict) for e in scored] == [("w-000001", "not_below"), ("w-000002", "below")]
         assert scored[-1].entries == 8 and scored[-1].delta == pytest.approx(-0.1875)

@@ -117,3 +117,17 @@ def test_suite_takes_the_first_entries_of_the_chosen_categories():
     assert suite(envs, {"toy": 1}) == {"toy": ["a_1", "b_1"]}  # an environment given 0 entries is left out
     with pytest.raises(ValueError, match="no held-out category"):
         suite(envs, 1, {"toy": ["c"]})
+
+
+def test_caches_that_share_a_file_keep_each_others_scores(tmp_path):
+    """The guard's base (at base_k) and its versions (at k) live in one file, beside `main.py report`'s."""
+    path = tmp_path / "heldout.json"
+    a = HeldoutCache(path, {"toy": ["a_1"]}, k=8, temperature=0.7, max_new_tokens=8, call_prefix=True)
+    b = HeldoutCache(path, {"toy": ["a_1"]}, k=4, temperature=0.7, max_new_tokens=8, call_prefix=True)
+    env = {"toy": _Env([])}
+    a.put("w-000000", env, {"toy": [0.125]})
+    b.put("w-000003", env, {"toy": [0.25]})  # b was made before a wrote: it must not write its old snapshot back
+    fresh = [HeldoutCache(path, {"toy": ["a_1"]}, k=k, temperature=0.7, max_new_tokens=8, call_prefix=True)
+             for k in (8, 4)]
+    assert fresh[0].get("w-000000")["toy"]["per_entry"] == [0.125]
+    assert fresh[1].get("w-000003")["toy"]["per_entry"] == [0.25]

@@ -92,3 +92,31 @@ def test_a_generation_error_mid_stream_is_an_error_event_then_done():
     t0 = time.monotonic()
     asyncio.run(go())
     assert time.monotonic() - t0 < 10
+
+
+def test_a_hang_up_while_the_record_is_being_written_records_it_once():
+    async def go():
+        server, slow = _Server(), asyncio.Event()
+        inner = server._record
+
+        async def record(*a, **k):
+            await slow.wait()  # the disk is slow: the client goes away meanwhile
+            await inner(*a, **k)
+        server._record = record
+        agen = stream_chat(server, _turn(_Engine()))
+        task = asyncio.ensure_future(agen.__anext__())
+        frames = 0
+        while True:  # read until the generator sits in the record
+            f = await task
+            frames += 1
+            if '"content": "lo"' in f or frames > 5:
+                break
+            task = asyncio.ensure_future(agen.__anext__())
+        nxt = asyncio.ensure_future(agen.__anext__())
+        await asyncio.sleep(0.2)
+        nxt.cancel()  # the connection closes while the record is pending
+        await asyncio.sleep(0.05)
+        slow.set()
+        await asyncio.sleep(0.3)
+        assert server.recorded == [("chatcmpl-1", "Hello", "w-000007")]
+    asyncio.run(go())
