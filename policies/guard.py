@@ -122,6 +122,15 @@ def rollback_plan(bad: str, why: str, live: str, canary: str | None, passed: str
     return out
 
 
+def guard_suite(envs: dict, g) -> dict[str, list[str]]:
+    """env -> entries the guard scores: the named environments only, `g.per_category` held-out entries of each named
+    category, the categories interleaved so that a first half (an early stop) holds all of them."""
+    from policies.heldout import suite
+
+    return {env: interleave(ids, envs[env].category_of)
+            for env, ids in suite(envs, {env: g.per_category for env in g.suite}, g.suite).items()}
+
+
 def interleave(entries: list[str], category_of) -> list[str]:
     """Round-robin over the categories, each in its own order: add_1, muladd_1, add_2, muladd_2, ..."""
     by: dict[str, list[str]] = {}
@@ -142,16 +151,14 @@ class Guard:
     """The broadcaster's background scorer: `offer(version)` when idle, `results()` each tick."""
 
     def __init__(self, settings, base_path, store, envs):
-        from policies.heldout import HeldoutCache, suite
+        from policies.heldout import HeldoutCache
 
         from envs.registry import make_env
 
         g, r = settings.guard, settings.rollout
         envs = {**envs, **{n: make_env(n, settings.env) for n in g.suite if n not in envs}}  # e.g. bfcl_single
         self.s, self.g, self.base_path, self.store, self.envs = settings, g, base_path, store, envs
-        # the named environments only; their categories interleaved, so that a first half (an early stop) has all
-        self.suite = {env: interleave(ids, envs[env].category_of)
-                      for env, ids in suite(envs, {env: g.per_category for env in g.suite}, g.suite).items()}
+        self.suite = guard_suite(envs, g)
         caches = {k: HeldoutCache(settings.state / "evals" / "heldout.json", self.suite, k=k, temperature=r.temperature,
                                   max_new_tokens=r.max_new_tokens, call_prefix=r.call_prefix) for k in {g.k, g.base_k}}
         self.cache, self.base_cache = caches[g.k], caches[g.base_k]

@@ -88,7 +88,8 @@ def _caches(a, config: Path, state: Path):
     """(settings, envs, [held-out caches of the base]): the bench's suite at --k, and the guard's at guard.base_k."""
     from config.settings import load_settings
     from deploy import reports
-    from policies.heldout import HeldoutCache, suite
+    from policies.guard import guard_suite
+    from policies.heldout import HeldoutCache
 
     s = load_settings(config)
     s.state_dir = str(state)
@@ -97,9 +98,8 @@ def _caches(a, config: Path, state: Path):
     envs = {**suite_envs(s, per), **suite_envs(s, {n: g.per_category for n in g.suite})}
     caches = [reports.heldout_cache(s, envs, per, a.k, cats)]
     if g.enabled:
-        caches.append(HeldoutCache(s.state / "evals" / "heldout.json", suite(envs, {n: g.per_category for n in g.suite},
-                                   g.suite), k=g.base_k, temperature=r.temperature, max_new_tokens=r.max_new_tokens,
-                                   call_prefix=r.call_prefix))
+        caches.append(HeldoutCache(s.state / "evals" / "heldout.json", guard_suite(envs, g), k=g.base_k,
+                                   temperature=r.temperature, max_new_tokens=r.max_new_tokens, call_prefix=r.call_prefix))
     return s, envs, caches
 
 
