@@ -57,16 +57,8 @@ class Broadcaster(EventActor):
             await self._set(v, S.STAGED, "the broadcaster restarted during its gate: evaluated again")
 
     def _repair_pointer(self) -> None:
-        """LIVE is the projection of the lifecycle on the stream: a pointer written just before a crash that kept
-        its status event off the stream names a version that is not live (or a canary that is not one) in the
-        lifecycle; it is rewritten from the lifecycle."""
-        ptr = self.policy.pointer()
-        want, canary = self.book.lifecycle_pointer(ptr.version)
-        if (want, canary) != (ptr.version, ptr.canary.version if ptr.canary else None):
-            self.log.warning("live.pointer_repaired", pointer=ptr.version, pointer_canary=ptr.canary and ptr.canary.version,
-                             live=want, canary=canary)
-            self.policy.publish_live(self._ref(want), canary=self._ref(canary) if canary else None,
-                                     share=self.settings.gate.canary_share)
+        if fixed := self.book.repair_pointer(self.policy, self._ref, self.settings.gate.canary_share):
+            self.log.warning("live.pointer_repaired", **dict(zip(("pointer", "pointer_canary", "live", "canary"), fixed)))
 
     # ------------------------------------------------------------------ state
     def _save(self) -> None:
@@ -119,7 +111,9 @@ class Broadcaster(EventActor):
     async def tick(self) -> None:
         if self.book.canary:
             await self._check_canary()
-        if self.book.canary:
+        if self.book.hold:  # the guard found the served lineage below the base: nothing new until it clears one
+            pass
+        elif self.book.canary:
             await self._pipeline()
         elif not await self._watch_live():
             if self.book.passed:
@@ -139,9 +133,12 @@ class Broadcaster(EventActor):
             for act, v, to, why in self.guard.undo(c, self.book, self.live_version(), self.settings.guard.rollback):
                 await (self._set(v, S.SUPERSEDED, why) if act == "supersede" else self._rollback(v, to, why))
             await self.bus.publish(c.event(), weights_version=c.version)  # the event id derives from the check
-            self.guard.done(c, self.book)
+            self.guard.done(c, self.book, self.settings.guard.rollback)
             self._save()
-        self.guard.offer_newest(self.book, self.live_version())
+        if self.book.hold:  # the guard checks the newest candidate; older ones will not be served
+            for v in self._staged()[:-1]:
+                await self._set(v, S.SUPERSEDED, f"a newer candidate came while serving was held ({self.book.hold})")
+        self.guard.offer_newest(self.book, self.live_version(), self._staged())
 
     async def _prepare(self) -> None:
         """No gate to run now: the next gate's comparator is scored on the first look meanwhile, one environment a

@@ -1,33 +1,25 @@
 """Never worse than the base, checked: served versions scored against the base model in the background, and
 rolled back when significantly below it.
 
-The promotion gate compares a candidate with the version it would replace on a few entries, in seconds, so
-it cannot see a loss that builds up over many small steps (README, Known limits); the canary and the live
-watch compare users' ratings, which unrated traffic does not give. The guard closes that gap. A thread of the
-broadcaster, with an engine of its own at OS niceness `guard.nice` (5, the gate's: users first), scores the newest
-served version (the canary, else live) that has no check yet, on a fixed held-out suite (`guard.suite`: every
-held-out entry of the named categories, up to `guard.per_category` each; avg@k sampled at the rollout
-temperature, as `main.py report` and bench_learning_curve score), paired entry by entry with the base's
-scores on the same entries. The base is scored once; full-suite scores go into the same cache as
-`main.py report`'s (`<state>/evals/heldout.json`), so a report reuses them.
+The gate compares a candidate with the version it replaces on a few entries, so it cannot see a loss built up
+over many small steps; the canary needs ratings that unrated traffic does not give. A thread of the broadcaster,
+with an engine of its own at OS niceness `guard.nice` (5, the gate's: users first), scores the newest served
+version (the canary, else live) that has no check yet on a fixed held-out suite (`guard_suite`: up to
+`guard.per_category` held-out entries of each named category, categories interleaved; avg@k at the rollout
+temperature), entry by entry against the base. Scores go into `<state>/evals/heldout.json`, beside
+`main.py report`'s.
 
-The base is sampled `guard.base_k` (8) times an entry, once; a version `guard.k` (4) times. Near the floor
-that is what gives the check power: the 135M solves ~4% of the suite, so a base sampled as often as a version
-shows 3-10 successes, and even a version that solves nothing is then not significantly worse by a sign test.
-The test is the stratified exact one (`policies/stats.fewer_successes`): per entry, given both versions'
-successes, the version's share is hypergeometric under "same rate".
+The base is sampled `guard.base_k` (8) times an entry, once; a version `guard.k` (4) times: the 135M solves ~4%
+of the suite, and only a well-known base rate gives a test power there. The test is the stratified exact one
+(`policies/stats.fewer_successes`). The check is sequential with a futility stop only: once `guard.early_fraction`
+of the suite is scored and the version has succeeded at least as often as the base there (and at all), it is
+`not_below`; otherwise the whole suite decides, `below` at p < `guard.alpha` with a lower rate. A futility stop
+never makes a false alarm more likely; it halves a healthy version's check.
 
-The check is sequential, with a futility stop only. Entries run `guard.chunk_entries` at a time. Once at least
-`guard.early_fraction` of the suite is scored and the version's success rate there is at least the base's,
-the check stops: `not_below`. Stopping for futility never makes a false alarm more likely; it halves the cost
-of a healthy version's check. Otherwise the whole suite decides: `below` when the rate is lower and the test
-gives p < `guard.alpha`.
-
-A version found below the base rolls back (`rollback_plan`): every served version that is it or descends
-from it (the canary, then live), unless checked no worse itself, goes back to the newest version that went
-live and was checked no worse (never one that descends from the bad one), else to the base; a passed
-successor descending from it is superseded. The broadcaster publishes every check as `evo.heldout_scored`,
-and the rollback as `evo.weights_rolled_back` whose reason gives the figures.
+A version below the base rolls back (`rollback_plan`) with every served version descending from it, to the newest
+live version checked no worse, else the base, and holds serving (`PromotionBook.hold`): the guard checks the
+newest candidate instead, and nothing new reaches users until one is no worse. Every check is an
+`evo.heldout_scored` event; every rollback an `evo.weights_rolled_back` whose reason gives the figures.
 """
 from __future__ import annotations
 
@@ -193,17 +185,22 @@ class Guard:
                              (book.canary or {}).get("version"), (book.passed or {}).get("version"), book.history,
                              checks, book.descends)
 
-    def done(self, c: Check, book) -> None:
-        """The broadcaster carried out what `c` undoes: record its verdict (a failure before this retries it)."""
+    def done(self, c: Check, book, hold: bool = True) -> None:
+        """The broadcaster carried out what `c` undoes: record its verdict (a failure before this retries it). With
+        `hold` (rollbacks on), a version below the base holds serving: nothing new goes to users until a candidate
+        is checked no worse, which releases it."""
         book.checks[c.version] = c.verdict
+        if hold:
+            book.hold = c.version if c.verdict == "below" else None
         self.pending = [x for x in self.pending if x is not c]
 
-    def offer_newest(self, book, live: str) -> None:
-        """When idle, take the newest served version (the canary, else live) that has no check yet."""
-        served = (book.canary or {}).get("version") or live
-        if self.idle and served != BASE_VERSION and served not in book.checks and served not in self.offered:
-            self.offered.add(served)  # a check that fails is not offered again (until a restart)
-            self.offer(served)
+    def offer_newest(self, book, live: str, staged: list[str]) -> None:
+        """When idle, take the newest served version (the canary, else live) that has no check yet; while serving
+        is held, the newest candidate instead (the one that would be served next)."""
+        nxt = (staged or [None])[-1] if book.hold else (book.canary or {}).get("version") or live
+        if self.idle and nxt not in (None, BASE_VERSION) and nxt not in book.checks and nxt not in self.offered:
+            self.offered.add(nxt)  # a check that fails is not offered again (until a restart)
+            self.offer(nxt)
 
     def results(self) -> list[Check]:
         """Finished checks not yet carried out, oldest first (a check stays here until `done`)."""

@@ -42,12 +42,14 @@ class PromotionBook:
     replicas: dict[str, dict] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=lambda: {"promoted": 0, "rejected": 0, "rolled_back": 0})
     checks: dict[str, str] = field(default_factory=dict)  # version -> the guard's verdict against the base
+    hold: str | None = None  # a served version the guard found below the base: nothing new is served until it
+    # clears a candidate (policies/guard.py)
 
     @classmethod
     def load(cls, path: Path, live: str) -> PromotionBook:
         st = json.loads(path.read_text()) if path.exists() else {}
         book = cls(path, st.get("status", {live: S.LIVE}), st.get("history", [live]))
-        for k in ("refs", "canary", "passed", "feedback", "replicas", "counts", "checks"):
+        for k in ("refs", "canary", "passed", "feedback", "replicas", "counts", "checks", "hold"):
             if k in st:
                 setattr(book, k, st[k])
         return book
@@ -56,7 +58,7 @@ class PromotionBook:
         atomic_write_bytes(self.path, json.dumps({
             "status": self.status, "refs": self.refs, "history": self.history[-HISTORY_KEPT:], "canary": self.canary,
             "passed": self.passed, "feedback": self.feedback, "replicas": self.replicas, "counts": self.counts,
-            "checks": self.checks}).encode())
+            "checks": self.checks, "hold": self.hold}).encode())
 
     def move(self, version: str, new: S, reason: str, metrics: dict | None = None) -> WeightsStatus:
         """Change a version's status (IllegalTransition if the table forbids it); returns the event to publish."""
@@ -93,7 +95,8 @@ class PromotionBook:
     def summary(self) -> dict:
         return {**self.counts, "canary": self.canary, "passed": self.passed and self.passed["version"],
                 "history": self.history[-5:], "replicas": self.replicas,
-                "checked": dict(list(self.checks.items())[-5:]), "no_worse_than_base": anchor(self.history, self.checks)}
+                "checked": dict(list(self.checks.items())[-5:]), "no_worse_than_base": anchor(self.history, self.checks),
+                "hold": self.hold}
 
     def protected(self) -> set[str]:
         """Versions whose files must stay: live, recent live ones, every one still moving to users, and the
@@ -126,6 +129,17 @@ class PromotionBook:
                              parent=man.get("parent", ""), step=int(man.get("step", 0)))
         self.refs[version] = ref.model_dump()
         return ref
+
+    def repair_pointer(self, policy, ref, share: float) -> tuple | None:
+        """LIVE is the projection of the lifecycle on the stream: a pointer written just before a crash that kept its
+        status event off the stream names a version that is not live (or a canary that is not one) in the
+        lifecycle; it is rewritten from the lifecycle. Returns (pointed, pointed canary, live, canary) when it was."""
+        ptr = policy.pointer()
+        want, canary = self.lifecycle_pointer(ptr.version)
+        if (want, canary) == (ptr.version, ptr.canary.version if ptr.canary else None):
+            return None
+        policy.publish_live(ref(want), canary=ref(canary) if canary else None, share=share)
+        return ptr.version, ptr.canary and ptr.canary.version, want, canary
 
     def lifecycle_pointer(self, pointed: str) -> tuple[str, str | None]:
         """(live, canary) as the lifecycle has them, for checking the LIVE pointer after a crash: the pointed

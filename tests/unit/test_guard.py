@@ -8,6 +8,7 @@ from actors.events import HeldoutScored, WeightsRolledBack, WeightsStatus
 from actors.lifecycles import WeightsState as S
 from policies.guard import Check, Guard, anchor, look, rollback_plan
 from test_canary_pipeline import _broadcaster, _publish  # noqa: E402  (tests/unit is on sys.path)
+from test_live_policy import _version  # noqa: E402
 
 
 def _check(version, base, n=None):
@@ -220,5 +221,18 @@ def test_the_broadcaster_offers_the_newest_served_version_and_rolls_back_a_linea
         assert b.book.history == ["w-000000", "w-000001"]  # what went live after the anchor left the history
         lives = [e for e in b.bus.events if isinstance(e, WeightsStatus) and e.version == "w-000001"]
         assert lives[-1].status == S.LIVE and lives[-1].reason == "rollback from w-000002"
+        # serving is held: new candidates are not gated or served until the guard clears one
+        assert b.book.hold == "w-000002"
+        for n in (4, 5):
+            refs[f"w-{n:06d}"] = _version(b.policy, n, "w-000001")
+            await _publish(b, refs[f"w-{n:06d}"])
+        await b.tick()
+        assert b.book.status["w-000004"] == S.SUPERSEDED and b.book.status["w-000005"] == S.STAGED
+        assert b.guard.asked[-1] == "w-000005" and b.policy.pointer().version == "w-000001"
+        b.guard.finish(_verdict("w-000005", "not_below"))
+        await b.tick()  # released
+        assert b.book.hold is None
+        await b.tick()  # the candidate goes through the gate as usual
+        assert b.book.status["w-000005"] == S.CANARY
 
     asyncio.run(go())
