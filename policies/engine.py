@@ -231,8 +231,7 @@ class TransformersEngine:
         """Copy a version into the model (in place, or standby then flip); returns milliseconds. With `shared`
         (a `SharedRef` of this version) the weights come from another engine's memory, else, or when that
         fails, from the safetensors file."""
-        from safetensors.torch import load_file
-
+        from policies.model_store import read_weights
         from policies.shared_weights import read_shared
 
         t0 = time.perf_counter()
@@ -245,7 +244,7 @@ class TransformersEngine:
                 self.last_load = f"file ({type(exc).__name__}: {str(exc)[:160]})"
         else:
             self.last_load = "file"
-        self.load_state_dict(load_file(str(path)), version)
+        self.load_state_dict(read_weights(path), version)  # a file, or a shard index (the base of a 7B)
         return (time.perf_counter() - t0) * 1000
 
     def pause(self) -> None:

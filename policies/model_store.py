@@ -118,6 +118,39 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+SHARD_INDEX = "model.safetensors.index.json"
+
+
+def base_weights(folder: str | Path) -> Path:
+    """The base model's weights: one `model.safetensors`, or the index of its shards (7B models ship in shards)."""
+    one = Path(folder) / "model.safetensors"
+    return one if one.exists() or not (Path(folder) / SHARD_INDEX).exists() else Path(folder) / SHARD_INDEX
+
+
+def weight_files(path: str | Path) -> list[Path]:
+    """The safetensors files behind a weights path: itself, or the shards its index names (in order)."""
+    path = Path(path)
+    if path.name.endswith(".index.json"):
+        shards = json.loads(path.read_text())["weight_map"].values()
+        return [path.parent / f for f in dict.fromkeys(shards)]
+    return [path]
+
+
+def iter_weights(path: str | Path, device: str = "cpu"):
+    """(name, tensor) of every tensor of a weights path, one shard open at a time (memory: one tensor at a time)."""
+    from safetensors import safe_open
+
+    for f in weight_files(path):
+        with safe_open(str(f), framework="pt", device=device) as st:
+            for name in st.keys():
+                yield name, st.get_tensor(name)
+
+
+def read_weights(path: str | Path) -> dict:
+    """Every tensor of a weights path (a safetensors file, or a shard index)."""
+    return dict(iter_weights(path))
+
+
 class WeightsStore:
     def __init__(self, state: Path):
         self.dir = state / "weights"
@@ -148,9 +181,9 @@ class WeightsStore:
 
     def file(self, version: str, base: Path | None = None) -> Path | None:
         """The weights file of `version`: ours from its manifest; for the base version, the base model
-        folder's model.safetensors (when `base` is given)."""
+        folder's model.safetensors, or its shard index where the model ships in shards (when `base` is given)."""
         if version == BASE_VERSION:
-            return Path(base) / "model.safetensors" if base is not None else None
+            return base_weights(base) if base is not None else None
         man = self.manifest(version)
         return Path(man["path"]) if man and man.get("path") else None
 

@@ -106,12 +106,12 @@ class Trainer:
                 del self.adapters[old]
 
     def _weights(self, version: str, path: str | None = None) -> dict:
-        from safetensors.torch import load_file
+        from policies.model_store import read_weights
 
         path = path or self.store.file(version, self.base_dir)
         if path is None:
             raise FileNotFoundError(f"weights of {version} are not in the store")
-        return load_file(str(path))
+        return read_weights(path)
 
     def reset_to(self, weights_path: str | None, version: str) -> None:
         """Continue from another version (the live one after a rejection or a rollback); fresh optimizer."""

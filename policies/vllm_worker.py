@@ -36,12 +36,11 @@ class WeightLoader:
         return len(names)
 
     def kaizen_load_weights(self, path: str) -> int:
-        """Load every tensor of a safetensors file into the served model; returns the tensor count."""
-        from safetensors import safe_open
+        """Load every tensor of a safetensors file (or of the shards a shard index names) into the served model;
+        returns the tensor count."""
+        from policies.model_store import iter_weights
 
-        device = str(getattr(self, "device", "cpu"))
-        with safe_open(path, framework="pt", device=device) as f:
-            return self._load(((name, f.get_tensor(name)) for name in list(f.keys())), path)
+        return self._load(iter_weights(path, str(getattr(self, "device", "cpu"))), path)
 
     def kaizen_load_shared(self, ref: dict) -> dict:
         """Copy a `SharedRef`'s tensors into the served model. Never raises: {"ok": False, "error": ...} tells
