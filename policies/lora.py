@@ -37,15 +37,14 @@ def base_name(peft_name: str) -> str:
 
 def merged_state_dict(model, dtype) -> dict:
     """The served weights: every base tensor under its original name, adapters merged in; the model is not
-    changed (no merge_and_unload: the adapters keep training)."""
+    changed (no merge_and_unload: the adapters keep training). One layer's delta exists at a time (peft keeps
+    adapters in float32: all of a 7B's deltas at once were ~24 GiB), merged in float32 and stored in `dtype`."""
     import torch
 
     from policies.model_store import aliases
 
-    deltas = {}
+    layers = {base_name(name) + ".weight": layer for name, layer in _layers(model)}
     with torch.no_grad():
-        for name, layer in _layers(model):
-            deltas[base_name(name) + ".weight"] = layer.get_delta_weight("default")
         sd = {}
         raw = model.state_dict()
         skip = aliases(raw)
@@ -54,9 +53,10 @@ def merged_state_dict(model, dtype) -> dict:
                 continue
             name = base_name(k)
             w = v.detach()
-            if name in deltas:
-                w = w.float() + deltas[name].float()
+            if name in layers:
+                w = w.float() + layers[name].get_delta_weight("default").float()  # freed before the next layer
             sd[name] = w.to("cpu", dtype)
+            del w
     return sd
 
 
