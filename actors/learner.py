@@ -151,7 +151,7 @@ class Learner(EventActor):
         return staleness(self.store, self.trainer.version, version, self.settings.learner.max_staleness)
 
     def _fresh(self, g: Judgement) -> bool:
-        return all(self.staleness(v) is not None for v in g.behaviour_versions)
+        return all(self.staleness(v) is not None and self.trainer.reproducible(v) for v in g.behaviour_versions)
 
     async def _drop_stale(self) -> None:
         fresh = []

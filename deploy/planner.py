@@ -167,6 +167,17 @@ def plan(s, shape: Shape, gpu_gib: float, disk_gib: float) -> Plan:
     return p
 
 
+def refuse_quantized(s, config: dict) -> str | None:
+    """Weights are copied into vLLM's parameters in place (policies/vllm_worker.py), which bypasses vLLM's own
+    layerwise reload: right for bf16/fp16 weights, wrong for FP8 or other quantized ones (their scales and packed
+    layouts are rebuilt by that reload). Such a checkpoint is refused with the reason, never served wrong."""
+    q = config.get("quantization_config")
+    if q and s.model.engine == "vllm":
+        return (f"the model is quantized ({q.get('quant_method', q.get('quant_type', 'unknown method'))}): in-place "
+                "weight updates would load its tensors without vLLM's quantized reload; use a bf16 or fp16 checkpoint")
+    return None
+
+
 def check(s, model_dir: str | Path) -> Plan | None:
     """The plan for a preset that uses a GPU (None otherwise); raises SystemExit when it does not fit."""
     import shutil
@@ -181,6 +192,8 @@ def check(s, model_dir: str | Path) -> Plan | None:
     gpu_gib = torch.cuda.get_device_properties(0).total_memory / GiB
     Path(s.state).mkdir(parents=True, exist_ok=True)
     p = plan(s, shape_of(model_dir), gpu_gib, shutil.disk_usage(s.state).free / GiB)
+    if why := refuse_quantized(s, json.loads((Path(model_dir) / "config.json").read_text())):
+        p.problems.append(why)
     if not p.fits:
         raise SystemExit("the preset does not fit this machine:\n" + p.table())
     return p

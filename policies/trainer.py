@@ -32,8 +32,7 @@ from pathlib import Path
 from actors.events import Judgement
 from policies import adca, grpo, lora
 from policies.groups import floor_scales
-from policies.model_store import BASE_VERSION, WeightsStore, aliases
-
+from policies.model_store import BASE_VERSION, REFERENCE, WeightsStore, aliases
 
 # one step's samples, padded: token ids, attention mask, each sample's length and its first response token
 Batch = namedtuple("Batch", "ids attn lens first")
@@ -143,10 +142,16 @@ class Trainer:
                                    shared=grpo.shared_prefix(ids, [batch.lens[i] for i in rows]),
                                    start=min(batch.first[i] for i in rows))
 
+    def reproducible(self, version: str) -> bool:
+        """Can a sample's behaviour be recomputed? Under LoRA only from adapters in memory or the base: a full copy
+        is +14 GiB at 7B that no plan counts (a sample from before a restart or a reset is stale instead)."""
+        return not self.lora or version in self.adapters or version == self.base_from[0] or version == REFERENCE
+
     @contextlib.contextmanager
     def _behaviour_model(self, version: str):
-        """The policy that generated a stale sample: under LoRA the same model with that version's adapters
-        (or none, for the version the base holds); else, or when they are gone, a scratch copy."""
+        """A stale sample's policy: under LoRA that version's adapters (or none, for the base); else a scratch copy."""
+        if self.lora and not self.reproducible(version):
+            raise ValueError(f"the behaviour of {version} cannot be recomputed under LoRA (its adapters are gone)")
         if self.lora and version in self.adapters:
             with lora.adapter_of(self.model, self.adapters[version]) as m:
                 yield m

@@ -45,7 +45,7 @@ def settings(tmp_path, nats_server):
     s.state_dir = str(tmp_path / "state")
     s.nats.url, s.nats.password = nats_server.url, nats_server.password
     s.telemetry.strict_events = True
-    s.guard.enabled = False  # its background scoring of the base takes minutes; tests/integration/test_guard.py runs it
+    s.guard.enabled = False  # its background scoring of the base takes minutes; tests/integration/test_guard_rollback.py runs it
     s.nats.max_bytes = 64 * 1024 * 1024  # JetStream reserves it on disk per stream; tests make many streams
     return s
 

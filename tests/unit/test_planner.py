@@ -50,3 +50,14 @@ def test_shared_swaps_need_the_gate_on_the_gpu_and_cost_no_memory():
     cpu_gate = load_settings("config/gpu-7b.yaml", **{"model.device": "cpu"})
     p = plan(cpu_gate, Shape.from_config(QWEN2_7B), gpu_gib=78, disk_gib=64)
     assert any("serve.weights_transport" in x and "model.device cuda" in x for x in p.problems)
+
+
+def test_a_quantized_checkpoint_is_refused_with_the_reason_on_vllm():
+    from deploy.planner import refuse_quantized
+
+    s = load_settings("config/gpu-7b.yaml")
+    fp8 = {**QWEN2_7B, "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}
+    why = refuse_quantized(s, fp8)
+    assert why and "fp8" in why and "bf16" in why
+    assert refuse_quantized(s, QWEN2_7B) is None
+    assert refuse_quantized(load_settings(None), fp8) is None  # transformers on the CPU loads it as it is
