@@ -246,7 +246,7 @@ class KaizenServer:
                 return StreamingResponse(self._stream(turn), media_type="text/event-stream")
             gen = (await self._in_pool(engine.generate, [prompt], max_new, req.temperature, req.top_p))[0]
             version = gen.version or engine.version
-            answer = turn.answer(gen.text)
+            answer = turn.answer(gen)
             await self._record(turn, answer, version, gen.straddled)
             return completion(iid, self.s.model.name, version, answer, gen, n_prompt, turn.finish(answer, gen))
 

@@ -62,7 +62,7 @@ async def stream_chat(server, turn):
                                                    "type": "server_error", "param": None, "code": None}}) + "\n\n"
             yield "data: [DONE]\n\n"
             return
-        answer = turn.answer(gen.text)
+        answer = turn.answer(gen)
         record = asyncio.ensure_future(server._record(turn, answer, gen.version or version, gen.straddled))
         recorded = True  # from here on the record is under way: a hang-up now must not record it again
         await asyncio.shield(record)
@@ -89,4 +89,4 @@ async def _record_when_done(server, task, turn, version: str) -> None:
         gen = (await task)[0]
     except Exception:  # no answer, nothing to learn from
         return
-    await server._record(turn, turn.answer(gen.text), gen.version or version, gen.straddled)
+    await server._record(turn, turn.answer(gen), gen.version or version, gen.straddled)

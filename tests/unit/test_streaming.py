@@ -44,7 +44,7 @@ class _Server:
 def _turn(engine):
     return SimpleNamespace(req=SimpleNamespace(temperature=0.0, top_p=1.0, stop=[], include_usage=False),
                            iid="chatcmpl-1", tools=[], engine=engine, prompt="p", max_new=8, n_prompt=3,
-                           answer=lambda text: ChatMessage(role="assistant", content=text),
+                           answer=lambda gen: ChatMessage(role="assistant", content=gen.text),
                            finish=lambda answer, gen: "stop")
 
 
