@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from policies.batching import Batcher, Request, RowBudget, RowStreamer
+from policies.device_lock import device_startup
 from policies.generation import Engine, Generation, LockedTokenizer, shared_prefix_logprobs, trie_step
 
 
@@ -269,18 +270,13 @@ def make_engine(settings, model_dir: str | Path, version: str = "w-000000", role
         raise ValueError(f"unknown engine role {role!r}; known: {ROLES}")
     m = settings.model
     if m.engine == "vllm" and role in m.vllm_roles:
-        import fcntl
-
         from policies.vllm_engine import VllmEngine
 
-        # one vLLM engine starts at a time on this machine: its start-up profiles free GPU memory, and two
-        # profiling at once each count the other's allocations (a file lock in the state dir, across processes)
-        settings.state.mkdir(parents=True, exist_ok=True)
-        with open(settings.state / "vllm-start.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with device_startup(settings.state, "cuda"):  # vLLM profiles free GPU memory while it starts
             return VllmEngine(model_dir, dtype=m.serve_dtype, gpu_memory_utilization=m.gpu_memory_utilization,
                               max_model_len=m.max_model_len, enforce_eager=m.enforce_eager, version=version)
     serving = role in ("serve", "canary")
-    return TransformersEngine(model_dir, dtype=m.serve_dtype, device=m.device, threads=m.torch_threads, version=version,
-                              standby=serving, max_batch=settings.serve.max_batch if serving else 1,
-                              batch_window_ms=settings.serve.batch_window_ms)
+    with device_startup(settings.state, m.device):
+        return TransformersEngine(model_dir, dtype=m.serve_dtype, device=m.device, threads=m.torch_threads,
+                                  version=version, standby=serving, max_batch=settings.serve.max_batch if serving else 1,
+                                  batch_window_ms=settings.serve.batch_window_ms)

@@ -2,10 +2,9 @@
 
 One step over whole judged groups (groups stay intact):
   1. advantages: ADCA-GRPO step credit (or verl's outcome-only GRPO), scaled per group by ADPO;
-  2. log-probs of the sampled tokens under the version that generated each sample (pi_behav:
-     recomputed from that version's weights file, which the store keeps) and under the reference
-     policy (the base model), without gradients; a sample the step before trained too (the learner's
-     `replay_groups`) keeps both from then;
+  2. log-probs of the sampled tokens under the version that generated each sample (pi_behav, from its
+     weights file or LoRA adapters) and the reference (the base), without gradients; a sample the step
+     before trained too (`replay_groups`) keeps both from then;
   3. decoupled PPO (AReaL): the clip is taken around pi_prox, the weights being trained before the
      update, and each token's term is weighted by the truncated importance ratio
      min(pi_prox / pi_behav, C) (verl's token-level TIS), which corrects samples that weights up to
@@ -19,8 +18,8 @@ that no sample solved) share the group's advantage normalisation and train with 
 unclipped objective (`grpo.off_policy_loss`, `learner.off_policy_gamma`); they need no behaviour
 log-probs, and ADPO's self-consistency counts only the policy's own samples. In such a floor group the
 failures' negative advantages are scaled by `learner.floor_negative_scale` (`groups.floor_scales`).
-Forward passes run the transformer body under bfloat16 autocast (`learner.bf16`); master weights,
-gradients, the output projection and the log-softmax stay float32.
+Forwards run the body under bf16 autocast (`learner.bf16`); master weights, gradients, output projection
+and log-softmax stay float32. Models load under the deployment's device start-up lock (`device_lock`).
 """
 from __future__ import annotations
 
@@ -31,6 +30,7 @@ from pathlib import Path
 
 from actors.events import Judgement
 from policies import adca, grpo, lora
+from policies.device_lock import device_startup
 from policies.groups import floor_scales
 from policies.model_store import BASE_VERSION, REFERENCE, WeightsStore, aliases
 
@@ -50,12 +50,12 @@ class Trainer:
         self.tok = AutoTokenizer.from_pretrained(str(base_dir))
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
-        L = settings.learner
-        self.lora = L.lora_rank > 0
+        L, self.lora = settings.learner, settings.learner.lora_rank > 0
         dtype = getattr(torch, L.base_dtype) if self.lora else torch.float32
-        load = lambda: AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=dtype).to(self.device)  # noqa: E731
-        self._load = load
-        self.model = load()
+        def load():
+            with device_startup(settings.state, self.device):
+                return AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=dtype).to(self.device)
+        self._load, self.model = load, load()
         if L.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.lora:
