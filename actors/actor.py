@@ -70,10 +70,7 @@ class EventActor:
         if self.settings.telemetry.strict_events:
             events.strict()
         if self.bus is None:
-            n = self.settings.nats
-            self.bus = await Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix,
-                                 producer=self.name, dedup_window_s=n.dedup_window_s, max_age_s=n.max_age_days * 86400,
-                                 max_bytes=n.max_bytes).connect()
+            self.bus = await Bus.from_settings(self.settings.nats, self.name).connect()
         if self.kinds:
             self._sub = await self.bus.pull(self.name, list(self.kinds), ack_wait_s=self.settings.nats.ack_wait_s,
                                             max_deliver=self.settings.nats.max_deliver)

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 from actors.actor import EventActor
 from actors.bus import Poison
 from actors.actor import HOLD
 from actors.events import (MIXED_WEIGHTS, Feedback, Interaction, Judgement, Rollout, Sample, WeightsPromoted,
-                           WeightsRolledBack)
+                           WeightsRolledBack, derived_id)
 from envs.live import trajectory
 from policies.conversations import ConversationBook
 from policies.hygiene import scrub
@@ -43,7 +42,7 @@ STEP_SHAPING = 0.1  # weight of the mean step signal added to the environment ou
 
 
 def judgement_id(source_event_id: str) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:judgement:{source_event_id}"))
+    return derived_id("judgement", source_event_id)
 
 
 def score_rollout(sample: Sample) -> tuple[float, list[str]]:
@@ -214,7 +213,7 @@ class Attributor(EventActor):
             rated = st.rated or f"rated:{it.interaction_id}" in self.applied  # also rated before a restart
             if rated or not st.signal or not st.outcome or it.mixed_weights:
                 continue
-            out = Judgement(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:judgement:signal:{it.event_id}")),
+            out = Judgement(event_id=derived_id("judgement", f"signal:{it.event_id}"),
                             group_id=f"live:{it.interaction_id}", source="live", task_id=f"live:{it.interaction_id}",
                             samples=[trajectory(it, st.outcome, scrub)], outcomes=[st.outcome],
                             step_labels=[["GOOD" if st.outcome > 0 else "BAD"]], judge=f"next-turn:{st.signal}",

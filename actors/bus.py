@@ -40,6 +40,15 @@ class Bus:
         self.nc = None
         self.js = None
 
+    @classmethod
+    def from_settings(cls, n, producer: str, url: str | None = None, user: str | None = None,
+                      password: str | None = None) -> "Bus":
+        """The deployment's bus as `settings.nats` (`n`) describes it: stream, subjects and limits. A command line
+        passes the url, user and password that `up` wrote down."""
+        return cls(url or n.url, user or n.user, n.password if password is None else password, stream=n.stream,
+                   prefix=n.subject_prefix, producer=producer, dedup_window_s=n.dedup_window_s,
+                   max_age_s=n.max_age_days * 86400, max_bytes=n.max_bytes)
+
     async def connect(self, ensure_stream: bool = True, attempts: int = -1, connect_timeout: float = 2.0) -> "Bus":
         """attempts -1 (actors): never give up, also on the first connect; a command line passes a bound."""
         self.nc = await nats.connect(self.url, user=self.user, password=self.password, name=self.producer,

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import uuid
 
 from actors.actor import EventActor, heartbeat
 from actors.bus import Poison
 from actors.events import (RetrieveReply, RetrieveRequest, Rollout, Task, WeightsPromoted, WeightsPublished,
-                           WeightsRejected, WeightsRolledBack)
+                           WeightsRejected, WeightsRolledBack, derived_id)
 from envs.registry import make_envs
 from envs.tool_calls import CallError, parse_python_call
 from policies.live_policy import LivePolicy
@@ -104,7 +103,7 @@ class Explorer(EventActor):
                 ref = await asyncio.to_thread(reference_sample, env, task.entry_id, spec)
                 if ref is not None:
                     samples.append(ref)
-        event = Rollout(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:rollout:{task.event_id}")),
+        event = Rollout(event_id=derived_id("rollout", task.event_id),
                         task=task, group_id=task.event_id, samples=samples, duration_s=res.duration_s,
                         trace_id=task.trace_id)
         await self.bus.publish(event, weights_version=version)

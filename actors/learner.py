@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 
 from actors.actor import HOLD, EventActor, heartbeat
 from actors.events import (MIXED_WEIGHTS, Judgement, LearnerStep, WeightsPromoted, WeightsPublished, WeightsRef,
-                           WeightsRejected, WeightsRolledBack)
+                           WeightsRejected, WeightsRolledBack, derived_id)
 from config import telemetry
 from opentelemetry import trace
 from policies.checkpoint import CheckpointStore
@@ -39,7 +38,7 @@ from policies.model_store import BASE_VERSION, staleness, version_name  # noqa: 
 
 
 def _step_event_id(kind: str, step: int) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:{kind}:{step}"))
+    return derived_id(kind, str(step))
 
 
 class Learner(EventActor):

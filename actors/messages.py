@@ -40,6 +40,12 @@ def new_id() -> str:
     return str(uuid.uuid4())
 
 
+def derived_id(kind: str, key: str) -> str:
+    """The event id of what a given input makes (uuid5 of "kaizen:<kind>:<key>"): the same every time it is made
+    again after a redelivery or a restart, so JetStream's de-duplication drops the copy."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:{kind}:{key}"))
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
 

@@ -24,12 +24,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from actors.actor import EventActor
-from actors.events import Experience, Feedback, Judgement, RetrieveReply, RetrieveRequest, parse_event, subject_for
+from actors.events import (Experience, Feedback, Judgement, RetrieveReply, RetrieveRequest, derived_id, parse_event,
+                           subject_for)
 from policies.experience import decay, distil, from_row, guided_helped, retrieval_key, to_row, utility
 from policies.memory_pool import MemoryPool
 from policies.model_store import atomic_write_bytes
@@ -153,7 +153,7 @@ class Navigator(EventActor):
         return from_row(exp_id, self.pool.meta[exp_id], event_id, **update)
 
     async def _retire(self, exp_id: str, reason: str, cause: str) -> None:
-        ev = self._changed(exp_id, str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:retire:{exp_id}:{cause}")),
+        ev = self._changed(exp_id, derived_id("retire", f"{exp_id}:{cause}"),
                            state="retired", reason=reason)
         await self._write([ev], [await self._on_torch(self.pool.vector, exp_id)])
         self.retired += 1
@@ -179,7 +179,7 @@ class Navigator(EventActor):
                 m = self.pool.meta[near[0]]
                 if j.event_id in m.get("sources", []):  # redelivered after the merge was written
                     continue
-                merged = self._changed(near[0], str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:merge:{e.event_id}")),
+                merged = self._changed(near[0], derived_id("merge", e.event_id),
                                        support=m.get("support", 1) + 1,
                                        source_event_ids=(m.get("sources", []) + e.source_event_ids)[-20:],
                                        reason=f"merged a near-duplicate (cosine {near[1]:.3f}) from {j.event_id}")

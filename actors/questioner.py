@@ -24,11 +24,10 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import uuid
 from collections import Counter, deque
 
 from actors.actor import EventActor
-from actors.events import Interaction, Judgement, Task
+from actors.events import Interaction, Judgement, Task, derived_id
 from actors.lifecycles import TaskState as T
 from envs.registry import make_envs
 from policies.curriculum import DatasetPools, Ladder, train_pool
@@ -40,7 +39,7 @@ SYNTHETIC = "synthetic"  # the ladder of self-written tasks: rung n asks for n +
 
 
 def task_event_id(entry_id: str, round_: int) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:task:{entry_id}:{round_}"))
+    return derived_id("task", f"{entry_id}:{round_}")
 
 
 class Questioner(EventActor):

@@ -184,9 +184,7 @@ def _write_private(path: Path, text: str) -> None:
 async def _ensure_stream(s: Settings) -> None:
     from actors.bus import Bus
 
-    n = s.nats
-    bus = await Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix, producer="main",
-                    dedup_window_s=n.dedup_window_s, max_age_s=n.max_age_days * 86400, max_bytes=n.max_bytes).connect()
+    bus = await Bus.from_settings(s.nats, "main").connect()
     await bus.close()
 
 

@@ -16,8 +16,8 @@ async def connect(s: Settings, run: dict):
     from actors.bus import Bus
 
     pw = (s.state / "nats.password").read_text().strip() if (s.state / "nats.password").exists() else s.nats.password
-    return await Bus(run["nats_url"], run["nats_user"], pw, stream=s.nats.stream, prefix=s.nats.subject_prefix,
-                     producer="cli").connect(ensure_stream=False, attempts=3, connect_timeout=5.0)
+    bus = Bus.from_settings(s.nats, "cli", run["nats_url"], run["nats_user"], pw)
+    return await bus.connect(ensure_stream=False, attempts=3, connect_timeout=5.0)
 
 
 def summarize(ev: E.Event) -> str:

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from datetime import datetime
 
-from actors.events import Experience, Judgement, Sample
+from actors.events import Experience, Judgement, Sample, derived_id
 from policies.hygiene import looks_like_injection, scrub
 
 
@@ -65,7 +64,7 @@ def distil(j: Judgement) -> list[Experience]:
         comment = j.comments[i].strip() if i < len(j.comments) else ""
         if comment:  # a user's correction is the most useful part of a live experience
             text += f" The user said: \"{scrub(comment)[:200]}\""
-        eid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:experience:{j.event_id}:{int(success)}"))
+        eid = derived_id("experience", f"{j.event_id}:{int(success)}")
         state = "quarantined" if looks_like_injection(raw) or looks_like_injection(text) else "active"
         user = j.user_hashes[i] if i < len(j.user_hashes) else None
         out.append(Experience(event_id=eid, experience_id=eid, text=scrub(text)[:2000], when=when, success=success,

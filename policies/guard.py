@@ -27,7 +27,6 @@ import os
 import queue
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from policies.model_store import BASE_VERSION
@@ -53,10 +52,10 @@ class Check:
         return len(self.per_entry) >= self.suite_entries
 
     def event(self):
-        from actors.events import HeldoutScored
+        from actors.events import HeldoutScored, derived_id
 
-        return HeldoutScored(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:heldout_scored:{self.version}:"
-                                                       f"{self.env}:{len(self.per_entry)}:{self.verdict}")),
+        return HeldoutScored(event_id=derived_id("heldout_scored", f"{self.version}:{self.env}:"
+                                                                     f"{len(self.per_entry)}:{self.verdict}"),
                              version=self.version, env=self.env, entries=len(self.per_entry),
                              suite_entries=self.suite_entries, k=self.k, verdict=self.verdict,
                              duration_s=self.duration_s, reason=self.summary(), **self.stats)

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from actors.events import WeightsRef, WeightsStatus
+from actors.events import WeightsRef, WeightsStatus, derived_id
 from actors.lifecycles import WeightsState as S, transition
 from policies.guard import anchor
 from policies.model_store import BASE_VERSION, WeightsStore, atomic_write_bytes, sha256_file, version_number
@@ -68,7 +67,7 @@ class PromotionBook:
         if self.passed and self.passed.get("version") == version and new != S.PASSED:
             self.passed = None  # the passed successor moved on: canary, live or superseded
         n = len(self.history)  # distinguishes a version going live a second time
-        return WeightsStatus(event_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:weights_status:{version}:{new}:{old}:{n}")),
+        return WeightsStatus(event_id=derived_id("weights_status", f"{version}:{new}:{old}:{n}"),
                              version=version, status=new, previous_status=old, reason=reason[:1000],
                              metrics={k: float(v) for k, v in (metrics or {}).items()})
 

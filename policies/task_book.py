@@ -8,12 +8,11 @@ recent one.
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from actors.events import TaskStatus
+from actors.events import TaskStatus, derived_id
 from actors.lifecycles import TaskState, task_transition
 from policies.adca import self_consistency
 
@@ -38,7 +37,7 @@ class SyntheticTask(BaseModel):
 
 
 def status_event_id(task_id: str, status: str, n: int = 0) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:task_status:{task_id}:{status}:{n}"))
+    return derived_id("task_status", f"{task_id}:{status}:{n}")
 
 
 def band_decision(outcomes: list[float], low: float, high: float) -> tuple[float, str | None]:

@@ -24,7 +24,7 @@ from ray import serve
 
 from actors import events
 from actors.bus import Bus
-from actors.events import ChatMessage, Feedback, RetrieveReply, RetrieveRequest, WeightsSwapped
+from actors.events import ChatMessage, Feedback, RetrieveReply, RetrieveRequest, WeightsSwapped, derived_id
 from config import telemetry
 from config.settings import Settings
 from policies.chat import CALL_PREFIX, call_opening, render
@@ -93,9 +93,7 @@ class KaizenServer:
             self._drainer = asyncio.create_task(self.outbox.run(self._ensure_bus, self.log))
         async with self._bus_lock:
             if self.bus is None:
-                n = self.s.nats
-                bus = Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix,
-                          producer=f"serve:{self.replica}")
+                bus = Bus.from_settings(self.s.nats, f"serve:{self.replica}")
                 self.bus = await asyncio.wait_for(bus.connect(ensure_stream=False), 3.0)
                 self._watcher = asyncio.create_task(self.weights.watch(self.bus.nc))
         return self.bus
@@ -192,7 +190,7 @@ class KaizenServer:
         if it is None:
             return error(404, f"unknown interaction_id {fb.interaction_id!r}", "not_found_error")
         # identical feedback -> identical event id -> JetStream drops the duplicate and handlers skip it
-        event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"kaizen:feedback:{fb.interaction_id}|{fb.score}|{fb.comment}"))
+        event_id = derived_id("feedback", f"{fb.interaction_id}|{fb.score}|{fb.comment}")
         ev = Feedback(event_id=event_id, interaction_id=fb.interaction_id, score=fb.score, comment=fb.comment,
                       interaction=it, trace_id=it.trace_id)
         ev.weights_version = it.weights_version

@@ -58,8 +58,7 @@ async def rpc_latency(settings, queries: list[str], k: int, nav) -> tuple[list[f
     from actors.bus import Bus
     from actors.events import RetrieveReply, RetrieveRequest
 
-    n = settings.nats
-    bus = await Bus(n.url, n.user, n.password, stream=n.stream, prefix=n.subject_prefix, producer="bench").connect()
+    bus = await Bus.from_settings(settings.nats, "bench").connect()
     try:
         for _ in range(600):  # the navigator answers once it has mirrored the pool
             if nav.poll() is not None:

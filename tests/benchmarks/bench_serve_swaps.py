@@ -69,7 +69,7 @@ def main():
         refs.append(WeightsRef(version=name, path=str(path), sha256=sha, parent="w-000000", step=1))
 
     async def ensure_stream():
-        bus = await Bus(s.nats.url, s.nats.user, s.nats.password, producer="bench").connect()
+        bus = await Bus.from_settings(s.nats, "bench").connect()
         await bus.close()
     asyncio.run(ensure_stream())
     transports = a.transports.split(",")
@@ -119,7 +119,7 @@ def main():
     vias: list[str] = []
 
     async def swapper(blocks):
-        bus = await Bus(s.nats.url, s.nats.user, s.nats.password, producer="bench").connect()
+        bus = await Bus.from_settings(s.nats, "bench").connect()
         sub = await bus.nc.subscribe("evo.weights_swapped")
         try:
             k = 0

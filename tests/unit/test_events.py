@@ -45,3 +45,18 @@ def test_envelope_fields():
     e = ev.Task(task_id="t", env="bfcl", entry_id="x")
     for f in ("event_id", "kind", "schema_version", "occurred_at", "producer", "weights_version", "trace_id"):
         assert f in e.model_dump()
+
+
+def test_derived_ids_keep_their_values_and_are_made_in_one_place():
+    """Ids made before an upgrade must match the ones made after (JetStream de-duplication and the learner's applied
+    ids rely on them), and only `derived_id` makes them."""
+    import uuid
+    from pathlib import Path
+
+    from actors.events import derived_id
+
+    assert derived_id("judgement", "e1") == str(uuid.uuid5(uuid.NAMESPACE_URL, "kaizen:judgement:e1"))
+    root = Path(__file__).resolve().parents[2]
+    makers = [str(p.relative_to(root)) for d in ("actors", "policies", "serve", "deploy", "envs")
+              for p in (root / d).rglob("*.py") if "uuid5" in p.read_text()]
+    assert makers == ["actors/messages.py"]
