@@ -103,6 +103,8 @@ class Judgement(Event):
     group_id: str
     source: Literal["rollout", "live"]
     task_id: str
+    env: str = Field("", description="the task's environment and entry (rollouts; empty for live traffic)")
+    entry_id: str = ""
     samples: list[Sample]
     outcomes: list[float]
     step_labels: list[list[Literal["GOOD", "BAD"]]]

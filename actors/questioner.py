@@ -130,14 +130,12 @@ class Questioner(EventActor):
         self._save()
 
     def _climb(self, j: Judgement) -> None:
-        """Record the policy's own success on a dataset task's rung (task ids are `env:entry:round`)."""
-        env_name, _, rest = j.task_id.partition(":")
-        entry = rest.rpartition(":")[0]
-        env = self.envs.get(env_name)
-        if env is None or not entry:
+        """Record the policy's own success on a dataset task's rung (the judgement names its env and entry)."""
+        env = self.envs.get(j.env)
+        if env is None or not j.entry_id:
             return
-        level = env.level_of(entry) if hasattr(env, "level_of") else 0
-        self.ladder.record(env_name, level, [s.outcome for s in j.samples if not s.off_policy])
+        level = env.level_of(j.entry_id) if hasattr(env, "level_of") else 0
+        self.ladder.record(j.env, level, [s.outcome for s in j.samples if not s.off_policy])
         self._save()
 
     # ------------------------------------------------------------------ outputs

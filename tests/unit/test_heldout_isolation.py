@@ -64,7 +64,8 @@ def test_questioner_alternates_envs_and_climbs_the_code_ladder(envs, tmp_path):
     for i in range(4):  # the policy now solves rung 0 (a reference sample does not count as its own)
         smp = [Sample(sample_id=str(k), messages=[], outcome=1.0) for k in range(4)]
         ref = Sample(sample_id="r", messages=[], outcome=1.0, off_policy=True)
-        asyncio.run(q.handle_judgement(Judgement(group_id=str(i), source="rollout", task_id=f"code:code_add_{i}:0",
+        asyncio.run(q.handle_judgement(Judgement(group_id=str(i), source="rollout", task_id=f"code:code_add_{i}:0", env="code",
+                                                 entry_id=f"code_add_{i}",
                                                  samples=smp + [ref], outcomes=[1.0] * 5, step_labels=[[]] * 5), None))
     assert q.ladder.mastered("code", 0)
     nxt = [q.next_entry()[0].split("\t") for _ in range(4)]
