@@ -96,13 +96,13 @@ def live_users(rate_share: float, per_conversation: int):
                     if not ok:  # what a user does next: say so, ask again
                         msgs.append({"role": "user", "content": f"{NOT_WHAT_I_ASKED} {question}"})
                         r, m = ask(msgs, tools)
-                        ok, _ = judge(eid, m, names)
+                        ok, why = judge(eid, m, names)
                         stats["retries"] += 1
                         stats["retry_right"] += ok
                         maybe_rate(r, ok)
                         msgs.append(m.model_dump(exclude_none=True))
-                        msgs += [{"role": "tool", "tool_call_id": t.id, "content": json.dumps({"status": "ok"})}
-                                 for t in (m.tool_calls or [])]
+                        msgs += [{"role": "tool", "tool_call_id": t.id, "content": json.dumps({"status": "ok"}) if ok
+                                  else f"Error: {why or 'the call does not match the request'}"} for t in (m.tool_calls or [])]
             except Exception as exc:  # counted, never fatal
                 stats["failed"] += 1
                 stats["last_error"] = repr(exc)[:200]
