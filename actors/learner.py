@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 
 from actors.actor import HOLD, EventActor, heartbeat
 from actors.events import (MIXED_WEIGHTS, Judgement, LearnerStep, WeightsPromoted, WeightsPublished, WeightsRef,
@@ -217,6 +218,8 @@ class Learner(EventActor):
                     source_event_ids=ids, reused_event_ids=sorted({i for g in again for i in g.source_event_ids}),
                     metrics={**{k: float(v) for k, v in stats.items() if isinstance(v, (int, float))},
                              "dropped_stale_groups": float(self.dropped_stale), "groups_again": float(len(again)),
+                             "learned_from_ts": min((datetime.fromisoformat(g.occurred_at).timestamp() for g in groups),
+                                                    default=0.0),  # the oldest new group's judgement
                              **self._signal_shares(),
                              **{f"groups_{o}": float(sum(g.origin == o for g in groups))
                                 for o in ("env", "synthetic", "live")}}),

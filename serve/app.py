@@ -1,7 +1,8 @@
 """The Ray Serve app: an OpenAI-compatible endpoint that records every interaction.
 
 Routes (DESIGN.md "HTTP"): POST /v1/chat/completions (tools, stream), GET /v1/models,
-POST /v1/feedback, GET /healthz, GET /readyz. Every /v1 route needs `Authorization: Bearer <key>`.
+POST /v1/feedback, GET /healthz, GET /readyz, GET /metrics (Prometheus, `serve/metrics.py`). Every /v1 route
+and /metrics needs `Authorization: Bearer <key>`.
 Bodies are size-checked and validated before the model runs; bad input is a 4xx with a message.
 
 Each replica retrieves experiences from the navigator for the live request (the fast loop) and
@@ -13,11 +14,12 @@ import asyncio
 import functools
 import os
 import socket
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from pydantic import ValidationError
 from ray import serve
@@ -30,7 +32,8 @@ from config.settings import Settings
 from policies.chat import CALL_PREFIX, call_opening, render
 from policies.live_policy import LivePolicy
 from serve.interactions import InteractionLog, Turn
-from serve.net import authorized, loopback_replica_grpc, read_body
+from serve.metrics import CONTENT_TYPE, Metrics
+from serve.net import authorized, loopback_replica_grpc, read_body, unauthorized
 from serve.outbox import Outbox
 from serve.schemas import FeedbackRequest
 from serve.streaming import stream_chat
@@ -76,6 +79,7 @@ class KaizenServer:
         self._drainer: asyncio.Task | None = None
         self._bus_lock = asyncio.Lock()
         self.served = 0
+        self.metrics = Metrics(self.outbox.size)
         self.weights = ReplicaWeights(LivePolicy(self.s, "serve"), self.replica, self.s.nats.subject_prefix,
                                       self._report, self.log)  # the live version (and canary) before traffic
 
@@ -96,6 +100,7 @@ class KaizenServer:
                 bus = Bus.from_settings(self.s.nats, f"serve:{self.replica}")
                 self.bus = await asyncio.wait_for(bus.connect(ensure_stream=False), 3.0)
                 self._watcher = asyncio.create_task(self.weights.watch(self.bus.nc))
+                await self.metrics.follow(self.bus.nc, self.s.nats.subject_prefix, self.log)
         return self.bus
 
     async def check_health(self) -> None:
@@ -110,6 +115,8 @@ class KaizenServer:
             raise RuntimeError(f"outbox drainer died: {self._drainer.exception()!r}")
 
     async def _report(self, ev: WeightsSwapped) -> None:
+        if ev.reason != "joined":
+            self.metrics.swapped(ev.swap_ms / 1000)
         await asyncio.to_thread(self.outbox.put, ev, telemetry.inject_headers({}))
 
     @property
@@ -166,16 +173,20 @@ class KaizenServer:
     @app.get("/v1/models")
     async def models(self, request: Request):
         if not authorized(request, self.key):
-            return error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error",
-                         code="invalid_api_key")
+            return unauthorized()
         return {"object": "list", "data": [self._model(n) for n in self._model_names()]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(self, model_id: str, request: Request):
         if not authorized(request, self.key):
-            return error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error",
-                         code="invalid_api_key")
+            return unauthorized()
         return self._model(model_id) if model_id in self._model_names() else self._no_such_model(model_id)
+
+    @app.get("/metrics")
+    async def metrics(self, request: Request):
+        if not authorized(request, self.key):
+            return unauthorized()
+        return Response(await asyncio.to_thread(self.metrics.render), media_type=CONTENT_TYPE)
 
     @app.post("/v1/feedback")
     async def feedback(self, request: Request):
@@ -255,6 +266,7 @@ class KaizenServer:
         ev = turn.interaction(answer, version, straddled, self.replica, self.key)
         await asyncio.to_thread(self.interactions.put, ev)
         self.served += 1
+        self.metrics.answered(bool(turn.req.stream), time.perf_counter() - turn.t0, turn.n_completion)
         try:
             await asyncio.to_thread(self.outbox.put, ev, turn.trace_headers)  # published by the drainer
         except Exception:  # the user got the answer; the record stays in the interaction log

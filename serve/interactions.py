@@ -29,6 +29,7 @@ class Turn:
     trace_headers: dict = field(default_factory=dict)
     engine: object = None  # this request is answered by one engine from start to end
     n_prompt: int = 0
+    n_completion: int = 0
     stopped: bool = False  # the answer ended at one of the request's stop sequences
     t0: float = field(default_factory=time.perf_counter)
 
@@ -37,6 +38,7 @@ class Turn:
         (a forced call keeps its name) and vetted (`trusted_calls`), one call only when the client asked for no
         parallel calls."""
         text, self.stopped = cut_at_stop(gen.text, self.req.stop or [])
+        self.n_completion = gen.completion_tokens
         if not self.tools:
             return ChatMessage(role="assistant", content=text.strip())
         cut = gen.finish_reason == "length" and not self.stopped

@@ -31,12 +31,16 @@ def authorized(request: Request, key: str) -> bool:
     return h.startswith("Bearer ") and hmac.compare_digest(h[7:].strip().encode(), key.encode())
 
 
+def unauthorized():
+    return error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error",
+                 code="invalid_api_key")
+
+
 async def read_body(request: Request, key: str, max_bytes: int):
     """(body, None) or (None, the error response): 401 without the key, 413 over `max_bytes`, 400 for JSON that
     does not parse, is nested too deep or holds lone surrogates."""
     if not authorized(request, key):
-        return None, error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error",
-                           code="invalid_api_key")
+        return None, unauthorized()
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_bytes:
         return None, error(413, f"request body larger than {max_bytes} bytes")
