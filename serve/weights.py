@@ -114,13 +114,14 @@ class ReplicaWeights:
         return self.engines.live
 
     async def watch(self, nc) -> None:
-        """Follow the pointer: on promotion / rollback / lifecycle events, with a poll as fallback."""
+        """Follow the pointer: woken by `weights_status` (the broadcaster writes the pointer, then publishes the
+        status move that goes with it: canary, live, rolled back, retired), with a 5 s poll as the fallback (a
+        pointer repaired after a crash has no status event)."""
         wake = asyncio.Event()
 
         async def on_msg(_msg):
             wake.set()
-        for kind in ("weights_promoted", "weights_rolled_back", "weights_status"):
-            await nc.subscribe(subject_for(kind, self.prefix), cb=on_msg)
+        await nc.subscribe(subject_for("weights_status", self.prefix), cb=on_msg)
         await self.report(0.0, "joined")
         while True:
             try:
