@@ -138,7 +138,8 @@ class Attributor(EventActor):
         self.agreement.bb += group_agree.bb
         judged = all(v is not None for v in verdicts)
         out = Judgement(event_id=judgement_id(ev.event_id), group_id=ev.group_id, source="rollout",
-                        task_id=ev.task.task_id, env=ev.task.env, entry_id=ev.task.entry_id, samples=ev.samples, outcomes=[o for o, _ in scored],
+                        task_id=ev.task.task_id, env=ev.task.env, entry_id=ev.task.entry_id, samples=ev.samples,
+                        outcomes=[o for o, _ in scored],
                         step_labels=labels, judge=self.judge.name if judged else "env",
                         source_event_ids=[ev.event_id], trace_id=ev.trace_id,
                         judge_labels=[v.labels for v in verdicts] if judged else None,

@@ -13,7 +13,8 @@ from pydantic import Field, TypeAdapter
 from actors import messages
 from actors.lifecycles import TaskState, WeightsState
 from actors.messages import (  # noqa: F401  (the shared parts are part of this module's interface)
-    DEFAULT_SYSTEM, ChatMessage, FunctionSpec, RetrievedExperience, RetrieveReply, RetrieveRequest, Sample, ToolCall, ToolSpec, Wire,
+    DEFAULT_SYSTEM, ChatMessage, FunctionSpec, RetrievedExperience, RetrieveReply, RetrieveRequest, Sample, ToolCall, ToolSpec,
+    Wire,
     _now, derived_id, new_id)
 
 SCHEMA_VERSION = 1

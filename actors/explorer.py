@@ -9,7 +9,8 @@ off-policy sample (mixed-policy GRPO: the learner trains it with LUFFY's shaped 
 policy at the floor of a task still gets a direction to move in.
 With `rollout.weights: published` (default) it samples with the learner's newest published version
 (`evo.weights_published`), so its groups stay within the learner's staleness bound however long the
-gate takes; a rejected or rolled-back version sends it back to live, as it does the learner. With `live` it follows `evo.weights_promoted` / `_rolled_back` only.
+gate takes; a rejected or rolled-back version sends it back to live, as it does the learner. With `live` it follows
+`evo.weights_promoted` / `_rolled_back` only.
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ the others: no batch is lost or applied twice. With `learner.replay_groups`, the
 trained go into the next step again (a second pass, importance-corrected against the version that sampled
 them; kept in memory only, dropped when stale or when the learner resets to another version).
 Groups without any advantage are acked untrained;
-rated live interactions are pooled into groups of `learner.min_live_group`, tool calls and text answers apart. It always trains from a version
+rated live interactions are pooled into groups of `learner.min_live_group`, tool calls and text answers apart. It always
+trains from a version
 users get or will get: after a rejection of a version it descends from, from that version's nearest
 ancestor that is the canary or live; after a rollback, from the version rolled back to; and when a
 version goes live that it does not descend from, from that one.

@@ -287,6 +287,7 @@ class Questioner(EventActor):
         counts = self.book.counts() if hasattr(self, "book") else {}
         ladder = self.ladder.summary({**self.levels, SYNTHETIC: list(range(self.settings.questioner.max_reference_calls))}
                                      ) if hasattr(self, "ladder") else {}
-        return {**super().health(), "proposed": self.proposed, "cursors": self.data.cursors if hasattr(self, "data") else None, "ladder": ladder,
+        return {**super().health(), "proposed": self.proposed,
+                "cursors": self.data.cursors if hasattr(self, "data") else None, "ladder": ladder,
                 "synthetic": dict(counts), "mix": getattr(self, "mix", None),
                 "synthesizing": hasattr(self, "_synth_job") and self.synthesizing()}

@@ -154,7 +154,8 @@ async def _bus_status(s: Settings, run: dict) -> dict:
             try:
                 m = await bus.js.get_last_msg(s.nats.stream, subject_for(kind, s.nats.subject_prefix))
                 ev = json.loads(m.data)
-                last[kind] = f"{ev['weights']['version'] if 'weights' in ev else ev.get('to', {}).get('version')} at {ev['occurred_at']}"
+                version = ev["weights"]["version"] if "weights" in ev else ev.get("to", {}).get("version")
+                last[kind] = f"{version} at {ev['occurred_at']}"
             except Exception:
                 last[kind] = None
         return {"stream": {"messages": info.state.messages, "bytes": info.state.bytes}, "consumers": consumers,

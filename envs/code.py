@@ -23,7 +23,8 @@ from envs.sandbox import Limits, run_python
 SYSTEM = ("You are an assistant that solves problems by writing Python. Call the python tool with code that "
           "prints the result (or ends with an expression), read the output, then give the final answer as a number.")
 PYTHON_TOOL = ToolSpec(function={
-    "name": "python", "description": "Run Python 3 code in a sandbox; returns what it prints, or the value of its last expression.",
+    "name": "python",
+    "description": "Run Python 3 code in a sandbox; returns what it prints, or the value of its last expression.",
     "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "Python source"}},
                    "required": ["code"]}})
 ENTRIES_PER_FAMILY = 100

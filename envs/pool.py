@@ -5,7 +5,8 @@ evaluate / get_info / release; a background thread releases instances idle for l
 `idle_s`. `PooledEnvironment` looks like a local `Environment` to the rollout code, but each
 `episode()` is created on a worker (round robin) and counts against a concurrency limit until it
 is released. The pool renews a lease on the episodes it holds (`touch`, every `keepalive_s`), so a
-slow generation between two steps never loses them; only an owner that died stops renewing. Tool execution, and its failures, stay out of the explorer's process.
+slow generation between two steps never loses them; only an owner that died stops renewing. Tool execution, and its
+failures, stay out of the explorer's process.
 """
 from __future__ import annotations
 

@@ -168,7 +168,8 @@ def parse_assistant(text: str, allow_python: bool = True) -> ChatMessage:
             for it in items:
                 if isinstance(it, dict) and isinstance(it.get("name"), str):
                     args = it.get("arguments", {})
-                    calls.append(ToolCall(id=_cid(), name=it["name"], arguments=args if isinstance(args, str) else json.dumps(args)))
+                    calls.append(ToolCall(id=_cid(), name=it["name"],
+                                          arguments=args if isinstance(args, str) else json.dumps(args)))
                 else:
                     calls.append(ToolCall(id=_cid(), name="invalid_call", arguments=json.dumps({"raw": str(it)[:500]})))
         elif allow_python and block:

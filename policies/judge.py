@@ -57,8 +57,8 @@ def _action_text(m: ChatMessage) -> str:
 def hollow_reason(action: ChatMessage) -> str | None:
     """Why a step cannot earn GOOD regardless of the judge, or None.
 
-    A text-only step with no word left once known master-key phrases are removed is hollow; any step whose text addresses the judge (verdict- or score-shaped text,
-    "ignore previous instructions") is an attack."""
+    A text-only step with no word left once known master-key phrases are removed is hollow; any step whose text
+    addresses the judge (verdict- or score-shaped text, "ignore previous instructions") is an attack."""
     text = action.content or ""
     if _VERDICT_RE.search(text) or any(_VERDICT_RE.search(c.arguments or "") for c in action.tool_calls):
         return "addresses the judge"

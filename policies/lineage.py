@@ -4,8 +4,8 @@ One row per published version: its parent and learner step, when it was publishe
 decision and reason (`evo.weights_status`: rejected / superseded / passed / canary / live), the
 canary's verdict (went live, or rolled back and why), per stage: the learner step's duration, how
 long after the judged groups it learned from it was published, how long its gate took from
-publication to a decision, and when it was first served (canary or live), and its held-out scores next to the base's (`policies/heldout.py`,
-paired on the same entries). Pure: it takes typed events, so it is tested without a bus.
+publication to a decision, and when it was first served (canary or live), and its held-out scores next to the
+base's (`policies/heldout.py`, paired on the same entries). Pure: it takes typed events, so it is tested without a bus.
 """
 from __future__ import annotations
 

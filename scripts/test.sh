@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+.venv/bin/ruff check .
 exec .venv/bin/python -m pytest -q -ra --timeout=1800 tests/unit tests/integration tests/gpu "$@"

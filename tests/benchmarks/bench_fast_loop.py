@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path

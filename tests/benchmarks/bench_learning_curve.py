@@ -12,7 +12,8 @@ every category, avg@k with k = `--k`), each compared with the base by the paired
 The default suite is fixed before the run: up to 32 entries each of the code ladder's first two rungs
 (add, muladd: where the 135M starts near 0 but not beyond reach; the loop rungs are 0 for base and every
 version), which is every held-out entry they have (17 + 23 = 40), and 2 of each BFCL category (8 per
-rung gave p = 0.076 for a +12.5-point gain: too few entries for the paired test). `--max-versions` bounds the scoring time (~7 min a version on 2 cores).
+rung gave p = 0.076 for a +12.5-point gain: too few entries for the paired test). `--max-versions` bounds the
+scoring time (~7 min a version on 2 cores).
 Writes JSON and a PNG curve (`--out`, default tests/benchmarks/results/learning_curve_cpu.*) and
 prints the lineage table (as `main.py report` does).
 
@@ -102,7 +103,8 @@ def users(run: dict, stop: threading.Event, stats: dict, pause_s: float, seed: i
                 out = run_python(notebook_cell(code)).stdout if isinstance(code, str) and code else ""
                 stats["tool_right"] += right(out, truth)
                 rate(r, 1.0 if right(out, truth) else -1.0)
-                msgs += [m.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": tc.id, "content": out or "(no output)"}]
+                msgs += [m.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": tc.id, "content": out or "(no output)"}]
                 r = c.chat.completions.create(model=run["model"], messages=msgs, tools=[PYTHON_TOOL], max_tokens=32)
                 stats["requests"] += 1
             ok = right(r.choices[0].message.content, truth)

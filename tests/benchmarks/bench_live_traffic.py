@@ -59,7 +59,8 @@ def live_users(rate_share: float, per_conversation: int):
         stats.update(conversations=0, right=0, wrong=0, retries=0, retry_right=0)
 
         def ask(msgs, tools):
-            r = c.chat.completions.create(model=run_info["model"], messages=msgs, tools=tools, tool_choice="required", max_tokens=96)
+            r = c.chat.completions.create(model=run_info["model"], messages=msgs, tools=tools, tool_choice="required",
+                                          max_tokens=96)
             stats["requests"] += 1
             return r, r.choices[0].message
 

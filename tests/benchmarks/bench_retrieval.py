@@ -171,7 +171,8 @@ def main():
     print(f"  index search (top-{4 * a.k} before ranking)             p50={statistics.median(index_ms):6.1f} ms  "
           f"p95={pct(index_ms, .95):6.1f} ms")
     print(f"  milvus lite FLAT search, same rows             p50={statistics.median(milvus_ms):6.1f} ms  "
-          f"p95={pct(milvus_ms, .95):6.1f} ms  (index/milvus p50 {statistics.median(index_ms) / statistics.median(milvus_ms):.3f}; "
+          f"p95={pct(milvus_ms, .95):6.1f} ms  "
+          f"(index/milvus p50 {statistics.median(index_ms) / statistics.median(milvus_ms):.3f}; "
           f"same top-3 in {same}/{len(milvus_ms)})")
 
 

@@ -4,7 +4,8 @@ Starts what `up` starts for serving: an embedded nats-server, local Ray, and the
 SmolLM2-135M). This script then plays the broadcaster's part of the protocol: it writes two weights
 versions (the base weights and a perturbed copy), and for each swap moves the LIVE pointer to the other
 one and publishes `evo.weights_promoted`; the replica copies the file into a standby copy of its model
-while requests run, flips the model pointer and reports `evo.weights_swapped`. Meanwhile `--clients` threads keep sending chat completions
+while requests run, flips the model pointer and reports `evo.weights_swapped`. Meanwhile `--clients` threads keep
+sending chat completions
 through the OpenAI client (16 new tokens each). Time alternates between blocks without swaps and
 blocks with swaps (`--swaps` in all), so both conditions see the same machine; the latency of every
 request is attributed to its block. Swaps alternate between the transports in `--transports`: `file` (the

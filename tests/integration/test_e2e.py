@@ -81,7 +81,7 @@ def system(tmp_path_factory, model_dir):
 def test_auth_and_bad_input_are_4xx(system):
     base, key = system["endpoint"], system["key"]
     h = {"Authorization": f"Bearer {key}"}
-    assert httpx.get(base + "/models").status_code == 401 == httpx.get(base + "/models", headers={"Authorization": "Bearer x"}).status_code
+    assert {httpx.get(base + "/models", headers=hd).status_code for hd in ({}, {"Authorization": "Bearer x"})} == {401}
     assert httpx.post(base + "/chat/completions", headers=h, content=b"{nope").status_code == 400
     hi = [{"role": "user", "content": "hi"}]
     for body, status, param, code in [({"messages": []}, 400, "messages", None), ({"model": system["model"], "n": 2,
@@ -96,8 +96,8 @@ def test_auth_and_bad_input_are_4xx(system):
         "model": system["model"], "messages": [{"role": "user", "content": "Count from 1 to 9"}], "temperature": None,
         "top_p": None, "n": None, "stream": None, "max_tokens": 4096, "stop": ["4"]})
     assert r.status_code == 200 and "4" not in (r.json()["choices"][0]["message"]["content"] or ""), r.text[:300]
-    prom = httpx.get(base.replace("/v1", "/metrics"), headers=h).text  # Prometheus, behind the key
-    assert httpx.get(base.replace("/v1", "/metrics")).status_code == 401 and 'kaizen_request_seconds_count{stream="false"}' in prom
+    m = base.replace("/v1", "/metrics")  # Prometheus, behind the key
+    assert httpx.get(m).status_code == 401 and 'kaizen_request_seconds_count{stream="false"}' in httpx.get(m, headers=h).text
     r = httpx.post(base + "/chat/completions", headers=h, content=b"x" * 2_000_000)
     assert r.status_code == 413 and "larger" in r.json()["error"]["message"]
     assert httpx.post(base + "/feedback", headers=h, json={"interaction_id": "nope", "score": 1}).status_code == 404

@@ -1,10 +1,8 @@
 """Real Milvus Lite, real embeddings, real SmolLM2: the pieces the actors are built from."""
-import json
 
 import pytest
 
-from actors.events import ChatMessage, Judgement, Sample, ToolCall
-from policies.experience import distil
+from actors.events import ChatMessage, Judgement, Sample
 from policies.memory_pool import MemoryPool
 from policies.embedder import Embedder
 

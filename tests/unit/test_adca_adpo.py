@@ -1,7 +1,6 @@
 """ADCA and ADPO pinned to hand-computed values."""
 import math
 
-import torch
 
 from policies.adca import adpo_clip_high, adpo_scale, step_advantages, step_rewards, token_advantages
 

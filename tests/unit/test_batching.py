@@ -2,7 +2,6 @@
 stream, and the tokenizer is safe to share between threads."""
 import threading
 
-import pytest
 
 from policies.batching import Batcher
 from policies.generation import Generation
