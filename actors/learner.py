@@ -35,7 +35,7 @@ from config import telemetry
 from opentelemetry import trace
 from policies.checkpoint import CheckpointStore
 from policies.live_policy import LivePolicy
-from policies.groups import at_floor, behaviour_of, informative, live_kind
+from policies.groups import at_floor, behaviour_of, fair_step, informative, live_kind
 from policies.model_store import BASE_VERSION, staleness, version_name  # noqa: F401 (staleness: re-export)
 
 
@@ -122,6 +122,7 @@ class Learner(EventActor):
                                   outcomes=[o for x in pooled for o in x.outcomes],
                                   step_labels=[lab for x in pooled for lab in x.step_labels],
                                   behaviour_versions=[v for x in pooled for v in behaviour_of(x)],
+                                  user_hashes=[u for x in pooled for u in (x.user_hashes or [""] * len(x.samples))],
                                   source_event_ids=[x.event_id for x in pooled], origin="live")
                 if informative(group, alpha):
                     self.ready.append(group)
@@ -185,7 +186,7 @@ class Learner(EventActor):
             return
         # the newest groups first: they are what the served version does now, and the cycle from an
         # interaction to served weights does not wait behind a backlog (older ones go stale and are dropped)
-        groups = self.ready[-n:]  # popped only after the step is committed
+        groups = fair_step(self.ready, n, self.settings.learner.live_groups_per_user)  # popped once committed
         again = list(self.replay)  # trained before: a second pass, importance-corrected like any older sample
         step_groups = groups + again
         ids = sorted({i for g in groups for i in g.source_event_ids})

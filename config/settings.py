@@ -166,6 +166,8 @@ class QuestionerSettings(_Section):
 class LearnerSettings(_Section):
     lr: float = Field(1e-5, description="AdamW learning rate")
     groups_per_step: int = Field(2, description="Judged groups per learner step")
+    live_groups_per_user: int = Field(1, ge=1, description="Live groups of one user in a step while other users' "
+                                      "live groups wait (one user's burst cannot crowd out the others)")
     replay_groups: int = Field(0, ge=0, description="The newest groups that earlier steps trained, trained again "
                                "beside each step's new ones (a second pass, importance-corrected and clipped like any "
                                "older sample; not counted as the step's sources). 0 = each group once")

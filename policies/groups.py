@@ -5,8 +5,11 @@
 - `behaviour_of`: the version that generated each sample (`REFERENCE` for a reference);
 - `live_kind`: which pool of rated live steps a judgement joins (tool calls and text answers apart);
 - `floor_scales`: how much a failure's negative advantage counts in a group only a reference solved;
+- `fair_step`: the groups of one step, where one user's burst of live traffic cannot crowd out other users'.
 """
 from __future__ import annotations
+
+from collections import Counter
 
 from actors.events import Judgement
 from policies import adca
@@ -63,3 +66,31 @@ def floor_scales(groups: list[Judgement], adv, negative_scale: float) -> list[fl
             out.append(negative_scale if floor and not s.off_policy and negative else 1.0)
             row += 1
     return out
+
+
+def _user(g: Judgement) -> str | None:
+    """The user most of a live group's samples came from (None for rollouts)."""
+    return Counter(g.user_hashes).most_common(1)[0][0] if g.source == "live" and g.user_hashes else None
+
+
+def fair_step(ready: list[Judgement], n: int, per_user: int) -> list[Judgement]:
+    """The `n` groups of a step, the newest first, with at most `per_user` live groups of one user while live groups
+    of other users wait in `ready`: one user's burst of conversations cannot fill a step while others wait, and a user
+    alone (or rollouts alone) trains as before. Returned in the order they arrived."""
+    users = {_user(g) for g in ready} - {None}
+    chosen, count = [], Counter()
+    for g in reversed(ready):
+        u = _user(g)
+        others = len(users - {u}) > 0
+        if u is not None and others and count[u] >= per_user:
+            continue
+        chosen.append(g)
+        count[u] += 1
+        if len(chosen) == n:
+            break
+    for g in reversed(ready):  # not enough under the cap: the newest of what was passed over
+        if len(chosen) == n:
+            break
+        if all(g is not c for c in chosen):
+            chosen.append(g)
+    return [g for g in ready if any(g is c for c in chosen)]
