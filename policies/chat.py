@@ -38,6 +38,7 @@ def _param_line(spec: ToolSpec) -> str:
     return f"- {f.name}({params}): {desc}"
 
 
+CALL_OPEN = "<tool_call>"  # where a call begins in the model's text
 CALL_PREFIX = '<tool_call>[{"name": "'
 
 

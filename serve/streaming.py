@@ -4,7 +4,8 @@ Clients close the connection at `[DONE]`, which cancels whatever the response ge
 interaction is recorded before the last frames (shielded from that cancellation), and a client that hangs up
 mid-stream still leaves its interaction, recorded when the answer is done. A generation that fails mid-stream
 sends an error event, then `[DONE]`. Stop sequences cut the text (`serve.wire.StopStream`), and
-`stream_options.include_usage` adds the usage chunk before `[DONE]`.
+`stream_options.include_usage` adds the usage chunk before `[DONE]`. With tools, text streams as it is generated up
+to where a call opens; calls go out whole once vetted (a call a client cannot run streams on as text).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import asyncio
 import json
 import time
 
+from policies.chat import CALL_OPEN
 from serve.wire import StopStream, usage
 
 
@@ -20,11 +22,14 @@ async def stream_chat(server, turn):
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
     req, iid, name = turn.req, turn.iid, server.s.model.name
-    plain = not turn.tools  # with tools the text is parsed whole, then sent as one delta
-    stops = StopStream(req.stop or [])  # nothing that could begin a stop sequence is sent before it is known
+    plain = not turn.tools
+    # text streams as it is generated, up to a stop sequence, and with tools up to where a call opens: a call is
+    # parsed and vetted whole (serve.interactions.trusted_calls), then sent; a forced call streams nothing before
+    stops = StopStream((req.stop or []) + ([] if plain else [CALL_OPEN]))
+    sent = []
 
     def on_text(piece: str):
-        if plain:
+        if not turn.forced:
             loop.call_soon_threadsafe(q.put_nowait, piece)
 
     engine = turn.engine
@@ -48,6 +53,7 @@ async def stream_chat(server, turn):
             try:
                 piece = stops.feed(await asyncio.wait_for(q.get(), timeout=0.05))
                 if piece:
+                    sent.append(piece)
                     yield chunk({"content": piece})
             except asyncio.TimeoutError:
                 continue
@@ -67,7 +73,7 @@ async def stream_chat(server, turn):
         recorded = True  # from here on the record is under way: a hang-up now must not record it again
         await asyncio.shield(record)
         if not plain:
-            delta = {"content": answer.content or None}
+            delta = {"content": _unsent(answer.content or "", "".join(sent)) or None}
             if answer.tool_calls:
                 delta["tool_calls"] = [{"index": i, "id": c.id, "type": "function",
                                         "function": {"name": c.name, "arguments": c.arguments}}
@@ -82,6 +88,15 @@ async def stream_chat(server, turn):
     finally:
         if not recorded:  # hung up mid-stream: the answer is still being generated; record it when it is done
             asyncio.ensure_future(_record_when_done(server, task, turn, version))
+
+
+def _unsent(content: str, sent: str) -> str:
+    """What of the answer's text the client has not had yet (the text streamed before a call opened is the start of
+    the answer's text, but for the whitespace the parsed answer strips)."""
+    for head in (sent, sent.lstrip(), sent.strip()):
+        if content.startswith(head):
+            return content[len(head):]
+    return "" if sent else content
 
 
 async def _record_when_done(server, task, turn, version: str) -> None:

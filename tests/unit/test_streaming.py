@@ -43,7 +43,7 @@ class _Server:
 
 def _turn(engine):
     return SimpleNamespace(req=SimpleNamespace(temperature=0.0, top_p=1.0, stop=[], include_usage=False),
-                           iid="chatcmpl-1", tools=[], engine=engine, prompt="p", max_new=8, n_prompt=3,
+                           iid="chatcmpl-1", tools=[], forced="", engine=engine, prompt="p", max_new=8, n_prompt=3,
                            answer=lambda gen: ChatMessage(role="assistant", content=gen.text),
                            finish=lambda answer, gen: "stop")
 
@@ -120,3 +120,55 @@ def test_a_hang_up_while_the_record_is_being_written_records_it_once():
         await asyncio.sleep(0.3)
         assert server.recorded == [("chatcmpl-1", "Hello", "w-000007")]
     asyncio.run(go())
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+class _Pieces(_Engine):
+    def __init__(self, pieces):
+        super().__init__()
+        self.pieces = pieces
+
+    def generate(self, prompts, max_new, temperature, top_p, stream_cb):
+        for piece in self.pieces:
+            stream_cb(piece)
+        return [Generation("".join(self.pieces), 3, len(self.pieces), "stop", "w-000007")]
+
+
+def _tool_stream(pieces, forced=""):
+    from actors.events import RetrieveReply, ToolSpec
+    from serve.interactions import Turn
+    from serve.schemas import ChatRequest
+
+    req = ChatRequest.model_validate({"messages": [{"role": "user", "content": "weather?"}], "tools": [TOOL],
+                                      "stream": True})
+    turn = Turn(req=req, messages=[], tools=[ToolSpec.model_validate(TOOL)], memory=RetrieveReply(), prompt="p",
+                forced=forced, iid="chatcmpl-2", engine=_Pieces(pieces), max_new=8, n_prompt=3)
+
+    async def go():
+        return [json.loads(f[6:]) for f in [f async for f in stream_chat(_Server(), turn)] if f != "data: [DONE]\n\n"]
+    frames = asyncio.run(go())
+    deltas = [f["choices"][0]["delta"] for f in frames]
+    return ([d.get("content") for d in deltas[1:-1]], [c for d in deltas for c in d.get("tool_calls", [])],
+            frames[-1]["choices"][0]["finish_reason"])
+
+
+def test_with_tools_text_streams_as_generated_and_a_call_goes_out_whole_once_vetted():
+    call = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_call>'
+    texts, calls, finish = _tool_stream(["Let me ", "check. <tool", call[5:]])
+    assert texts[0] and "Let me check.".startswith(texts[0])  # sent as generated, before the call opened
+    assert "<tool" not in "".join(t or "" for t in texts)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
+        [("get_weather", {"city": "Paris"})] and finish == "tool_calls"
+    assert "".join(t or "" for t in texts).strip() == "Let me check."
+
+
+def test_with_tools_a_call_that_cannot_run_streams_on_as_the_models_text():
+    bad = '<tool_call>[{"name": "rm_rf", "arguments": {}}]</tool_call>'
+    texts, calls, finish = _tool_stream(["Sure ", bad])
+    assert calls == [] and finish == "stop" and "".join(t or "" for t in texts) == "Sure " + bad
+    texts, calls, finish = _tool_stream(['{"city": "Oslo"}}]</tool_call>'],
+                                        forced='<tool_call>[{"name": "get_weather", "arguments": ')
+    assert texts == [None] and json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}  # forced: nothing early
