@@ -33,10 +33,10 @@ class Poison(Exception):
 class Bus:
     def __init__(self, url: str, user: str | None = None, password: str | None = None, *, stream: str = "EVO",
                  prefix: str = "evo", producer: str = "unknown", dedup_window_s: float = 120.0, max_age_s: float = 0.0,
-                 max_bytes: int = -1):
+                 max_bytes: int = -1, replicas: int = 1):
         self.url, self.user, self.password = url, user, password
         self.stream, self.prefix, self.producer = stream, prefix, producer
-        self.dedup_window_s, self.max_age_s, self.max_bytes = dedup_window_s, max_age_s, max_bytes
+        self.dedup_window_s, self.max_age_s, self.max_bytes, self.replicas = dedup_window_s, max_age_s, max_bytes, replicas
         self.nc = None
         self.js = None
 
@@ -47,7 +47,7 @@ class Bus:
         passes the url, user and password that `up` wrote down."""
         return cls(url or n.url, user or n.user, n.password if password is None else password, stream=n.stream,
                    prefix=n.subject_prefix, producer=producer, dedup_window_s=n.dedup_window_s,
-                   max_age_s=n.max_age_days * 86400, max_bytes=n.max_bytes)
+                   max_age_s=n.max_age_days * 86400, max_bytes=n.max_bytes, replicas=n.replicas)
 
     async def connect(self, ensure_stream: bool = True, attempts: int = -1, connect_timeout: float = 2.0) -> "Bus":
         """attempts -1 (actors): never give up, also on the first connect; a command line passes a bound."""
@@ -71,7 +71,7 @@ class Bus:
         return api.StreamConfig(name=self.stream, subjects=[subject_for(k, self.prefix) for k in KINDS],
                                 storage=api.StorageType.FILE, duplicate_window=self.dedup_window_s,
                                 max_msg_size=8 * 1024 * 1024, max_age=self.max_age_s or None,
-                                max_bytes=self.max_bytes, discard=api.DiscardPolicy.OLD)
+                                max_bytes=self.max_bytes, discard=api.DiscardPolicy.OLD, num_replicas=self.replicas)
 
     async def ensure_stream(self) -> None:
         """Create the stream, or bring an existing one to this configuration (subjects, limits)."""
@@ -84,7 +84,7 @@ class Bus:
                 return
             have = info.config
             if (sorted(have.subjects or []) != sorted(cfg.subjects) or (have.max_bytes or -1) != cfg.max_bytes
-                    or abs((have.max_age or 0) - (cfg.max_age or 0)) > 1e-3):
+                    or abs((have.max_age or 0) - (cfg.max_age or 0)) > 1e-3 or (have.num_replicas or 1) != self.replicas):
                 await self.js.update_stream(cfg)
         except ServerError as exc:
             if exc.err_code == 10047:  # JetStream reserves max_bytes on the store's disk up front

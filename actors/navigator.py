@@ -54,8 +54,9 @@ class Navigator(EventActor):
         d = self.settings.state / "milvus"
         d.mkdir(parents=True, exist_ok=True)
         self.embedder = await self._on_torch(Embedder, self.settings.embedding.source, self.settings.embedding.dtype)
-        self.pool, replaced = await self._on_torch(MemoryPool.open, str(d / "experiences.db"),
-                                                      self.settings.embedding.dim)
+        m = self.settings.memory  # a Milvus server when memory.uri is set, else Milvus Lite in the state dir
+        self.pool, replaced = await self._on_torch(MemoryPool.open, m.uri or str(d / "experiences.db"),
+                                                      self.settings.embedding.dim, m.token)
         if replaced:  # the replay below rebuilds it from the stream
             self.log.warning("memory.unreadable_pool_replaced", error=replaced)
         self.watermark_file, self.utility_file, self.snapshot_file = d / "applied_seq", d / "utility.json", d / "snapshot.jsonl"

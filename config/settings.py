@@ -31,6 +31,8 @@ class NatsSettings(_Section):
     max_age_days: float = Field(30.0, description="Events older than this leave the stream (0 = kept forever); the "
                                 "navigator's memory survives through its snapshot, see README 'Retention'")
     max_bytes: int = Field(2 * 1024**3, description="Stream size limit; the oldest events go first (-1 = none)")
+    replicas: int = Field(1, ge=1, le=5, description="JetStream replicas of the stream (a NATS cluster of that many "
+                          "servers keeps it through a server's loss)")
 
 
 class RaySettings(_Section):
@@ -142,6 +144,9 @@ class MemorySettings(_Section):
     snapshot_every_s: float = Field(300.0, description="How often the navigator snapshots the pool (rows + stream "
                                     "sequence), so the stream's retention never loses memory")
     search_threads: int = Field(2, description="torch threads of the navigator (query embedding + index search)")
+    uri: str = Field("", description="A Milvus server (http://host:19530) for the experience pool; empty = Milvus Lite "
+                     "in the state dir (one process)")
+    token: str | None = Field(None, description="Milvus server token (user:password), when its auth is on")
 
 
 class QuestionerSettings(_Section):

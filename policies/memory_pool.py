@@ -15,12 +15,18 @@ COLLECTION = "experiences"
 MIN_SCORE = 0.45
 
 
+def is_server(path: str) -> bool:
+    return path.startswith(("http://", "https://", "tcp://", "unix:"))
+
+
 def release_lite(client, path: str) -> None:
     """Close a Milvus Lite client and stop the in-process server behind its path. `client.close()` alone
     leaves that server (and its open files) running until the process exits; this closes the database
     cleanly, so the next open, in this process or another, reads complete files."""
     with contextlib.suppress(Exception):
         client.close()
+    if is_server(path):
+        return
     from milvus_lite.server_manager import server_manager_instance
 
     server_manager_instance.release_server(path)
@@ -30,11 +36,12 @@ class MemoryPool:
     """Milvus Lite collection (durable, written first) with an exact in-process index over the same
     rows for reads (`policies/vector_index.py`); one process opens the data dir, writes are serialised."""
 
-    def __init__(self, path: str, dim: int):
+    def __init__(self, path: str, dim: int, token: str | None = None):
+        """`path`: a Milvus Lite file, or a Milvus server's URI (http://host:19530)."""
         from pymilvus import MilvusClient
 
         self.path = path
-        self.client = MilvusClient(path)  # fails while another process holds the data dir: not ours to touch
+        self.client = MilvusClient(path, token=token or "")  # Lite: fails while another process holds the data dir
         self.lock = threading.Lock()
         self.index = VectorIndex(dim)
         self.meta: dict[str, dict] = {}  # id -> provenance, support, state, text (mirrors the rows)
@@ -46,17 +53,17 @@ class MemoryPool:
             raise
 
     @classmethod
-    def open(cls, path: str, dim: int) -> tuple["MemoryPool", str | None]:
+    def open(cls, path: str, dim: int, token: str | None = None) -> tuple["MemoryPool", str | None]:
         """Open the pool; a database that opens but cannot be read (a write cut off by a kill: Milvus Lite
         keeps writing after flush()) is moved aside and replaced by an empty one, which the navigator
         then rebuilds from the stream. Returns (pool, why it was replaced or None)."""
         from pymilvus.exceptions import MilvusException
 
         try:
-            return cls(path, dim), None
+            return cls(path, dim, token), None
         except MilvusException as exc:
-            if "Open local milvus failed" in str(exc):  # locked by a live process, or not there to open
-                raise
+            if "Open local milvus failed" in str(exc) or is_server(path):  # locked by a live process; a server's
+                raise  # errors are the server's
             aside = f"{path}.unreadable-{int(time.time())}"
             os.replace(path, aside)  # kept for inspection
             return cls(path, dim), f"{str(exc)[:300]}; moved to {aside}"
