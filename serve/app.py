@@ -183,7 +183,7 @@ class KaizenServer:
         return self._model(model_id) if model_id in self._model_names() else self._no_such_model(model_id)
 
     @app.get("/metrics")
-    async def metrics(self, request: Request):
+    async def prometheus(self, request: Request):
         if not authorized(request, self.key):
             return unauthorized()
         return Response(await asyncio.to_thread(self.metrics.render), media_type=CONTENT_TYPE)

@@ -94,7 +94,7 @@ def test_auth_and_bad_input_are_4xx(system):
     assert httpx.get(base + "/nowhere", headers=h).json()["error"]["message"]  # unknown routes: the error object
     r = httpx.post(base + "/chat/completions", headers=h, json={  # explicit nulls, a client's default budget, stop
         "model": system["model"], "messages": [{"role": "user", "content": "Count from 1 to 9"}], "temperature": None,
-        "top_p": None, "n": None, "stream": None, "max_tokens": 4096, "stop": ["4"]})
+        "top_p": None, "n": None, "stream": None, "max_tokens": 4096, "stop": ["4"]}, timeout=300)  # 256 tokens: slow
     assert r.status_code == 200 and "4" not in (r.json()["choices"][0]["message"]["content"] or ""), r.text[:300]
     m = base.replace("/v1", "/metrics")  # Prometheus, behind the key
     assert httpx.get(m).status_code == 401 and 'kaizen_request_seconds_count{stream="false"}' in httpx.get(m, headers=h).text
