@@ -178,7 +178,7 @@ class Broadcaster(EventActor):
         early = clearly_worse(cand_s, live_s, g.nll_tolerance, base_s, g.base_nll_tolerance)
         if early is None:  # a second look on more entries decides when the first falls short
             ok, why, cand_s, live_s = await asyncio.to_thread(decide, self._score, newest, against, g, base_s,
-                                                              *self.scores.looks)
+                                                              *self.scores.looks, self.scores.drop_p)
         else:
             ok, why = False, early
         metrics = gate_metrics(cand_s, live_s)

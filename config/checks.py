@@ -14,6 +14,10 @@ class GateSettings(_Section):
     second_look_tasks: int = Field(8, description="Held-out tasks per environment both versions are scored on when "
                                    "the candidate fell short of live on the first heldout_tasks there (that decides)")
     tolerance: float = Field(0.05, description="Candidate may score this much below live and still be promoted")
+    success_alpha: float = Field(0.05, gt=0, le=1, description="A candidate that falls short of live by more than "
+                                 "tolerance is rejected only when the drop is significant: one-sided paired sign-flip "
+                                 "p below this on the entries of the deciding look (1 = the point rule). On 8 entries "
+                                 "one flip is noise, and a version lucky there would otherwise stop every successor")
     nll_tolerance: float = Field(0.05, description="Candidate's per-token NLL of the held-out reference actions may "
                                  "exceed live's by this much (nats) and still be promoted")
     base_nll_tolerance: float = Field(0.3, description="Candidate's reference NLL may exceed the base model's by "

@@ -8,10 +8,12 @@ Gate (before any user sees a candidate), on fixed held-out entries:
             candidate passes without it: `decide`);
   nll     = mean per-token negative log-likelihood of the reference first action of the first
             `gate.nll_entries` entries of each environment (`Environment.reference_action`).
-  promote  iff  success_c >= success_live - gate.tolerance  and  nll_c <= nll_live + gate.nll_tolerance
+  promote  iff  (success_c >= success_live - gate.tolerance  or  the deciding look's paired one-sided
+                p >= gate.success_alpha)  and  nll_c <= nll_live + gate.nll_tolerance
                 and  nll_c <= nll_base + gate.base_nll_tolerance  (no ratchet of small drifts).
 Success on a handful of tasks is coarse (one task flips it by 1/n); the likelihood of known-good
-actions is continuous, so damaged weights fail the gate even when neither version solves a task.
+actions is continuous, so damaged weights fail the gate even when neither version solves a task. Whether
+a served version is below the base is the guard's question (policies/guard.py), on a suite with power.
 
 Canary and live watch (after promotion), on feedback scores in [-1, 1] grouped by the weights
 version that answered. A version is rolled back when its mean is below the baseline's by at least
@@ -34,6 +36,7 @@ from typing import Callable
 
 from policies.chat import assistant_text, render
 from policies.model_store import atomic_write_bytes
+from policies.stats import paired_test
 
 Z_95 = 1.645
 
@@ -102,17 +105,31 @@ def clearly_worse(cand: dict, live: dict, nll_tolerance: float, base: dict | Non
     return "; ".join(why) + " (stopped early: held-out episodes not run)" if why else None
 
 
+def drop_p(cand: list[float], live: list[float]) -> float:
+    """One-sided p-value that the candidate does worse than live on the same entries (per-entry outcomes in the
+    same order): the exact sign-flip test of `policies/stats.paired_test`, whose null distribution is symmetric,
+    so P(S <= observed) is half the two-sided p. 1.0 when the candidate is not below live there."""
+    t = paired_test(live, cand)
+    return t["p_value"] / 2 if t["mean_diff"] < 0 else 1.0
+
+
 def gate(cand: dict, live: dict, tolerance: float, nll_tolerance: float, base: dict | None = None,
-         base_tolerance: float = math.inf) -> tuple[bool, str]:
-    """(promote?, reason) from `GateScores` scores of the candidate, live and (its NLL) the base."""
-    why = []
+         base_tolerance: float = math.inf, p: float | None = None, alpha: float = 1.0) -> tuple[bool, str]:
+    """(promote?, reason) from `GateScores` scores of the candidate, live and (its NLL) the base. Falling short of
+    live's success by more than `tolerance` rejects when `p` (`drop_p` on the entries both were scored on) is
+    below `alpha`, or when no `p` is given (the point rule)."""
+    why, note = [], ""
     if cand["success"] + tolerance < live["success"]:
-        why.append(f"held-out success {cand['success']:.3f} < live {live['success']:.3f} - {tolerance}")
+        short = f"held-out success {cand['success']:.3f} < live {live['success']:.3f} - {tolerance}"
+        if p is None or p < alpha:
+            why.append(short + (f" (paired p = {p:.3f})" if p is not None else ""))
+        else:
+            note = f" ({short}, but not significantly: paired p = {p:.3f} >= {alpha})"
     why += _nll_checks(cand, live, nll_tolerance, base, base_tolerance)
     if why:
         return False, "; ".join(why)
     nll = f", reference NLL {cand['nll']:.3f} vs {live['nll']:.3f}" if "nll" in cand and "nll" in live else ""
-    return True, f"held-out success {cand['success']:.3f} vs live {live['success']:.3f}{nll}"
+    return True, f"held-out success {cand['success']:.3f} vs live {live['success']:.3f}{nll}{note}"
 
 
 def gate_metrics(cand: dict, live: dict) -> dict:
@@ -174,7 +191,7 @@ def watch_verdict(live: list[float], previous: list[float], *, window: int, marg
 
 
 def decide(score: Callable[..., dict], cand: str, live: str, g, base: dict | None, first: dict[str, int],
-           full: dict[str, int]) -> tuple[bool, str, dict, dict]:
+           full: dict[str, int], paired: Callable[[str, str, dict], float] | None = None) -> tuple[bool, str, dict, dict]:
     """(promote?, reason, candidate's scores, live's scores): the gate on the first `first[env]` held-out
     entries; when the candidate falls short of live's success there, a second look scores both on
     `full[env]` entries of each environment where it fell short, and that decides. Live was promoted
@@ -183,7 +200,9 @@ def decide(score: Callable[..., dict], cand: str, live: str, g, base: dict | Non
     solved none of its first entries, when the candidate passes with 0 there (its `success` is then that
     lower bound). A candidate that is then rejected or superseded never runs them; one that is served runs
     them when it is the next gate's comparator. `score(version, counts=...)` returns `GateScores.view`-shaped
-    scores."""
+    scores. With `paired(cand, live, counts)` (`GateScores.drop_p`), the deciding look rejects on success only
+    when the drop is significant at `g.success_alpha`: a version that did well on these few entries by luck is
+    then not a bar no successor clears (a 60-minute hour served nothing new for its last 20 minutes that way)."""
     lv = score(live, counts=first)
     # where live solved none of its first entries the candidate cannot fall short: with 0 there (the least it
     # can score) it may already pass, and then those episodes cannot change the decision and are not run
@@ -196,12 +215,16 @@ def decide(score: Callable[..., dict], cand: str, live: str, g, base: dict | Non
         ok, why = gate(c, lv, g.tolerance, g.nll_tolerance, base, g.base_nll_tolerance)
         return ok, f"{why} ({', '.join(zero)} not run: live solved none of its first entries there)", c, lv
     c = score(cand, counts=first)
-    ok, why = gate(c, lv, g.tolerance, g.nll_tolerance, base, g.base_nll_tolerance)
+    ok, why = gate(c, lv, g.tolerance, g.nll_tolerance, base, g.base_nll_tolerance)  # short: look again
     again = {e: full[e] if c.get(f"success_{e}", 0.0) < lv.get(f"success_{e}", 0.0) else n for e, n in first.items()}
-    if ok or again == first or clearly_worse(c, lv, g.nll_tolerance, base, g.base_nll_tolerance):
+    if ok or clearly_worse(c, lv, g.nll_tolerance, base, g.base_nll_tolerance):
         return ok, why, c, lv
-    c, lv = score(cand, counts=again), score(live, counts=again)
-    ok, why2 = gate(c, lv, g.tolerance, g.nll_tolerance, base, g.base_nll_tolerance)
+    if again != first:
+        c, lv = score(cand, counts=again), score(live, counts=again)
+    p = paired(cand, live, again) if paired else None
+    ok, why2 = gate(c, lv, g.tolerance, g.nll_tolerance, base, g.base_nll_tolerance, p, g.success_alpha)
+    if again == first:
+        return ok, why2, c, lv
     looked = ", ".join(f"{n} {e}" for e, n in again.items() if n != first[e])
     return ok, f"{why2} (second look on {looked} entries; on the first {min(first.values())}: {why})", c, lv
 
@@ -262,6 +285,14 @@ class GateScores:
             out.update({f"success_{e}": sum(x) / max(1, len(x)) for e, x in per.items()})
             out["success"] = sum(out[f"success_{e}"] for e in per) / max(1, len(per))
         return out
+
+    def drop_p(self, cand: str, live: str, counts: dict[str, int]) -> float:
+        """`drop_p` on the cached outcomes of the first `counts[env]` entries of each environment, pooled."""
+        got = {v: [x for e, n in counts.items() for x in self.scores.get(v, {}).get("outcomes", {}).get(e, [])[:n]]
+               for v in (cand, live)}
+        if len(got[cand]) != len(got[live]) or not got[cand]:
+            raise ValueError(f"gate outcomes of {cand} and {live} are not scored on the same entries: {counts}")
+        return drop_p(got[cand], got[live])
 
     def recent(self, n: int = 5) -> dict:
         return {v: {k: round(x, 3) for k, x in self.view(v, self.looks[0]).items()} for v in list(self.scores)[-n:]}

@@ -147,7 +147,8 @@ def _fake_gate(monkeypatch, scores, outcome, call):
     def score(v, success=True, counts=None):
         return scores.score(engine, v, lambda: "unused", success, counts)
 
-    return scores, score, calls, SimpleNamespace(tolerance=0.05, nll_tolerance=0.05, base_nll_tolerance=math.inf)
+    return scores, score, calls, SimpleNamespace(tolerance=0.05, nll_tolerance=0.05, base_nll_tolerance=math.inf,
+                                           success_alpha=1.0)
 
 
 def test_a_second_look_on_more_entries_decides_when_the_candidate_falls_short_on_the_first(tmp_path, monkeypatch):
@@ -205,3 +206,44 @@ def test_episodes_that_cannot_change_the_decision_are_not_run(tmp_path, monkeypa
     ok, why, cand, live = decide(score, "good", "base", g, None, *scores.looks)
     assert ok and "code, bfcl not run" in why and cand["success"] == 0.0 and len(calls) == n + 2  # base's own
     assert all(c[0] == "base" for c in calls[n:])
+
+
+def test_drop_p_is_the_one_sided_exact_sign_flip_p():
+    from policies.gate import drop_p
+
+    assert drop_p([0] * 8, [1] * 5 + [0] * 3) == pytest.approx(1 / 32)  # 5 entries lost, none won
+    assert drop_p([1, 0, 0, 0], [1, 1, 0, 0]) == pytest.approx(0.5)  # one flip out of one: a coin
+    assert drop_p([0, 1, 0, 1, 0, 0], [1, 0, 1, 1, 0, 0]) == pytest.approx(0.5)  # lost 2, won 1: 4 of 8 sign sets
+    assert drop_p([0, 1], [1, 0]) == 1.0 and drop_p([0, 0], [1, 0]) == pytest.approx(0.5)  # a win offsets a loss
+    assert drop_p([1, 0], [1, 0]) == 1.0  # the same outcomes: no evidence
+    assert drop_p([1, 1, 0], [0, 0, 0]) == 1.0  # the candidate is above live there
+
+
+def test_the_deciding_look_rejects_on_success_only_for_a_significant_drop(tmp_path, monkeypatch):
+    """The hour that stalled: live had 2 of the 8 second-look entries, each successor 1, and every one was
+    rejected for the last 20 minutes. With `success_alpha` a one-entry drop passes (the likelihood checks still apply);
+    a version that loses five entries and wins none is still rejected."""
+    from policies.gate import GateScores, decide
+
+    outcomes = {"live": [1, 0, 1, 0, 0, 0, 0, 0], "one_less": [0, 0, 1, 0, 0, 0, 0, 0],
+                "broken": [0] * 8, "live2": [1, 1, 1, 1, 1, 0, 0, 0]}
+    ids = [f"e{i}" for i in range(8)]
+    scores, score, calls, g = _fake_gate(monkeypatch, GateScores(tmp_path / "evals.json", {"code": None},
+                                                                 {"code": ids}, [], max_new_tokens=8,
+                                                                 call_prefix=True, first=2),
+                                         lambda v, env, i: outcomes[v][i], lambda v, env, ids: (v, tuple(ids)))
+    ok, why, cand, live = decide(score, "one_less", "live", g, None, *scores.looks)
+    assert not ok and "second look on 8 code entries" in why  # the point rule (alpha 1) rejects it
+    g.success_alpha = 0.05
+    ok, why, cand, live = decide(score, "one_less", "live", g, None, *scores.looks, scores.drop_p)
+    assert ok and "not significantly: paired p = 0.500 >= 0.05" in why and "second look on 8 code entries" in why
+    assert cand["success"] == 0.125 and live["success"] == 0.25
+    ok, why, cand, live = decide(score, "broken", "live2", g, None, *scores.looks, scores.drop_p)
+    assert not ok and why.startswith("held-out success 0.000 < live 0.625 - 0.05 (paired p = 0.031)")
+    # no second look configured: the first look decides, with the same test
+    one = GateScores(tmp_path / "one.json", {"code": None}, {"code": ids[:2]}, [], max_new_tokens=8, call_prefix=True)
+    sc2, score2, _, _ = _fake_gate(monkeypatch, one, lambda v, env, i: outcomes[v][i], lambda v, env, ids: (v, ids))
+    ok, why, _, _ = decide(score2, "one_less", "live", g, None, *one.looks, one.drop_p)
+    assert ok and "paired p = 0.500" in why
+    with pytest.raises(ValueError, match="not scored on the same entries"):
+        one.drop_p("one_less", "never_scored", {"code": 2})
