@@ -80,6 +80,7 @@ def trusted_calls(msg: ChatMessage, tools: list[ToolSpec], text: str, cut: bool)
     as text (its tokens unchanged, so the learner trains what was generated); a last call cut off by the token
     limit is kept as the reference keeps it, finishing with `length`."""
     declared = {t.function.name: t.function for t in tools}
+    as_text = ChatMessage(role="assistant", content=text.replace("<|im_end|>", "").strip())
     calls = []
     for i, c in enumerate(msg.tool_calls):
         args = _json_object(c.arguments)
@@ -87,12 +88,12 @@ def trusted_calls(msg: ChatMessage, tools: list[ToolSpec], text: str, cut: bool)
             calls.append(c)
             continue
         if c.name not in declared or args is None:
-            return ChatMessage(role="assistant", content=text.replace("<|im_end|>", "").strip())
+            return as_text
         if "_positional" in args:
             given = args.pop("_positional")
             free = [p for p in (declared[c.name].parameters or {}).get("properties", {}) if p not in args]
             if not isinstance(given, list) or len(given) > len(free):
-                return ChatMessage(role="assistant", content=text.replace("<|im_end|>", "").strip())
+                return as_text
             c = ToolCall(id=c.id, name=c.name, arguments=json.dumps({**dict(zip(free, given)), **args}))
         calls.append(c)
     return ChatMessage(role="assistant", content=msg.content, tool_calls=calls)
