@@ -34,7 +34,8 @@ def _broadcaster(tmp_path, min_s=60.0):
     b.gated = []  # (candidate, against)
     b._score = lambda version, success=True, counts=None: {"success": 0.5, "nll": 1.0}
     # every candidate passes the first look; every version's first look is cached (nothing to score when idle)
-    b.scores = SimpleNamespace(looks=({"code": 2}, {"code": 8}), recent=dict, unscored=lambda version: {})
+    b.scores = SimpleNamespace(looks=({"code": 2}, {"code": 8}), recent=dict, unscored=lambda version: {},
+                               drop_p=lambda cand, live, counts: 0.0)  # every shortfall counts (the point rule)
     refs = {"w-000000": None}
     for n in (1, 2, 3):
         refs[f"w-{n:06d}"] = _version(p, n, f"w-{n - 1:06d}")
@@ -148,7 +149,7 @@ def test_an_idle_broadcaster_scores_the_next_gates_comparator_one_environment_a_
     async def go():
         b, refs = _broadcaster(tmp_path)
         looks, cached, calls = {"code": 2, "bfcl": 2}, {}, []
-        b.scores = SimpleNamespace(looks=(looks, {"code": 8, "bfcl": 8}), recent=dict,
+        b.scores = SimpleNamespace(looks=(looks, {"code": 8, "bfcl": 8}), recent=dict, drop_p=lambda c, lv, n: 0.0,
                                    unscored=lambda v: {e: n for e, n in looks.items() if e not in cached.get(v, ())})
 
         def score(version, success=True, counts=None):
