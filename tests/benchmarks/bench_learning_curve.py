@@ -273,6 +273,8 @@ def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str) -> 
         for f in (state / "weights").glob("w-*.safetensors"):
             if f.name.split(".")[0] not in scored:
                 f.unlink(missing_ok=True)
+        for f in (state / "learner").glob("ckpt-*.pt"):  # 1.6 GB each on the CPU model; a rescore needs none
+            f.unlink(missing_ok=True)
     print(f"cycle p50: published {stages['published_after_s']} s, served {stages['served_after_s']} s after the "
           f"oldest judged group a version learned from; learner step {stages['step_s']} s, gate (published -> "
           f"decided) {stages['gate_s']} s")

@@ -4,8 +4,7 @@ Starts the whole system as a user would (subprocess, its own state dir and ports
 requests and feedback with the `openai` client until the served `system_fingerprint` changes to
 a newly promoted version, and asserts no request failed. Then checks the event kinds on the
 stream, kills one actor process with SIGKILL and checks it comes back while the endpoint keeps
-answering, and stops everything with `main.py down`.
-"""
+answering, and stops everything with `main.py down`."""
 import json
 import os
 import shutil
@@ -76,6 +75,7 @@ def system(tmp_path_factory, model_dir):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         print((state / "up.out").read_text()[-3000:])
+        [shutil.rmtree(state / big, ignore_errors=True) for big in ("learner", "weights", "model")]  # GBs; logs stay
 
 
 def test_auth_and_bad_input_are_4xx(system):
