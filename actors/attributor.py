@@ -20,8 +20,9 @@ Unrated live traffic (`conversations.enabled`): every `evo.interaction` joins th
 unacked, until that conversation closes (idle for `conversations.idle_s`, or past its bounds): after a restart
 the stream hands the open conversations back. On close, each step that no user rated and whose next turn gave
 a signal (a correction, a re-ask, a tool error, thanks, ...) becomes a one-step live judgement with the rule's
-value x confidence as its outcome; its id derives from the step's interaction, so a redelivery publishes
-nothing twice. Rated steps keep their rating (the feedback path above).
+value x confidence as its outcome, and, where that next turn says what was wrong (a correction, a re-ask, a tool's
+error), the next turn as its hindsight hint (`policies/hindsight.py`); its id derives from the step's interaction,
+so a redelivery publishes nothing twice. Rated steps keep their rating (the feedback path above).
 """
 from __future__ import annotations
 
@@ -216,7 +217,8 @@ class Attributor(EventActor):
                 continue
             out = Judgement(event_id=derived_id("judgement", f"signal:{it.event_id}"),
                             group_id=f"live:{it.interaction_id}", source="live", task_id=f"live:{it.interaction_id}",
-                            samples=[trajectory(it, st.outcome, scrub)], outcomes=[st.outcome],
+                            samples=[trajectory(it, st.outcome, scrub).model_copy(update={"hint": scrub(st.hint)})],
+                            outcomes=[st.outcome],
                             step_labels=[["GOOD" if st.outcome > 0 else "BAD"]], judge=f"next-turn:{st.signal}",
                             source_event_ids=[it.event_id], trace_id=it.trace_id, origin="live",
                             user_hashes=[it.user_hash], signals=[st.signal])

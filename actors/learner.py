@@ -124,7 +124,7 @@ class Learner(EventActor):
                                   behaviour_versions=[v for x in pooled for v in behaviour_of(x)],
                                   user_hashes=[u for x in pooled for u in (x.user_hashes or [""] * len(x.samples))],
                                   source_event_ids=[x.event_id for x in pooled], origin="live")
-                if informative(group, alpha):
+                if informative(group, alpha, hints=self.settings.learner.hindsight_clip > 0):
                     self.ready.append(group)
                 else:
                     await self._ack([x.event_id for x in pooled])

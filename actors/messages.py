@@ -94,6 +94,9 @@ class Sample(Wire):
     error: str | None = None
     off_policy: bool = Field(False, description="a verified reference trajectory replayed in the environment, not "
                              "sampled from any weights version (mixed-policy GRPO); never counts as the policy's own")
+    hint: str = Field("", description="a live step no user rated whose next turn says what was wrong (a tool's "
+                      "error, a correction): that next turn, the hindsight teacher's context (policies/hindsight.py); "
+                      "never trained on")
 
 
 # ----------------------------------------------------------------------------- request / reply (not events)

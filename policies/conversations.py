@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 
 from actors.events import ChatMessage, Interaction
+from policies.hindsight import HINTED, next_turn
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ class Step:
     interaction: Interaction
     signal: str | None = None  # a rule's name once what came next is known
     rated: bool = False  # explicit feedback arrived for it: the rated path trains on it
+    hint: str = ""  # the next turn, when its signal says what was wrong (policies/hindsight.py)
 
     @property
     def outcome(self) -> float:
@@ -185,6 +187,7 @@ class ConversationBook:
         user = next((m.content for m in reversed(prev.interaction.messages) if m.role == "user"), None)
         # the answer as the client sent it back (its tool call ids are the ones its tool results answer)
         prev.signal = signal_of(it.messages[n - 1], list(it.messages[n:]), user)
+        prev.hint = next_turn(list(it.messages[n:])) if prev.signal in HINTED else ""
 
     def rate(self, interaction_id: str) -> None:
         """A user rated this interaction: its step trains on the rating, not on a signal (whichever came first)."""

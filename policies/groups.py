@@ -16,9 +16,10 @@ from policies import adca
 from policies.model_store import REFERENCE
 
 
-def informative(j: Judgement, alpha: float) -> bool:
-    """Does the group give any sample a non-zero advantage? (outcome spread, or step credit under ADCA)"""
-    if len(set(j.outcomes)) > 1:
+def informative(j: Judgement, alpha: float, hints: bool = False) -> bool:
+    """Does the group give any sample a non-zero advantage? (outcome spread, step credit under ADCA, or with `hints`
+    a live step that hindsight teaches)"""
+    if len(set(j.outcomes)) > 1 or (hints and any(s.hint for s in j.samples)):
         return True
     return alpha > 0 and any(abs(a) > 1e-9 for adv in adca.step_advantages(j.step_labels, j.outcomes, alpha)
                              for a in adv)

@@ -199,3 +199,11 @@ def fit_width(row: torch.Tensor, width: int) -> torch.Tensor:
 def pad(rows: list[list[int]], value: int) -> torch.Tensor:
     width = max(len(r) for r in rows)
     return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=torch.long)
+
+
+def is_stats(weights: list[torch.Tensor]) -> dict:
+    """Mean, max and min of a step's truncated importance weights (none: {})."""
+    if not weights:
+        return {}
+    w = torch.cat(weights)
+    return {"is_mean": float(w.mean()), "is_max": float(w.max()), "is_min": float(w.min())}

@@ -214,6 +214,7 @@ def test_the_attributor_judges_a_closed_conversations_unrated_steps_once(tmp_pat
     assert j.source == "live" and j.origin == "live" and j.user_hashes == ["u1"] and j.weights_version == "w-000003"
     step = j.samples[0].messages[j.samples[0].step_indices[0]]
     assert step.tool_calls[0].name == "get_weather" and json.loads(step.tool_calls[0].arguments)["city"] == "Paris"
+    assert j.samples[0].hint == "tool: Error: city not found"  # the hindsight teacher's context, scrubbed
     assert [m.acks for m in msgs] == [1, 1, 1] and not a.held and not a.book.open
     assert a.health()["next_turn_signals"] == {"tool_error": 1}
 
@@ -236,3 +237,18 @@ def test_readme_lists_the_signals_table_of_the_code():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for r in SIGNALS:
         assert f"| `{r.name}` | {r.value:+.1f} | {r.confidence:.1f} |" in readme, r.name
+
+
+def test_a_step_whose_next_turn_says_what_was_wrong_carries_that_turn_as_its_hindsight_hint():
+    book = ConversationBook()
+    conv = None
+    for i, it in enumerate(_agent_conversation("Error: city 'Paris' not found", "No, I want Paris, France.")):
+        conv = book.add(it, 100.0 + i)[0]
+    first, second, last = conv.steps
+    assert (first.signal, first.hint) == ("tool_error", "tool: Error: city 'Paris' not found")
+    assert (second.signal, second.hint) == ("correction", "user: No, I want Paris, France.")
+    assert last.hint == ""
+    conv = None
+    for i, it in enumerate(_agent_conversation('{"high": 21}', "Thanks, that is great!")):
+        conv = book.add(it, 200.0 + i)[0]
+    assert [(s.signal, s.hint) for s in conv.steps[:2]] == [("tool_ok", ""), ("thanks", "")]  # nothing was wrong
