@@ -11,7 +11,8 @@ each token toward what the policy would have written had it known. Tokens the hi
 makes less likely (a wrong value, a missing argument) go down. Tokens it leaves alone get no push.
 
 The hint is data. It is quoted inside the teacher's context, and nothing in it is followed or executed here. It is
-never part of the trained text: the student's context is the sample as it was served. It is scrubbed like every
+never part of the trained text: the student's context is the sample as it was served. So a hint can only re-weight
+tokens the policy wrote itself; it adds no text of its own to what is learned. It is scrubbed like every
 live message (`policies.hygiene.scrub`), and it is cut to `HINT_CHARS`.
 
 Which scorer to use for unrated live steps, and why this one: `tests/benchmarks/bench_hindsight.py` and
