@@ -198,7 +198,8 @@ class Trainer:
             versions += list(behaviour[gi]) if behaviour else [self.version] * len(g.samples)
             for s, o in zip(g.samples, g.outcomes):
                 keys.append((g.group_id, s.sample_id, versions[len(keys)]))
-                hinted.update({len(samples): s} if s.hint and not s.off_policy and L.hindsight_clip > 0 else {})
+                if s.hint and not s.off_policy and L.hindsight_clip > 0:
+                    hinted[len(samples)] = s
                 samples.append(grpo.tokenize_sample(self.tok, s, L.max_seq_tokens, L.experience_mode == "keep"))
                 guided.append(s.guided)
                 off.append(s.off_policy)
