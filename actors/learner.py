@@ -20,7 +20,8 @@ rated live interactions are pooled into groups of `learner.min_live_group`, tool
 trains from a version
 users get or will get: after a rejection of a version it descends from, from that version's nearest
 ancestor that is the canary or live; after a rollback, from the version rolled back to; and when a
-version goes live that it does not descend from, from that one.
+version goes live that it does not descend from, from that one. With `learner.kl_target` its step size follows the
+measured drift from the base and halves when a version it trained is rejected (`policies/step_size.py`).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from config import telemetry
 from opentelemetry import trace
 from policies.checkpoint import CheckpointStore
 from policies.live_policy import LivePolicy
+from policies.step_size import StepSize
 from policies.groups import at_floor, behaviour_of, fair_step, informative, live_kind
 from policies.model_store import BASE_VERSION, staleness, version_name  # noqa: F401 (staleness: re-export)
 
@@ -69,6 +71,7 @@ class Learner(EventActor):
             if live.path:
                 await asyncio.to_thread(self.trainer.reset_to, live.path, live.version)
         self.weights_version = self.policy.live_version
+        self.step_size = StepSize.from_settings(s.learner, self.trainer.lr)  # a resumed optimizer's step size
         self.ready: list[Judgement] = []  # informative groups waiting for a step
         self.live: dict[str, list[Judgement]] = {}  # rated interactions by kind of step, pooled until a group forms
         self.replay: list[Judgement] = []  # groups recent steps trained, trained again beside new ones (in memory)
@@ -85,6 +88,7 @@ class Learner(EventActor):
         if loaded:
             self.trainer.load_state(loaded[0])
             self.parent = loaded[0].get("parent", BASE_VERSION)
+            self.step_size.lr = self.trainer.lr
         else:
             live = self.policy.pointer()
             self.trainer.reset_to(live.path, live.version)
@@ -201,7 +205,9 @@ class Learner(EventActor):
                 try:
                     stats = await asyncio.to_thread(self.trainer.train_step, step_groups,
                                                     [g.behaviour_versions for g in step_groups])
-                    stats["staleness_max"] = float(max(ages, default=0))
+                    stats["staleness_max"], stats["lr"] = float(max(ages, default=0)), self.trainer.lr
+                    self.trainer.set_lr(self.step_size.after_step(stats["kl"]))  # the next step's, checkpointed
+                    stats["kl_drift"] = self.step_size.ema or 0.0
                     version = version_name(max(self.store.latest_number() + 1, self.trainer.step))
                     self.parent = self.trainer.version
                     self.trainer.named(version)
@@ -256,6 +262,9 @@ class Learner(EventActor):
         """Continue from the rejected version's nearest ancestor that users get: the canary or live."""
         if not self.policy.descends_from(self.trainer.version, ev.weights.version):
             return
+        if self.step_size.adaptive:
+            self.trainer.set_lr(self.step_size.after_rejection())  # the fresh optimizer of the reset takes it
+            self.log.info("learner.lr_lowered", lr=self.trainer.lr, rejected=ev.weights.version)
         ptr = self.policy.pointer()
         served = {ptr.version: ptr.path}
         if ptr.canary is not None:

@@ -111,6 +111,7 @@ def test_the_learner_always_trains_from_a_version_users_get_or_will_get(tmp_path
     from actors.lifecycles import CanaryRef
     from config.settings import load_settings
     from policies.live_policy import LivePolicy
+    from policies.step_size import StepSize
 
     s = load_settings(None, state_dir=str(tmp_path / "state"))
     (tmp_path / "base").mkdir()
@@ -123,8 +124,10 @@ def test_the_learner_always_trains_from_a_version_users_get_or_will_get(tmp_path
         path, sha = ln.store.save({"w": torch.full((2,), float(n))}, v, {"parent": parent, "step": n})
         refs[v] = WeightsRef(version=v, path=str(path), sha256=sha, parent=parent, step=n)
     resets = []
-    ln.trainer = SimpleNamespace(version="w-000003")
+    ln.trainer = SimpleNamespace(version="w-000003", lr=1e-5)
     ln.trainer.reset_to = lambda path, version: (resets.append(version), setattr(ln.trainer, "version", version))
+    ln.trainer.set_lr = lambda lr: setattr(ln.trainer, "lr", lr)
+    ln.step_size = StepSize.from_settings(s.learner.model_copy(update={"kl_target": 0.1, "lr_min": 2e-6}))
 
     def reject(v):
         asyncio.run(ln.handle_weights_rejected(WeightsRejected(weights=refs[v], candidate_score=0, live_score=0,
@@ -137,6 +140,7 @@ def test_the_learner_always_trains_from_a_version_users_get_or_will_get(tmp_path
     ln.store.set_live("w-000001", r1.path, r1.sha256, canary=CanaryRef(version="w-000002", path=r2.path, share=0.1))
     reject("w-000003")  # its parent is the canary: train on from there, not from live
     assert resets == ["w-000002"]
+    assert ln.trainer.lr == 5e-6  # a rejected step: the step size is halved (learner.kl_target set)
     live("w-000002")  # the canary went live: the learner is on it already
     assert resets == ["w-000002"]
     ln.trainer.version = "w-000003"
@@ -145,5 +149,6 @@ def test_the_learner_always_trains_from_a_version_users_get_or_will_get(tmp_path
     assert resets == ["w-000002", "w-000002"]
     live("w-000004")  # an operator forced a sibling branch live: follow it
     assert resets[-1] == "w-000004" and ln.trainer.version == "w-000004"
+    assert ln.trainer.lr == 2.5e-6
     reject("w-000002")  # not an ancestor of what it trains: nothing to do
-    assert len(resets) == 3
+    assert len(resets) == 3 and ln.trainer.lr == 2.5e-6
