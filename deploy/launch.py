@@ -72,7 +72,7 @@ def up(s: Settings, args) -> int:
         nats_server = EmbeddedNats(s.state, s.nats.port, s.nats.user, s.nats.password).start()
         s.nats.url, s.nats.password = nats_server.url, nats_server.password
     try:
-        asyncio.run(_ensure_stream(s))
+        asyncio.run(ensure_stream(s))
         from policies.model_store import ensure_base_model
 
         say("preparing model")
@@ -81,11 +81,7 @@ def up(s: Settings, args) -> int:
 
         if (gpu_plan := check(s, base)) is not None:  # exits with the plan when it does not fit
             say("GPU and disk plan:\n" + gpu_plan.table())
-        own = f"http://{s.serve.host}:{s.serve.port}/v1"  # "self": the judge / task writer is our own endpoint
-        if s.judge.base_url == "self":
-            s.judge.base_url, s.judge.api_key = own, s.serve.api_key
-        if s.questioner.generator_base_url == "self":
-            s.questioner.generator_base_url, s.questioner.generator_api_key = own, s.serve.api_key
+        use_own_endpoint(s, f"http://{s.serve.host}:{s.serve.port}/v1")
 
         from deploy import ray_local
 
@@ -181,10 +177,19 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-async def _ensure_stream(s: Settings) -> None:
+def use_own_endpoint(s: Settings, url: str) -> None:
+    """`self` as the judge's or the task writer's endpoint: our own Serve app at `url`, with its API key."""
+    if s.judge.base_url == "self":
+        s.judge.base_url, s.judge.api_key = url, s.serve.api_key
+    if s.questioner.generator_base_url == "self":
+        s.questioner.generator_base_url, s.questioner.generator_api_key = url, s.serve.api_key
+
+
+async def ensure_stream(s: Settings, attempts: int = -1) -> None:
+    """Create the `EVO` stream (or bring it to `s.nats`); `attempts` bounds the connect (-1: until it answers)."""
     from actors.bus import Bus
 
-    bus = await Bus.from_settings(s.nats, "main").connect()
+    bus = await Bus.from_settings(s.nats, "main").connect(attempts=attempts)
     await bus.close()
 
 

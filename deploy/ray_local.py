@@ -116,7 +116,10 @@ class ActorHost:
         return not self.thread.is_alive()
 
 
-def start_actors(settings) -> dict:
+def start_actors(settings, detached: bool = False) -> dict:
+    """Start the six actors as named Ray actors. `up` owns them (they end with its driver); `detached` (KubeRay,
+    `deploy/kuberay.py`) makes them outlive the process that starts them, and starts only those not running,
+    so calling it again is how a lost one comes back."""
     import ray
 
     remote = ray.remote(ActorHost)
@@ -128,7 +131,8 @@ def start_actors(settings) -> dict:
         env = {**ray_env(), "OMP_NUM_THREADS": str(threads.get(name, 1))}
         handles[name] = remote.options(name=f"kaizen-{name}", namespace=NAMESPACE, num_cpus=settings.ray.actor_cpus,
                                        num_gpus=settings.ray.actor_gpus.get(name, 0.0), max_restarts=-1,
-                                       max_task_retries=-1, lifetime=None, max_concurrency=4,
+                                       max_task_retries=-1, lifetime="detached" if detached else None,
+                                       get_if_exists=detached, max_concurrency=4,
                                        runtime_env={"env_vars": env}).remote(target, settings.model_dump_json())
     return handles
 
