@@ -107,12 +107,17 @@ def test_the_api_autoscales_within_bounds_and_the_cluster_with_it():
     assert 1 <= bounds["min_replicas"] < bounds["max_replicas"]
     cluster = _service()["spec"]["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is True
-    assert all(g["minReplicas"] < g["maxReplicas"] for g in cluster["workerGroupSpecs"])
+    assert all(g["minReplicas"] <= g["replicas"] <= g["maxReplicas"] and g["minReplicas"] < g["maxReplicas"]
+               for g in cluster["workerGroupSpecs"])
 
 
 def test_token_auth_on_every_pod_and_the_dashboard_reachable_by_the_operator():
     cluster = _service()["spec"]["rayClusterConfig"]
     assert cluster["authOptions"]["mode"] == "token"  # KubeRay sets RAY_AUTH_MODE and the token on every pod
+    import ray  # the operator refuses token auth below Ray 2.52; the image runs the Ray pyproject.toml pins
+
+    version = tuple(int(x) for x in cluster["rayVersion"].split("."))
+    assert version >= (2, 52, 0) and version[:2] == tuple(int(x) for x in ray.__version__.split(".")[:2])
     for pod in _pods():  # ... unless a pod sets them itself
         assert not [e for c in pod["containers"] for e in c.get("env", []) if e["name"].startswith("RAY_AUTH")]
     assert cluster["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "0.0.0.0"
