@@ -94,6 +94,7 @@ def main(argv=None) -> int:
     rp.add_argument("--eval", action="store_true", help="evaluate the base and every served version not yet scored")
     rp.add_argument("--k", type=int, default=4, help="samples per held-out entry")
     rp.add_argument("--per-category", type=int, default=4, help="held-out entries per category (a ladder rung)")
+    rp.add_argument("--json", action="store_true", help="print the live page's document (GET /page/state) as JSON")
     for sp in (st, ev, ea, pr, sub.choices["down"]):
         sp.add_argument("--config", help="YAML preset (default config/cpu.yaml)")
     args = p.parse_args(argv)

@@ -139,6 +139,31 @@ class Bus:
             await self.js.add_consumer(self.stream, cfg)
         return await self.js.pull_subscribe_bind(durable=durable, stream=self.stream)
 
+    async def stored_since(self, seq: int, limit: int, kinds=None) -> tuple[list[tuple[str, bytes]], int]:
+        """Up to `limit` stored events after stream sequence `seq`, in stream order, as (subject, JSON) of the
+        `kinds` asked (all when None), and the last sequence read: pass it back to read on. An ordered consumer
+        that lives for one call; events that retention already dropped are skipped."""
+        state = (await self.js.stream_info(self.stream)).state
+        last = int(state.last_seq)
+        if last <= seq or not state.messages:  # nothing new, or retention emptied the stream
+            return [], max(seq, last)
+        want = None if kinds is None else {subject_for(k, self.prefix) for k in kinds}
+        cfg = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=seq + 1)
+        sub = await self.js.subscribe(f"{self.prefix}.>", ordered_consumer=True, config=cfg)
+        out, at, read = [], seq, 0
+        try:
+            while at < last and read < limit:
+                try:
+                    msg = await sub.next_msg(timeout=5.0)
+                except TimeoutError:
+                    break
+                at, read = msg.metadata.sequence.stream, read + 1
+                if want is None or msg.subject in want:
+                    out.append((msg.subject, msg.data))
+        finally:
+            await sub.unsubscribe()
+        return out, at
+
     async def stream_info(self):
         return await self.js.stream_info(self.stream)
 

@@ -1,15 +1,17 @@
 """Held-out evaluation from the command line: `eval` (one version, avg@k / best@k per environment and
-category) and `report` (the lineage of weights versions with held-out scores against the base, and the curve).
+category) and `report` (the lineage of weights versions with held-out scores against the base, and the curve;
+`report --json` prints the document the live page shows, built by the same code).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 
 from config.settings import Settings
 from deploy.launch import say
-from deploy.stream_view import read_events
+from deploy.stream_view import connect
 
 
 def heldout_cache(s: Settings, envs: dict, per_category, k: int, categories: dict | None = None):
@@ -20,15 +22,24 @@ def heldout_cache(s: Settings, envs: dict, per_category, k: int, categories: dic
                         call_prefix=s.rollout.call_prefix)
 
 
-def report(s: Settings, run: dict, args) -> int:
-    """The lineage of weights versions with held-out scores against the base, and the curve as PNG."""
+async def evolution(s: Settings, run: dict) -> dict:
+    """The document the live page shows (GET /page/state), folded from everything the stream holds by the same
+    code as a replica folds it (`policies/evolution.py`)."""
+    from policies.evolution import Evolution, catch_up
+
+    bus = await connect(s, run)
+    try:
+        return (await catch_up(Evolution(), bus.stored_since)).view()
+    finally:
+        await bus.close()
+
+
+def evaluated(s: Settings, rows: list[dict], args) -> tuple[dict, dict | None]:
+    """This command's own held-out scores: version -> env -> paired test against the base, and the base's (None
+    before any `--eval`); `--eval` scores the base and every served version not yet in the cache first."""
     from envs.registry import make_envs
-    from policies import lineage
     from policies.model_store import BASE_VERSION, WeightsStore
 
-    kinds = ["judgement", "learner_step", "weights_published", "weights_status", "weights_promoted",
-             "weights_rolled_back"]
-    rows = lineage.lineage(asyncio.run(read_events(s, run, kinds)))
     envs = make_envs(s.env)
     cache = heldout_cache(s, envs, args.per_category, args.k)
     served = [r["version"] for r in rows if r["gate"].startswith(("canary", "live"))]
@@ -45,17 +56,37 @@ def report(s: Settings, run: dict, args) -> int:
                 say(f"evaluating {v} on the held-out suite (k={args.k})")
                 engine.load_weights(path, v)
                 cache.evaluate(engine, envs, v)
-    base_scores = cache.get(BASE_VERSION)
-    held = {r["version"]: cache.versus(BASE_VERSION, r["version"]) for r in rows}
-    print(lineage.table(rows, held, base_scores))
-    if not base_scores:
-        print("(no held-out scores yet: `main.py report --eval` evaluates the base and every served version)")
+    return {r["version"]: cache.versus(BASE_VERSION, r["version"]) for r in rows}, cache.get(BASE_VERSION)
+
+
+def report(s: Settings, run: dict, args) -> int:
+    """The lineage of weights versions with the guard's checks against the base (the live page's document; `--json`
+    prints it whole, and only it on stdout), and this command's own scores (`--eval`) with their curve as PNG
+    (under "evaluated" in the JSON)."""
+    from policies import lineage
+
+    doc = asyncio.run(evolution(s, run))
+    rows = doc["rows"]
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        held, base_scores = evaluated(s, rows, args)
+    if base_scores:
+        doc["evaluated"] = {"heldout": held, "base": base_scores}
     out = s.state / "evals" / "lineage"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "heldout": held, "base": base_scores}, indent=1))
-    if base_scores:
-        lineage.curve(rows, held, base_scores, out.with_suffix(".png"))
-        print(f"written {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(lineage.table(rows, doc["heldout"], doc["base"]))
+    if not doc["base"]:
+        print("(no check by the guard yet: it scores served versions against the base in the background)")
+    if not base_scores:
+        print("(`main.py report --eval` scores the base and every served version on this command's own suite)")
+        return 0
+    print(f"\n`report --eval`: {args.k} samples, {args.per_category} entries of each category")
+    print(lineage.table(rows, held, base_scores))
+    lineage.curve(rows, held, base_scores, out.with_suffix(".png"))
+    print(f"written {out.with_suffix('.json')} and {out.with_suffix('.png')}")
     return 0
 
 

@@ -19,8 +19,11 @@ def _t(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
-def lineage(events: list[Event]) -> list[dict]:
-    judged = {e.event_id: _t(e.occurred_at) for e in events if isinstance(e, Judgement)}
+def lineage(events: list[Event], judged: dict[str, float] | None = None) -> list[dict]:
+    """`judged`: judgement event id -> its time, when the caller keeps those instead of the judgements
+    (`policies/evolution.py`); by default taken from the Judgement events among `events`."""
+    if judged is None:
+        judged = {e.event_id: _t(e.occurred_at) for e in events if isinstance(e, Judgement)}
     rows: dict[str, dict] = {}
     step_sources: dict[int, list[str]] = {}
     step_s: dict[int, float] = {}

@@ -17,6 +17,8 @@ test power. A version that solves nothing on 40 entries x 4, against a base that
 x4 (a 3.8% rate), is p = 2 x 0.5^6 = 0.031 by sign flips at best and (4/8)^6 = 0.016 here; against the same rate
 known from x8 (12 successes, one an entry) it is (8/12)^12 = 0.0077; at a 1.9% rate (6 successes in x8) it is
 (8/12)^6 = 0.088, and nothing at this floor can tell a loss from chance.
+
+`wilson(p, n)`: the 95% Wilson score interval of a rate, for the live page's curve (`policies/evolution.py`).
 """
 from __future__ import annotations
 
@@ -65,3 +67,12 @@ def fewer_successes(base: list[int], base_k: int, version: list[int], version_k:
         dist = out
     observed = sum(version)
     return min(1.0, sum(dist[:observed + 1]))
+
+
+def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a success rate `p` observed over `n` trials (95% at z = 1.96); (0, 1) for n = 0.
+    Unlike p +/- z·se it stays inside [0, 1] and is not empty at p = 0, where the 135M model mostly is."""
+    if n <= 0:
+        return 0.0, 1.0
+    centre, half = p + z * z / (2 * n), z * ((p * (1 - p) + z * z / (4 * n)) / n) ** 0.5
+    return max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n))

@@ -30,6 +30,22 @@ async def test_publish_is_deduplicated_by_event_id(nats_server):
     await bus.close()
 
 
+async def test_stored_events_are_read_on_from_a_sequence_in_stream_order(nats_server):
+    """What `report` and the live page fold: stored events by sequence, in pieces, filtered by kind."""
+    p = _prefix()
+    bus = await _bus(nats_server, p)
+    assert await bus.stored_since(0, 10) == ([], 0)  # an empty stream
+    for i in range(5):
+        await bus.publish(Task(task_id=f"t{i}", env="code", entry_id=f"e{i}"))
+        await bus.publish(DeadLetter(subject="x", consumer="c", reason=f"r{i}"))
+    first, seq = await bus.stored_since(0, 4, kinds=("task",))
+    assert seq == 4 and [parse_event(d).task_id for _, d in first] == ["t0", "t1"]
+    rest, seq = await bus.stored_since(seq, 100)
+    assert seq == 10 and [s.rsplit(".", 1)[1] for s, _ in rest] == ["task", "dead_letter"] * 3
+    assert await bus.stored_since(seq, 100) == ([], 10)
+    await bus.close()
+
+
 class Recorder(EventActor):
     name = "recorder"
     kinds = ("task",)
