@@ -5,9 +5,10 @@ Whatever must run has to be part of a Serve application, so the six evolution ac
 here: `Evolution`, a one-replica deployment with no HTTP route. Its replica does what `up` does for them
 (`launch.ensure_stream`, then `ray_local.start_actors`), with the actors detached and started only where
 none of that name runs (`get_if_exists`): they outlive the replica, a restarted replica finds them instead
-of starting a second set, and its health check (every 30 s) starts again any that were lost for good. The
-replica reports unhealthy while they cannot be started (NATS unreachable, wrong password, a failing
-constructor); Serve then replaces it, so a start that failed is retried without anyone's help. A
+of starting a second set, and its health check (every 30 s) starts again any that were lost for good and
+probes each one (a `pid()` call, read at the next check, so an actor loading its model is not a failure).
+The replica reports unhealthy while they cannot be started (NATS unreachable, wrong password, an actor
+whose constructor raises); Serve then replaces it, so a start that failed is retried without anyone's help. A
 RayService cannot run a job beside Serve, and an init container or a sidecar would start them outside the
 cluster's own restart and health machinery; a deployment keeps them inside it, in the same RayService.
 
@@ -52,6 +53,7 @@ class Evolution:
     async def __init__(self, settings_json: str):
         self.s = Settings.model_validate_json(settings_json)
         self.stream_ready = False
+        self.probes: dict = {}  # actor name -> concurrent Future of its last pid() call
         self.error: str | None = None
         self.log = telemetry.log(actor="evolution")
         # A failure is not raised here but by the first health check: Serve retries a failing constructor a few
@@ -63,11 +65,24 @@ class Evolution:
             if not self.stream_ready:  # once: afterwards a NATS outage is the actors' to ride out, not ours
                 await launch.ensure_stream(self.s, attempts=NATS_ATTEMPTS)
                 self.stream_ready = True
-            await asyncio.to_thread(ray_local.start_actors, self.s, True)
+            await asyncio.to_thread(self._start_and_probe)
             self.error = None
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"[:500]
             self.log.warning("actors.not_started", error=self.error)
+
+    def _start_and_probe(self) -> None:
+        """Start the actors that do not run, then read each one's last probe (a `pid()` call): a failed one means
+        the actor died or its constructor raised (Ray does not restart a constructor that raises); a pending
+        one, an actor still starting (loading its model), which is not a failure."""
+        handles = ray_local.start_actors(self.s, True)
+        failed = [f"{name}: {fut.exception()}" for name, fut in self.probes.items() if fut.done() and fut.exception()]
+        self.probes = {name: fut for name, fut in self.probes.items() if not fut.done()}
+        for name, handle in handles.items():
+            if name not in self.probes:
+                self.probes[name] = handle.pid.remote().future()
+        if failed:
+            raise RuntimeError("; ".join(failed))
 
     async def check_health(self) -> None:
         await self._ensure()

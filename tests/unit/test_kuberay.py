@@ -2,6 +2,8 @@
 start / health logic over stand-ins for the stream and the actor start, and `start_actors(detached=True)`."""
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 import pytest
 
 from config.settings import load_settings
@@ -46,11 +48,27 @@ def test_the_cluster_preset_is_the_gpu_preset_with_four_changes():
         "model.path": "/opt/kaizen/model/smollm2-135m-instruct"}
 
 
+class _Handle:
+    """An actor handle whose `pid()` calls answer when the test says (`probes`: the futures, newest last)."""
+
+    def __init__(self):
+        self.probes: list[Future] = []
+        self.pid = self
+
+    def remote(self):
+        self.probes.append(Future())
+        return self
+
+    def future(self) -> Future:
+        return self.probes[-1]
+
+
 class _Cluster:
     """Stand-ins for NATS and Ray: which calls the deployment made, and failures to inject."""
 
     def __init__(self, monkeypatch, nats_down: int = 0):
         self.streams, self.starts, self.nats_down, self.start_error = 0, [], nats_down, None
+        self.handles = {name: _Handle() for name in ray_local.ACTORS}
 
         async def ensure_stream(s, attempts=-1):
             assert attempts == kuberay.NATS_ATTEMPTS  # bounded: a replica must be able to say it failed
@@ -63,6 +81,7 @@ class _Cluster:
             if self.start_error:
                 raise self.start_error
             self.starts.append(detached)
+            return self.handles
         monkeypatch.setattr(launch, "ensure_stream", ensure_stream)
         monkeypatch.setattr(ray_local, "start_actors", start_actors)
 
@@ -95,6 +114,24 @@ async def test_unhealthy_while_the_actors_cannot_start_and_healthy_once_they_can
     with pytest.raises(RuntimeError, match="actor constructor failed"):
         await replica.check_health()
     assert "actor constructor failed" in (await replica())["error"]
+
+
+async def test_an_actor_whose_constructor_raises_is_reported_and_one_still_loading_is_not(tmp_path, monkeypatch):
+    c = _Cluster(monkeypatch)
+    replica = await _replica(tmp_path)
+    learner = c.handles["learner"]
+    assert all(len(h.probes) == 1 for h in c.handles.values())  # one pid() call in flight per actor
+    await replica.check_health()  # nothing answered yet (models loading): healthy, no second call
+    assert all(len(h.probes) == 1 for h in c.handles.values())
+    learner.probes[0].set_exception(RuntimeError("The actor died because of an error raised in its creation task"))
+    for name, h in c.handles.items():
+        if name != "learner":
+            h.probes[0].set_result(7)
+    with pytest.raises(RuntimeError, match="learner: The actor died"):
+        await replica.check_health()  # and start_actors was called again, which starts a new learner
+    assert all(len(h.probes) == 2 for h in c.handles.values())
+    learner.probes[1].set_result(8)
+    await replica.check_health()  # the new learner answered
 
 
 def test_both_applications_build_from_the_same_args(tmp_path):
