@@ -110,6 +110,7 @@ def up(s: Settings, args) -> int:
         say(f"endpoint:  {endpoint}   (OpenAI-compatible; model {s.model.name!r})")
         say(f"api key:   {key_file if key_file else 'from config/KAIZEN_API_KEY'}")
         say(f"nats:      {s.nats.url} (user {s.nats.user}, password in {s.state / 'nats.password'})")
+        say(f"page:      http://{s.serve.host}:{s.serve.port}/page#key=<api key>   (the evolution, live, in a browser)")
         say("events:    python main.py events    status: python main.py status    stop: Ctrl-C or main.py down")
 
         loop = asyncio.new_event_loop()

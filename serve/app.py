@@ -1,8 +1,9 @@
 """The Ray Serve app: an OpenAI-compatible endpoint that records every interaction.
 
 Routes (DESIGN.md "HTTP"): POST /v1/chat/completions (tools, stream), GET /v1/models,
-POST /v1/feedback, GET /healthz, GET /readyz, GET /metrics (Prometheus, `serve/metrics.py`). Every /v1 route
-and /metrics needs `Authorization: Bearer <key>`.
+POST /v1/feedback, GET /healthz, GET /readyz, GET /metrics (Prometheus, `serve/metrics.py`), and the live page of the
+evolution: GET /page, /page/state, /page/events (`serve/page.py`). Every /v1 route, /metrics and the page's data
+need `Authorization: Bearer <key>`.
 Bodies are size-checked and validated before the model runs; bad input is a 4xx with a message.
 
 Each replica retrieves experiences from the navigator for the live request (the fast loop) and
@@ -20,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from pydantic import ValidationError
 from ray import serve
 
@@ -35,22 +35,15 @@ from serve.interactions import InteractionLog, Turn
 from serve.metrics import CONTENT_TYPE, Metrics
 from serve.net import authorized, loopback_replica_grpc, read_body, unauthorized
 from serve.outbox import Outbox
+from serve.page import Page, router as page_router
 from serve.schemas import FeedbackRequest
 from serve.streaming import stream_chat
 from serve.weights import ReplicaWeights
-from serve.wire import BadRequest, completion, error, first_param, parse_chat, pretty
+from serve.wire import BadRequest, answer_errors, completion, error, first_param, parse_chat, pretty
 
 app = FastAPI(title="Kaizen", docs_url=None, redoc_url=None, openapi_url=None)
-
-
-@app.exception_handler(StarletteHTTPException)
-async def _http_error(request, exc):  # unknown routes and methods: the reference's error object, not {"detail"}
-    return error(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500 else "server_error")
-
-
-@app.exception_handler(Exception)
-async def _uncaught(request, exc):  # never a plain-text 500
-    return error(500, f"internal error: {type(exc).__name__}", "server_error")
+app.include_router(page_router)  # the page's shell: public, it holds no data
+answer_errors(app)
 
 
 @serve.deployment(max_ongoing_requests=8, health_check_period_s=10, graceful_shutdown_timeout_s=20)
@@ -71,6 +64,7 @@ class KaizenServer:
             self.replica = f"{socket.gethostname()}-{os.getpid()}"
         self.log = telemetry.log(actor="serve", replica=self.replica)
         self.tracer = telemetry.tracer("kaizen.serve")
+        self.page = Page(api_key, self.s.nats.subject_prefix, self.log)
         self._pool = ThreadPoolExecutor(self.s.serve.max_ongoing_requests + 2, thread_name_prefix="generate")
         self.interactions = InteractionLog(self.s.state / "serve" / "interactions.db")
         self.bus: Bus | None = None
@@ -188,6 +182,14 @@ class KaizenServer:
             return unauthorized()
         return Response(await asyncio.to_thread(self.metrics.render), media_type=CONTENT_TYPE)
 
+    @app.get("/page/state")
+    async def page_state(self, request: Request):
+        return await self.page.state(request, self._ensure_bus)
+
+    @app.get("/page/events")
+    async def page_events(self, request: Request):
+        return await self.page.events(request, self._ensure_bus)
+
     @app.post("/v1/feedback")
     async def feedback(self, request: Request):
         body, err = await self._body(request)
@@ -252,15 +254,12 @@ class KaizenServer:
                         max_new=max_new, iid=iid, trace_id=trace_id, trace_headers=trace_headers, engine=engine,
                         n_prompt=n_prompt)
             if req.stream:
-                return StreamingResponse(self._stream(turn), media_type="text/event-stream")
+                return StreamingResponse(stream_chat(self, turn), media_type="text/event-stream")
             gen = (await self._in_pool(engine.generate, [prompt], max_new, req.temperature, req.top_p))[0]
             version = gen.version or engine.version
             answer = turn.answer(gen)
             await self._record(turn, answer, version, gen.straddled)
             return completion(iid, self.s.model.name, version, answer, gen, n_prompt, turn.finish(answer, gen))
-
-    def _stream(self, turn: Turn):
-        return stream_chat(self, turn)
 
     async def _record(self, turn: Turn, answer: ChatMessage, version: str, straddled: bool = False) -> None:
         ev = turn.interaction(answer, version, straddled, self.replica, self.key)

@@ -38,6 +38,20 @@ def error(status: int, message: str, type_: str = "invalid_request_error", param
                         status_code=status)
 
 
+def answer_errors(app) -> None:
+    """The reference's error object outside the routes too: unknown routes and methods (not FastAPI's {"detail"}),
+    and uncaught errors (never a plain-text 500)."""
+    from starlette.exceptions import HTTPException
+
+    async def http_error(request, exc):
+        return error(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500 else "server_error")
+
+    async def uncaught(request, exc):
+        return error(500, f"internal error: {type(exc).__name__}", "server_error")
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, uncaught)
+
+
 MAX_DEPTH = 64
 
 
