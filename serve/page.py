@@ -65,7 +65,7 @@ def kinds_param(raw: str | None) -> tuple[list[str] | None, JSONResponse | None]
     """`?kinds=a,b` -> (the kinds, None), or (None, a 400 naming what is unknown); absent -> every kind."""
     if raw is None:
         return list(EVENT_KINDS), None
-    kinds = [k.strip() for k in raw.split(",") if k.strip()]
+    kinds = list(dict.fromkeys(k.strip() for k in raw.split(",") if k.strip()))
     unknown = [k for k in kinds if k not in EVENT_KINDS]
     if unknown or not kinds:
         return None, error(400, f"unknown event kinds {unknown}; known: {', '.join(EVENT_KINDS)}" if unknown
@@ -136,6 +136,7 @@ class Page:
         self.streams = 0
 
     async def state(self, request: Request, ensure_bus):
+        """GET /page/state: the document, after folding what the stream stored since the last request."""
         if not authorized(request, self.key):
             return unauthorized()
         try:
@@ -144,9 +145,12 @@ class Page:
                 await catch_up(self.evolution, bus.stored_since)
                 return JSONResponse(await asyncio.to_thread(self.evolution.view))
         except Exception as exc:  # the bus is down or the stream unreadable: the page says so and retries
+            if self.log is not None:
+                self.log.warning("page.state_unavailable", error=repr(exc)[:200])
             return error(503, f"the event stream cannot be read now: {exc!r}"[:300], "server_error")
 
     async def events(self, request: Request, ensure_bus):
+        """GET /page/events[?kinds=a,b]: this client's stream (see the module docstring)."""
         if not authorized(request, self.key):
             return unauthorized()
         kinds, err = kinds_param(request.query_params.get("kinds"))
@@ -169,7 +173,7 @@ class Page:
 
         async def start():
             self.streams += 1
-            every = len(kinds) == len(EVENT_KINDS)
+            every = set(kinds) == set(EVENT_KINDS)
             for subject in [f"{self.prefix}.>"] if every else [subject_for(k, self.prefix) for k in kinds]:
                 subs.append(await nc.subscribe(subject, cb=on_msg))
 

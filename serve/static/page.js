@@ -90,7 +90,7 @@
     if (box.querySelector(".empty")) box.replaceChildren();
     for (const env of envs) {
       const c = s.curve[env];
-      let wrap = box.querySelector(`[data-env="${env}"]`);
+      let wrap = box.querySelector(`:scope > div[data-env="${env}"]`);
       if (!wrap) {
         wrap = el("div", { class: "chart", "data-env": env });
         wrap.append(el("div", { class: "plot" }), el("div", { class: "scroll" }));
@@ -222,6 +222,7 @@
     li.append(el("time", {}, at), el("span", { class: "kind" }, kind),
       document.createTextNode(`${e.weights_version || ""} ${summary(kind, e)}`.slice(0, 400)));
     const list = $("events");
+    list.querySelector(".empty")?.remove();
     list.prepend(li);
     while (list.children.length > MAX_EVENTS) list.lastChild.remove();
     page.events += 1;
