@@ -238,7 +238,8 @@ class Learner(EventActor):
         self.replay = (self.replay + groups)[-keep:] if keep else []
         await self._ack(ids)
         self.steps_done += 1
-        self.log.info("learner.step", version=version, **{k: round(v, 4) for k, v in stats.items()})
+        self.log.info("learner.step", version=version,
+                      **{k: v if isinstance(v, int) else float(f"{v:.4g}") for k, v in stats.items()})
 
     async def _publish_weights(self, version: str, step: int) -> None:
         man = self.store.manifest(version)

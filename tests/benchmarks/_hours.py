@@ -15,7 +15,8 @@ def learner_detail(events, learner) -> dict:
     keep = ("groups_env", "groups_synthetic", "groups_live", "groups_again", "samples", "mean_reward", "kl",
             "grad_norm", "loss", "staleness_max", "is_mean", "off_policy_samples", "guided_samples", "hindsight_samples",
             "seconds", "lr", "kl_drift")
-    steps = [{"step": e.step, "version": e.weights_version, **{k: round(float(e.metrics[k]), 5)
+    steps = [{"step": e.step, "version": e.weights_version, **{k: float(f"{e.metrics[k]:.5g}") if k == "lr" else
+                                                               round(float(e.metrics[k]), 5)
                                                                for k in keep if k in e.metrics}} for e in learner]
     live = [e for e in events if e.kind == "judgement" and e.source == "live"]
     pos = sum(1 for e in live for o in e.outcomes if o > 0)
