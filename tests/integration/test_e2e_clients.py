@@ -1,11 +1,17 @@
 """The clients people already use, unchanged, against a running `up` (the CPU default): openai (sync and async),
 langchain-openai, litellm and the OpenAI Agents SDK. Plain, streamed, tools and a tool round trip, structured output
 (refused with a 400 the clients raise as BadRequestError), the error cases, and every interaction id a client got
-is on the stream exactly once."""
+is on the stream exactly once. Last, a browser: headless Chromium opens the live page (/page) on the same `up`."""
 import asyncio
 import json
+import math
 import os
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import httpx
 import pytest
 
 from test_e2e import _cli, system  # noqa: F401  (the same running system: its own `up` for this module)
@@ -116,3 +122,96 @@ def test_openai_agents_sdk(system):  # noqa: F811
         assert isinstance(Runner.run_sync(agent([get_weather]), "Weather in Paris?", max_turns=4).final_output, str)
     except MaxTurnsExceeded:  # a 135M model may keep calling the tool; each call ran
         pass
+
+
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's (scripts/setup.sh installs it where it can); never `playwright install`
+HEADLESS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SHOWN = """[[...document.querySelectorAll('#rows tbody tr[data-version]')].map(tr => [...tr.cells].map(c => c.textContent)),
+            Object.fromEntries(Object.entries(kaizenPage.curves).map(([env, u]) => [env, u.data]))]"""
+LOADED = "!!(window.kaizenPage && kaizenPage.state) && document.getElementById('stream').textContent === 'live'"
+
+
+def _until(page, js: str, timeout: float) -> float:
+    """Seconds until `js` is true (page.wait_for_function would eval a string, which the page's CSP forbids)."""
+    t0 = time.monotonic()
+    while not page.evaluate(js):
+        assert time.monotonic() - t0 < timeout, f"not within {timeout}s: {js}"
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def _report(state) -> dict:
+    r = _cli(state, "report", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def _expected(doc: dict):
+    """What the page must show of `report --json`: the lineage rows (newest first), and each curve as uPlot's data."""
+    rows = [[r["version"], r["parent"], str(r["step"]), r["status"], r["gate"], r["canary"],
+             "–" if r["served_after_s"] is None else f"{math.floor(r['served_after_s'] + 0.5)} s"]  # Math.round
+            for r in reversed(doc["rows"])]
+    return rows, {env: [c["step"], *[[None if x is None else 100 * x for x in c[k]] for k in ("avg", "lo", "hi", "base")]]
+                  for env, c in doc["curve"].items()}
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (Debian: apt-get install chromium)")
+def test_the_live_page_in_a_browser(system):  # noqa: F811
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (the dev extra) is not installed")
+    from actors.events import HeldoutScored
+    from config.settings import load_settings
+    from deploy.stream_view import connect
+
+    base, key = system["endpoint"].removesuffix("/v1"), {"Authorization": f"Bearer {system['key']}"}
+    assert httpx.get(base + "/page").status_code == 200 and httpx.get(base + "/page/state").status_code == 401
+    assert httpx.get(base + "/page/events?kinds=nope", headers=key).json()["error"]["param"] == "kinds"
+    out = Path(tempfile.gettempdir()) / "kaizen-artifacts"
+    out.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=HEADLESS)
+        try:
+            page = browser.new_page(viewport={"width": 390, "height": 844})  # a phone
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{base}/page#key={system['key']}")
+            _until(page, LOADED, 180)
+            assert "key=" not in page.url and page.evaluate("document.documentElement.scrollWidth") <= 390
+            # a newly published event: in the page's live list within seconds, and its document follows it
+            rows = _report(system["state"])["rows"]
+            scored = HeldoutScored(version=rows[-1]["version"] if rows else "w-999999", env="code", entries=1,
+                                   suite_entries=40, k=4, avg=0.25, base_avg=0.0, delta=0.25, p_value=1.0, wins=1,
+                                   losses=0, verdict="not_below", duration_s=1.0, reason="browser test marker")
+
+            async def publish():
+                s = load_settings(None)
+                s.state_dir = str(system["state"])
+                bus = await connect(s, system)
+                await bus.publish(scored)
+                await bus.close()
+            with ThreadPoolExecutor(1) as pool:  # Playwright's sync API runs an event loop in this thread
+                pool.submit(asyncio.run, publish()).result(timeout=60)
+            seen_s = _until(page, f"!!document.querySelector('#events li[data-id=\"{scored.event_id}\"]')", 10)
+            _until(page, f"!!kaizenPage.state.heldout['{scored.version}']", 20)
+            print(f"a published event was on the page after {seen_s:.2f}s")
+            # the lineage rows and the curve are `main.py report --json`'s (read again until the system holds still)
+            for _ in range(5):
+                before = _expected(_report(system["state"]))
+                page.reload()
+                _until(page, LOADED, 60)
+                shown = page.evaluate(SHOWN)
+                if _expected(_report(system["state"])) == before:
+                    break
+            assert shown[0] == before[0]
+            assert shown[1].keys() == before[1].keys() and "code" in shown[1]
+            for env, series in before[1].items():
+                assert [pytest.approx(s, nan_ok=True) for s in series] == shown[1][env], env
+            page.screenshot(path=str(out / "page-390.png"), full_page=True)
+            wide = browser.new_page(viewport={"width": 1100, "height": 900})
+            wide.goto(f"{base}/page#key={system['key']}")
+            _until(wide, LOADED, 60)
+            wide.screenshot(path=str(out / "page.png"), full_page=True)
+            print(f"screenshots: {out / 'page-390.png'} (phone), {out / 'page.png'}")
+            assert not errors, errors
+        finally:
+            browser.close()
