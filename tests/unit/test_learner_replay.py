@@ -44,6 +44,7 @@ def _learner(tmp_path, tiny_dir, **learner):
     from policies.checkpoint import CheckpointStore
     from policies.live_policy import LivePolicy
     from policies.model_store import BASE_VERSION
+    from policies.step_size import StepSize
     from policies.trainer import Trainer
 
     pinned = {"groups_per_step": 1, "replay_groups": 0, "lr": 1e-3, **learner}  # not the preset's
@@ -55,6 +56,7 @@ def _learner(tmp_path, tiny_dir, **learner):
     ln.base, ln.store = tiny_dir, ln.policy.store
     ln.ckpts = CheckpointStore(s.state / "learner")
     ln.trainer, ln.parent = Trainer(s, tiny_dir, ln.store), BASE_VERSION
+    ln.step_size = StepSize.from_settings(s.learner)
     ln.ready, ln.live, ln.replay, ln.held = [], {}, [], {}
     ln._last_beat, ln.steps_done, ln.dropped_stale = 0.0, 0, 0
     ln.groups_seen = ln.groups_own_signal = ln.groups_no_signal = 0
