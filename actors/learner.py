@@ -71,7 +71,7 @@ class Learner(EventActor):
             if live.path:
                 await asyncio.to_thread(self.trainer.reset_to, live.path, live.version)
         self.weights_version = self.policy.live_version
-        self.step_size = StepSize.from_settings(s.learner, self.trainer.lr)  # a resumed optimizer's step size
+        self.step_size = StepSize.from_settings(s.learner)  # moves the trainer's lr (a resumed optimizer's)
         self.ready: list[Judgement] = []  # informative groups waiting for a step
         self.live: dict[str, list[Judgement]] = {}  # rated interactions by kind of step, pooled until a group forms
         self.replay: list[Judgement] = []  # groups recent steps trained, trained again beside new ones (in memory)
@@ -88,7 +88,6 @@ class Learner(EventActor):
         if loaded:
             self.trainer.load_state(loaded[0])
             self.parent = loaded[0].get("parent", BASE_VERSION)
-            self.step_size.lr = self.trainer.lr
         else:
             live = self.policy.pointer()
             self.trainer.reset_to(live.path, live.version)
@@ -206,7 +205,7 @@ class Learner(EventActor):
                     stats = await asyncio.to_thread(self.trainer.train_step, step_groups,
                                                     [g.behaviour_versions for g in step_groups])
                     stats["staleness_max"], stats["lr"] = float(max(ages, default=0)), self.trainer.lr
-                    self.trainer.set_lr(self.step_size.after_step(stats["kl"]))  # the next step's, checkpointed
+                    self.trainer.set_lr(self.step_size.after_step(self.trainer.lr, stats["kl"]))  # the next step's, checkpointed
                     stats["kl_drift"] = self.step_size.ema or 0.0
                     version = version_name(max(self.store.latest_number() + 1, self.trainer.step))
                     self.parent = self.trainer.version
@@ -264,7 +263,7 @@ class Learner(EventActor):
         if not self.policy.descends_from(self.trainer.version, ev.weights.version):
             return
         if self.step_size.adaptive:
-            self.trainer.set_lr(self.step_size.after_rejection())  # the fresh optimizer of the reset takes it
+            self.trainer.set_lr(self.step_size.after_rejection(self.trainer.lr))  # the fresh optimizer of the reset takes it
             self.log.info("learner.lr_lowered", lr=self.trainer.lr, rejected=ev.weights.version)
         ptr = self.policy.pointer()
         served = {ptr.version: ptr.path}

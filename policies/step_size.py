@@ -13,7 +13,9 @@ Two signals move it, both ones the loop already measures:
   harmful step size (lr 2e-4 in the forced regression) had every candidate rejected on reference NLL while the
   learner went on stepping at it; halving on each rejection brings it back in a few steps.
 
-The step size stays within [`lr_min`, `lr_max`]. Hand-computed cases are in tests/unit/test_step_size.py.
+The step size stays within [`lr_min`, `lr_max`]. The step size itself is the trainer's (`Trainer.lr`, checkpointed
+with it); this holds only the rule and the smoothed drift, and returns the next step size from the current one.
+Hand-computed cases are in tests/unit/test_step_size.py.
 """
 from __future__ import annotations
 
@@ -22,7 +24,6 @@ from dataclasses import dataclass
 
 @dataclass
 class StepSize:
-    lr: float
     kl_target: float = 0.0
     lr_min: float = 0.0
     lr_max: float = float("inf")
@@ -33,10 +34,9 @@ class StepSize:
     ema: float | None = None
 
     @classmethod
-    def from_settings(cls, learner, lr: float | None = None) -> "StepSize":
-        """`lr`: where to start (a resumed optimizer's), the configured one by default."""
+    def from_settings(cls, learner) -> "StepSize":
         L = learner
-        return cls(lr=L.lr if lr is None else lr, kl_target=L.kl_target, lr_min=L.lr_min or 0.0,
+        return cls(kl_target=L.kl_target, lr_min=L.lr_min or 0.0,
                    lr_max=L.lr_max or float("inf"), kl_ema=L.kl_ema, lr_up=L.lr_up, lr_down=L.lr_down,
                    lr_reject=L.lr_reject)
 
@@ -45,22 +45,19 @@ class StepSize:
         return self.kl_target > 0
 
     def _bounded(self, lr: float) -> float:
-        self.lr = min(self.lr_max, max(self.lr_min, lr))
-        return self.lr
+        return min(self.lr_max, max(self.lr_min, lr))
 
-    def after_step(self, kl: float) -> float:
-        """The step size for the next step, given this step's KL to the base."""
+    def after_step(self, lr: float, kl: float) -> float:
+        """The step size for the next step, given the current one and this step's KL to the base."""
         if not self.adaptive:
-            return self.lr
+            return lr
         self.ema = kl if self.ema is None else (1 - self.kl_ema) * self.ema + self.kl_ema * kl
         if self.ema < self.kl_target / 2:
-            return self._bounded(self.lr * self.lr_up)
+            return self._bounded(lr * self.lr_up)
         if self.ema > 2 * self.kl_target:
-            return self._bounded(self.lr / self.lr_down)
-        return self.lr
+            return self._bounded(lr / self.lr_down)
+        return lr
 
-    def after_rejection(self) -> float:
-        """A version this learner trained was rejected by the gate."""
-        if not self.adaptive:
-            return self.lr
-        return self._bounded(self.lr / self.lr_reject)
+    def after_rejection(self, lr: float) -> float:
+        """The step size after the gate rejected a version this learner trained."""
+        return self._bounded(lr / self.lr_reject) if self.adaptive else lr

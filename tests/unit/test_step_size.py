@@ -5,31 +5,41 @@ from policies.step_size import StepSize
 
 
 def test_off_by_default_the_step_size_never_moves():
-    s = StepSize(lr=1e-5)
-    assert [s.after_step(kl) for kl in (0.0, 5.0)] + [s.after_rejection()] == [1e-5, 1e-5, 1e-5]
+    s = StepSize()
+    assert [s.after_step(1e-5, kl) for kl in (0.0, 5.0)] + [s.after_rejection(1e-5)] == [1e-5, 1e-5, 1e-5]
     assert s.ema is None
 
 
 def test_smoothed_drift_under_half_the_target_grows_it_and_over_twice_shrinks_it():
-    s = StepSize(lr=1e-5, kl_target=0.1)  # kl_ema 0.3, up 1.25, down 1.5
-    assert s.after_step(0.0) == pytest.approx(1.25e-5)  # ema 0.0 < 0.05
-    assert s.after_step(0.5) == pytest.approx(1.25e-5)  # ema 0.7 * 0 + 0.3 * 0.5 = 0.15: in the band
+    s = StepSize(kl_target=0.1)  # kl_ema 0.3, up 1.25, down 1.5
+    assert s.after_step(1e-5, 0.0) == pytest.approx(1.25e-5)  # ema 0.0 < 0.05
+    assert s.after_step(1.25e-5, 0.5) == pytest.approx(1.25e-5)  # ema 0.7 * 0 + 0.3 * 0.5 = 0.15: in the band
     assert s.ema == pytest.approx(0.15)
-    assert s.after_step(0.5) == pytest.approx(1.25e-5 / 1.5)  # ema 0.105 + 0.15 = 0.255 > 0.2
+    assert s.after_step(1.25e-5, 0.5) == pytest.approx(1.25e-5 / 1.5)  # ema 0.105 + 0.15 = 0.255 > 0.2
     assert s.ema == pytest.approx(0.255)
 
 
 def test_the_bounds_hold_both_ways():
-    s = StepSize(lr=1e-5, kl_target=0.1, lr_min=2e-6, lr_max=2e-5)
-    assert [round(s.after_step(0.0), 12) for _ in range(4)] == [1.25e-5, 1.5625e-5, 1.953125e-5, 2e-5]
-    assert [s.after_rejection() for _ in range(4)] == [1e-5, 5e-6, 2.5e-6, 2e-6]
+    s, lr, lrs = StepSize(kl_target=0.1, lr_min=2e-6, lr_max=2e-5), 1e-5, []
+    for _ in range(4):
+        lr = s.after_step(lr, 0.0)
+        lrs.append(round(lr, 12))
+    assert lrs == [1.25e-5, 1.5625e-5, 1.953125e-5, 2e-5]
+    assert _rejections(s, lr, 4) == [1e-5, 5e-6, 2.5e-6, 2e-6]
+
+
+def _rejections(s: StepSize, lr: float, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        lr = s.after_rejection(lr)
+        out.append(lr)
+    return out
 
 
 def test_a_harmful_step_size_comes_down_in_a_few_rejections():
     """The forced regression (lr 2e-4, 20x the preset): the gate rejected 8 candidates in 12 minutes while the
     learner went on at the same step size. Halved on each rejection it is at the preset's 1e-5 after 4 or 5."""
-    s = StepSize(lr=2e-4, kl_target=0.1)
-    lrs = [s.after_rejection() for _ in range(5)]
+    lrs = _rejections(StepSize(kl_target=0.1), 2e-4, 5)
     assert lrs[3] == pytest.approx(1.25e-5) and lrs[4] == pytest.approx(6.25e-6)
 
 
@@ -40,8 +50,8 @@ def test_settings_refuse_a_drift_target_without_the_kl_term():
 
     with pytest.raises(ValidationError, match="kl_coef"):
         load_settings(None, **{"learner.kl_target": 0.1, "learner.kl_coef": 0.0})
-    s = StepSize.from_settings(load_settings(None, **{"learner.kl_target": 0.1, "learner.lr_max": 2e-5}).learner, 3e-6)
-    assert (s.lr, s.kl_target, s.lr_min, s.lr_max) == (3e-6, 0.1, 0.0, 2e-5)
+    s = StepSize.from_settings(load_settings(None, **{"learner.kl_target": 0.1, "learner.lr_max": 2e-5}).learner)
+    assert (s.kl_target, s.lr_min, s.lr_max) == (0.1, 0.0, 2e-5)
 
 
 def test_the_trainer_steps_at_the_set_size_and_keeps_it_across_a_reset_and_a_resume(tmp_path, tiny_dir):
