@@ -3,12 +3,19 @@
 - `Bus`: connect, ensure the `EVO` stream, publish typed events (event_id doubles as
   `Nats-Msg-Id`, trace context in headers), durable pull consumers, dead letters, and a typed
   request/reply for the navigator's retrieval queries (core NATS, outside the stream).
+- `Bus.interaction(id)`: one stored interaction by id, for feedback (serve, attributor, navigator). Each
+  interaction has its own subject (`evo.interaction.<id>`, `actors/events.py`), and JetStream's get-last-message-
+  by-subject answers from the stream's subject index: no scan, no second store, and its cost does not grow with
+  the stream. It is asked of the stream leader ($JS.API.STREAM.MSG.GET), not as a direct get (`allow_direct`
+  lets any replica answer, one that may not have applied the latest publish yet), so an interaction whose publish
+  JetStream acked (after which serve's outbox forgets it) is found at once.
 The loop every actor runs on top of it is `actors/actor.py`.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import asyncio
 from typing import Awaitable, Callable, TypeVar
 
 import nats
@@ -16,7 +23,7 @@ from nats.js import api
 from nats.js.errors import NotFoundError, ServerError
 from pydantic import BaseModel
 
-from actors.events import KINDS, DeadLetter, Event, subject_for
+from actors.events import KINDS, DeadLetter, Event, Interaction, kind_of, parse_event, subject_for, subjects_of
 from config import telemetry
 
 M = TypeVar("M", bound=BaseModel)
@@ -65,16 +72,17 @@ class Bus:
                 await self.nc.drain()
 
     def stream_config(self) -> api.StreamConfig:
-        """One subject per known event kind (a publish to any other subject finds no stream and fails), and
+        """The subjects of every known event kind (a publish to any other subject finds no stream and fails), and
         retention limits: events older than `max_age_s` or beyond `max_bytes` are discarded oldest first
         (0 / -1 = no limit)."""
-        return api.StreamConfig(name=self.stream, subjects=[subject_for(k, self.prefix) for k in KINDS],
+        return api.StreamConfig(name=self.stream, subjects=[s for k in KINDS for s in subjects_of(k, self.prefix)],
                                 storage=api.StorageType.FILE, duplicate_window=self.dedup_window_s,
                                 max_msg_size=8 * 1024 * 1024, max_age=self.max_age_s or None,
                                 max_bytes=self.max_bytes, discard=api.DiscardPolicy.OLD, num_replicas=self.replicas)
 
     async def ensure_stream(self) -> None:
-        """Create the stream, or bring an existing one to this configuration (subjects, limits)."""
+        """Create the stream, or bring an existing one to this configuration (subjects, limits): a stream made by
+        an earlier release gains the per-interaction subjects; its stored events stay where they are."""
         cfg = self.stream_config()
         try:
             try:
@@ -124,7 +132,7 @@ class Bus:
     async def pull(self, durable: str, kinds: list[str], *, ack_wait_s: float = 60.0, max_deliver: int = 5,
                    deliver_new: bool = False):
         """A durable pull consumer filtered to `kinds`; created once, resumed after restarts."""
-        subjects = [subject_for(k, self.prefix) for k in kinds]
+        subjects = [s for k in kinds for s in subjects_of(k, self.prefix)]
         cfg = api.ConsumerConfig(
             durable_name=durable, ack_policy=api.AckPolicy.EXPLICIT, ack_wait=ack_wait_s, max_deliver=max_deliver + 1,
             filter_subjects=subjects, max_ack_pending=1000,
@@ -147,7 +155,7 @@ class Bus:
         last = int(state.last_seq)
         if last <= seq or not state.messages:  # nothing new, or retention emptied the stream
             return [], max(seq, last)
-        want = None if kinds is None else {subject_for(k, self.prefix) for k in kinds}
+        want = None if kinds is None else set(kinds)
         cfg = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=seq + 1)
         sub = await self.js.subscribe(f"{self.prefix}.>", ordered_consumer=True, config=cfg)
         out, at, read = [], seq, 0
@@ -158,11 +166,25 @@ class Bus:
                 except TimeoutError:
                     break
                 at, read = msg.metadata.sequence.stream, read + 1
-                if want is None or msg.subject in want:
+                if want is None or kind_of(msg.subject, self.prefix) in want:
                     out.append((msg.subject, msg.data))
         finally:
             await sub.unsubscribe()
         return out, at
+
+    async def interaction(self, interaction_id: str, timeout: float = 3.0) -> Interaction | None:
+        """The stored interaction with this id, or None (never served, or dropped by retention); raises when the
+        bus does not answer within `timeout` seconds (see the module docstring)."""
+        try:
+            subject = subject_for("interaction", self.prefix, key=interaction_id)
+        except ValueError:  # not one subject token: no interaction of ours has this id
+            return None
+        try:
+            msg = await asyncio.wait_for(self.js.get_last_msg(self.stream, subject), timeout)
+        except NotFoundError:
+            return None
+        ev = parse_event(msg.data)
+        return ev if isinstance(ev, Interaction) else None
 
     async def stream_info(self):
         return await self.js.stream_info(self.stream)

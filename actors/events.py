@@ -1,11 +1,13 @@
 """Every event on the `evo.>` stream, one pydantic model per kind.
 
-The subject is derived from the type (`subject_for`), never typed at a call site. Readers are
-tolerant at run time (unknown fields ignored) and strict in tests (`strict()` forbids extras).
-Large payloads never travel here: weights are referenced by path + sha256.
+The subject is derived from the type (`subject_for`), never typed at a call site: `evo.<kind>`, and for an
+interaction `evo.interaction.<interaction_id>`, so the stream's own subject index finds it by id (`Bus.interaction`).
+Readers are tolerant at run time (unknown fields ignored), strict in tests (`strict()` forbids extras). Large
+payloads never travel here: weights are referenced by path + sha256.
 """
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal, Union
 
 from pydantic import Field, TypeAdapter
@@ -14,8 +16,7 @@ from actors import messages
 from actors.lifecycles import TaskState, WeightsState
 from actors.messages import (  # noqa: F401  (the shared parts are part of this module's interface)
     DEFAULT_SYSTEM, ChatMessage, FunctionSpec, RetrievedExperience, RetrieveReply, RetrieveRequest, Sample, ToolCall, ToolSpec,
-    Wire,
-    _now, derived_id, new_id)
+    Wire, _now, derived_id, new_id)
 
 SCHEMA_VERSION = 1
 
@@ -55,7 +56,7 @@ class Feedback(Event):
     interaction_id: str
     score: float = Field(ge=-1.0, le=1.0)
     comment: str | None = None
-    interaction: Interaction | None = Field(None, description="snapshot of the rated interaction")
+    interaction: Interaction | None = Field(None, description="the rated interaction (earlier releases; now looked up by id)")
 
 
 class Task(Event):
@@ -252,28 +253,39 @@ class DeadLetter(Event):
     payload: str = Field("", description="the poison payload, truncated to 64 KiB")
 
 
-AnyEvent = Annotated[
-    Union[
-        Interaction, Feedback, Task, TaskStatus, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
-        WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsStatus, WeightsSwapped, DeadLetter, HeldoutScored,
-    ],
-    Field(discriminator="kind"),
-]
+_MODELS = (Interaction, Feedback, Task, TaskStatus, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
+           WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsStatus, WeightsSwapped, DeadLetter, HeldoutScored)
+AnyEvent = Annotated[Union[_MODELS], Field(discriminator="kind")]
 _ADAPTER: TypeAdapter = TypeAdapter(AnyEvent)
-KINDS: tuple[str, ...] = tuple(
-    m.model_fields["kind"].default
-    for m in (Interaction, Feedback, Task, TaskStatus, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
-              WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsStatus, WeightsSwapped, DeadLetter,
-              HeldoutScored)
-)
+KINDS: tuple[str, ...] = tuple(m.model_fields["kind"].default for m in _MODELS)
+KEYED = {"interaction": "interaction_id"}  # kinds stored one subject per key: the stream's index finds one by key
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,200}")  # a key is one subject token: no dots, wildcards or spaces
 
 
-def subject_for(event: Event | str, prefix: str = "evo") -> str:
-    """The one place a subject is made: `evo.<kind>`."""
+def subject_for(event: Event | str, prefix: str = "evo", key: str | None = None) -> str:
+    """The one place a subject is made: `evo.<kind>`, or `evo.<kind>.<key>` for an event of a keyed kind (or a
+    kind and a `key`), e.g. `evo.interaction.chatcmpl-1f0c`. A key that is not one token is a ValueError."""
     kind = event if isinstance(event, str) else event.kind
     if kind not in KINDS:
         raise ValueError(f"unknown event kind {kind!r}")
-    return f"{prefix}.{kind}"
+    if key is None and kind in KEYED and not isinstance(event, str):
+        key = getattr(event, KEYED[kind])
+    if key is not None and (kind not in KEYED or not _TOKEN.fullmatch(key)):
+        raise ValueError(f"{key!r} is not a key of {kind!r} events")
+    return f"{prefix}.{kind}" if key is None else f"{prefix}.{kind}.{key}"
+
+
+def subjects_of(kind: str, prefix: str = "evo") -> list[str]:
+    """The subjects a kind is stored under (stream subjects, consumer filters): for a keyed kind its per-key ones
+    and the bare `evo.<kind>` that earlier releases published it on."""
+    return [subject_for(kind, prefix)] + ([f"{prefix}.{kind}.*"] if kind in KEYED else [])
+
+
+def kind_of(subject: str, prefix: str = "evo") -> str | None:
+    """The kind of an event stored under `subject`; None when it is not one of ours."""
+    parts = subject[len(prefix) + 1:].split(".") if subject.startswith(prefix + ".") else []
+    ok = bool(parts) and parts[0] in KINDS and (len(parts) == 1 or (len(parts) == 2 and parts[0] in KEYED))
+    return parts[0] if ok else None
 
 
 def parse_event(data: bytes | str) -> Event:

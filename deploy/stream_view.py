@@ -1,5 +1,6 @@
 """The stream as the command line shows it: `events` (a live tail, one line per event, read through the
 event models) and `read_events` (every stored event of some kinds, for `report` and the benchmarks).
+A kind is read on all its subjects (`actors.events.subjects_of`): interactions are stored one subject per id.
 """
 from __future__ import annotations
 
@@ -77,11 +78,10 @@ def show_events(s: Settings, run: dict, args) -> int:
         from nats.js import api
 
         bus = await connect(s, run)
-        subject = args.subject or f"{s.nats.subject_prefix}.>"
-        if not subject.startswith(s.nats.subject_prefix + "."):
-            subject = f"{s.nats.subject_prefix}.{subject}"
+        subjects = follows(s.nats.subject_prefix, args.subject)
         policy = api.DeliverPolicy.ALL if args.all else api.DeliverPolicy.NEW
-        sub = await bus.js.subscribe(subject, ordered_consumer=True, config=api.ConsumerConfig(deliver_policy=policy))
+        cfg = api.ConsumerConfig(deliver_policy=policy, filter_subjects=subjects if len(subjects) > 1 else None)
+        sub = await bus.js.subscribe(subjects[0], stream=s.nats.stream, ordered_consumer=True, config=cfg)
         deadline = time.monotonic() + args.seconds if args.seconds else None
         try:
             while deadline is None or time.monotonic() < deadline:
@@ -102,36 +102,43 @@ def show_events(s: Settings, run: dict, args) -> int:
     return 0
 
 
+def follows(prefix: str, subject: str | None) -> list[str]:
+    """The subjects `events [SUBJECT]` tails: every event, a kind's subjects, or a subject as given."""
+    if not subject:
+        return [f"{prefix}.>"]
+    kind = subject.removeprefix(prefix + ".")
+    return E.subjects_of(kind, prefix) if kind in E.KINDS else [f"{prefix}.{kind}"]
+
+
 async def read_events(s: Settings, run: dict, kinds: list[str]) -> list:
     """Every stored event of these kinds, oldest first, as event models (unparseable ones are skipped)."""
     from nats.js import api
+    from nats.js.errors import NotFoundError
 
     bus = await connect(s, run)
     out = []
     try:
-        for kind in kinds:
-            subject = f"{s.nats.subject_prefix}.{kind}"
-            try:
-                total = (await bus.js.stream_info(s.nats.stream, subjects_filter=subject)).state.subjects or {}
-            except Exception:
-                total = {}
-            want = int(total.get(subject, 0))
-            if not want:
+        for subject in [x for kind in kinds for x in E.subjects_of(kind, s.nats.subject_prefix)]:
+            try:  # is anything stored there? (the stream's subject index answers; `evo.interaction.*` too)
+                await bus.js.get_last_msg(s.nats.stream, subject)
+            except NotFoundError:
                 continue
-            sub = await bus.js.subscribe(subject, ordered_consumer=True,
+            sub = await bus.js.subscribe(subject, stream=s.nats.stream, ordered_consumer=True,
                                          config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
-            got = 0
-            while got < want:
-                try:
-                    m = await sub.next_msg(timeout=5.0)
-                except (TimeoutError, asyncio.TimeoutError):
-                    break
-                got += 1
-                try:
-                    out.append(E.parse_event(m.data))
-                except Exception:
-                    pass
-            await sub.unsubscribe()
+            try:
+                while True:
+                    try:
+                        m = await sub.next_msg(timeout=5.0)
+                    except (TimeoutError, asyncio.TimeoutError):
+                        break
+                    try:
+                        out.append(E.parse_event(m.data))
+                    except ValidationError:
+                        pass
+                    if m.metadata.num_pending == 0:  # the last one stored when it was delivered
+                        break
+            finally:
+                await sub.unsubscribe()
     finally:
         await bus.close()
     return sorted(out, key=lambda e: e.occurred_at)

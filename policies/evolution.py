@@ -29,7 +29,7 @@ from collections import Counter, OrderedDict, deque
 from datetime import datetime
 
 from actors.events import (Experience, Feedback, HeldoutScored, Interaction, Judgement, LearnerStep, Rollout,
-                           WeightsPromoted, WeightsPublished, WeightsRolledBack, WeightsStatus, parse_event)
+                           WeightsPromoted, WeightsPublished, WeightsRolledBack, WeightsStatus, kind_of, parse_event)
 from policies.experience import guided_helped
 from policies.lineage import lineage
 from policies.model_store import BASE_VERSION
@@ -80,6 +80,7 @@ class Evolution:
         self._checks: dict[tuple[str, str], HeldoutScored] = {}
         self._exps: dict[str, dict] = {}
         self._uses: dict[str, list[int]] = {}  # experience id -> [uses, helped]
+        self._retrieved: OrderedDict[str, list[str]] = OrderedDict()  # interaction id -> its experience ids
         self._signal: OrderedDict[int, dict] = OrderedDict()
         self._stages = {"explore": deque(maxlen=STAGE_KEEP), "judge": deque(maxlen=STAGE_KEEP)}
         self.counts = Counter(interactions=0, with_memory=0, retrieved=0, guided_samples=0)
@@ -88,7 +89,7 @@ class Evolution:
     def feed(self, messages: list[tuple[str, bytes]], seq: int) -> None:
         """Fold stored events in stream order (other kinds and events that do not parse are skipped)."""
         for subject, data in messages:
-            if subject.rsplit(".", 1)[-1] in KINDS:
+            if kind_of(subject, subject.partition(".")[0]) in KINDS:  # the prefix is the subject's first token
                 try:
                     ev = parse_event(data)
                 except ValueError:  # pydantic's ValidationError is one
@@ -111,8 +112,11 @@ class Evolution:
             self.counts["interactions"] += 1
             self.counts["with_memory"] += bool(ev.experience_ids)
             self.counts["retrieved"] += len(ev.experience_ids)
-        elif isinstance(ev, Feedback) and ev.interaction is not None:
-            for exp_id in ev.interaction.experience_ids:
+            if ev.experience_ids:
+                _put(self._retrieved, ev.interaction_id, ev.experience_ids)
+        elif isinstance(ev, Feedback):  # its interaction came first in the stream (a snapshot in earlier releases)
+            used = ev.interaction.experience_ids if ev.interaction else self._retrieved.get(ev.interaction_id, [])
+            for exp_id in used:
                 self._use(exp_id, ev.score > 0)
         elif isinstance(ev, Experience):
             self._exps[ev.experience_id] = {"id": ev.experience_id, "state": ev.state, "success": ev.success,

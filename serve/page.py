@@ -25,7 +25,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
-from actors.events import KINDS as EVENT_KINDS, subject_for
+from actors.events import KINDS as EVENT_KINDS, kind_of, subjects_of
 from policies.evolution import Evolution, catch_up
 from serve.net import authorized, unauthorized
 from serve.wire import error
@@ -165,16 +165,15 @@ class Page:
             nc = (await ensure_bus()).nc
         except Exception as exc:
             return error(503, f"the event stream cannot be read now: {exc!r}"[:300], "server_error")
-        feed, prefix, subs = Feed(), self.prefix + ".", []
+        feed, subs = Feed(), []
 
-        async def on_msg(msg):
-            feed.put(msg.subject[len(prefix):] if msg.subject.startswith(prefix) else msg.subject,
-                     msg.data.decode("utf-8", "replace"))
+        async def on_msg(msg):  # the SSE event is named by the kind (an interaction's subject also holds its id)
+            feed.put(kind_of(msg.subject, self.prefix) or msg.subject, msg.data.decode("utf-8", "replace"))
 
         async def start():
             self.streams += 1
             every = set(kinds) == set(EVENT_KINDS)
-            for subject in [f"{self.prefix}.>"] if every else [subject_for(k, self.prefix) for k in kinds]:
+            for subject in [f"{self.prefix}.>"] if every else [s for k in kinds for s in subjects_of(k, self.prefix)]:
                 subs.append(await nc.subscribe(subject, cb=on_msg))
 
         async def stop():

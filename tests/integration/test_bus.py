@@ -211,19 +211,20 @@ async def test_outbox_keeps_events_through_a_server_kill_and_drains_once(tmp_pat
 
 
 async def test_stream_takes_only_known_kinds_and_keeps_its_limits(nats_server):
-    from actors.events import KINDS
+    from actors.events import KINDS, subjects_of
 
     p = _prefix()
     bus = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p,
                     producer="test", max_age_s=3600, max_bytes=64 * 1024).connect()
-    for bogus in (f"{p}.bogus_kind", f"{p}.a.b.c"):
+    for bogus in (f"{p}.bogus_kind", f"{p}.a.b.c", f"{p}.interaction.a.b", f"{p}.task.x"):
         with pytest.raises(Exception):  # no stream listens there: nothing is stored
             await bus.js.publish(bogus, b"{}", timeout=1)
     big = "x" * 4000
     for i in range(40):  # ~160 KB into a 64 KB stream: the oldest go
         await bus.publish(Task(task_id=str(i), env="bfcl", entry_id=str(i), query=big))
     info = await bus.stream_info()
-    assert sorted(info.config.subjects) == sorted(f"{p}.{k}" for k in KINDS)
+    assert sorted(info.config.subjects) == sorted(s for k in KINDS for s in subjects_of(k, p))
+    assert f"{p}.interaction.*" in info.config.subjects  # one subject per interaction (`Bus.interaction`)
     assert info.config.max_age == pytest.approx(3600) and info.config.max_bytes == 64 * 1024
     assert info.state.bytes <= 64 * 1024 and info.state.first_seq > 1 and info.state.last_seq == 40
     sub = await bus.js.subscribe(f"{p}.>", ordered_consumer=True)  # `main.py events` still follows everything

@@ -19,6 +19,26 @@ def test_every_kind_has_a_subject_and_round_trips():
         assert type(back) is type(e) and back == e and back.kind == kind
 
 
+def test_an_interaction_has_a_subject_of_its_own_and_every_subject_names_its_kind():
+    """`evo.interaction.<id>`: the stream's subject index finds an interaction by id. Filters cover the bare
+    subject too (events of earlier releases), and a key that is not one subject token makes no subject."""
+    it = ev.Interaction(interaction_id="chatcmpl-1f0c", user_hash="u", messages=[],
+                        response=ev.ChatMessage(role="assistant", content="hi"))
+    assert ev.subject_for(it) == ev.subject_for("interaction", key="chatcmpl-1f0c") == "evo.interaction.chatcmpl-1f0c"
+    assert ev.subjects_of("interaction", "t1") == ["t1.interaction", "t1.interaction.*"]
+    assert ev.subjects_of("feedback") == ["evo.feedback"]
+    for bad in ("a.b", "*", ">", "", "a b", "x" * 201):
+        with pytest.raises(ValueError):
+            ev.subject_for("interaction", key=bad)
+    with pytest.raises(ValueError):
+        ev.subject_for("feedback", key="i1")  # only keyed kinds have per-key subjects
+    for kind in ev.KINDS:
+        assert ev.kind_of(ev.subject_for(kind)) == kind
+    assert ev.kind_of(ev.subject_for(it)) == "interaction" and ev.kind_of("t1.interaction.i1", "t1") == "interaction"
+    for other in ("evo.task.x", "evo.nope", "other.task", "evo.interaction.a.b", "evo"):
+        assert ev.kind_of(other) is None
+
+
 def test_design_kinds_are_all_present():
     required = {"interaction", "feedback", "task", "rollout", "judgement", "experience", "learner_step",
                 "weights_published", "weights_promoted", "weights_rejected", "weights_rolled_back", "dead_letter"}

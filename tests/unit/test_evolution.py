@@ -41,7 +41,7 @@ def history() -> list:
     it = Interaction(interaction_id="i1", user_hash="u", messages=[ChatMessage(role="user", content="2+2?")],
                      response=ChatMessage(role="assistant", content="4"), experience_ids=["x1"], occurred_at=T(1, 5))
     plain = it.model_copy(update={"event_id": "i2-event", "interaction_id": "i2", "experience_ids": []})
-    fb = Feedback(interaction_id="i1", score=1.0, interaction=it, occurred_at=T(1, 6))
+    fb = Feedback(interaction_id="i1", score=1.0, occurred_at=T(1, 6))  # names its interaction, stored before it
     return [r1, r2, j1, x1, j2, it, plain, fb,
             LearnerStep(step=1, groups=2, samples=4, loss=0.1, mean_reward=0.5, grad_norm=1, duration_s=30.0,
                         source_event_ids=[j1.event_id, j2.event_id], occurred_at=T(2, 0),
@@ -95,6 +95,22 @@ def test_the_document():
     assert stages["explore"]["p50"] == 40.0 and stages["explore"]["last"] == 60.0 and stages["explore"]["n"] == 2
     assert stages["judge"]["last"] == 30.0 and stages["learn"]["p90"] == 50.0  # rollout at 0:30, judged at 1:00
     assert stages["gate"]["p50"] == 20.0 and stages["served"]["n"] == 1
+
+
+def test_feedback_that_carries_its_interaction_as_earlier_releases_did_counts_the_same():
+    """Feedback names its interaction (stored on `evo.interaction.<id>` before it); events of earlier releases carry a
+    copy of it instead. The memory's counts are the same either way."""
+    events = history()
+    fb = next(e for e in events if isinstance(e, Feedback))
+    it = next(e for e in events if isinstance(e, Interaction) and e.interaction_id == fb.interaction_id)
+    assert _stored([it])[0][0] == "evo.interaction.i1"
+    earlier = [fb.model_copy(update={"interaction": it}) if e is fb else e for e in events]
+    memory = []
+    for evs in (events, earlier):
+        evo = Evolution()
+        evo.feed(_stored(evs), seq=len(evs))
+        memory.append(evo.view()["memory"])
+    assert memory[0] == memory[1] and (memory[0]["uses"], memory[0]["helped"]) == (2, 2)
 
 
 def test_caught_up_in_pieces_equals_read_at_once_and_duplicates_are_skipped():

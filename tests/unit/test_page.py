@@ -148,6 +148,8 @@ def test_a_page_gets_its_own_subscription_until_it_disconnects_and_at_most_max_s
         assert await body.__anext__() == ": kaizen events\n\n" and [s.subject for s in bus.nc.subs] == ["evo.>"]
         await bus.nc.publish("evo.heldout_scored", b'{"event_id": "e1", "version": "w-000001"}')
         assert await body.__anext__() == 'event: heldout_scored\ndata: {"event_id": "e1", "version": "w-000001"}\n\n'
+        await bus.nc.publish("evo.interaction.chatcmpl-1", b'{"event_id": "e2"}')  # named by its kind, not its id
+        assert await body.__anext__() == 'event: interaction\ndata: {"event_id": "e2"}\n\n'
         page.streams = P.MAX_STREAMS
         busy = await page.events(req, ensure_bus)
         assert busy.status_code == 429 and busy.headers["retry-after"] == "10"
@@ -170,13 +172,14 @@ def test_kinds_narrow_the_subscription():
         bus = _Bus([])
         _, page = _app(bus)
         req = Request({"type": "http", "method": "GET", "path": "/page/events",
-                       "query_string": b"kinds=weights_status,heldout_scored",
+                       "query_string": b"kinds=weights_status,heldout_scored,interaction",
                        "headers": [(b"authorization", b"Bearer sekrit")]})
 
         async def ensure_bus():
             return bus
         body = (await page.events(req, ensure_bus)).body_iterator
         await body.__anext__()
-        assert [s.subject for s in bus.nc.subs] == ["evo.weights_status", "evo.heldout_scored"]
+        assert [s.subject for s in bus.nc.subs] == ["evo.weights_status", "evo.heldout_scored", "evo.interaction",
+                                                   "evo.interaction.*"]  # an interaction has a subject of its own
         await body.aclose()
     asyncio.run(run())
