@@ -11,7 +11,8 @@ both a training signal and ground truth for the judge: agreement is accumulated 
 reported in each judgement and in `health()`. `judge.step_labels` picks what the learner sees:
 `verified` (default) uses the environment's labels where they exist and the judge's elsewhere;
 `judge` uses the judge's wherever it answered. Outcomes are the environment-verified outcome
-shaped by 0.1 x the mean step signal; a live interaction's outcome is its user feedback.
+shaped by 0.1 x the mean step signal; a live interaction's outcome is its user feedback (the feedback names the
+interaction, which is read from the stream by id: `Bus.interaction`).
 When the judge is over budget, fails or answers malformed text, the environment's (or the
 feedback's) labels are used and the judgement says so; the actor never crashes on it.
 
@@ -53,8 +54,8 @@ def score_rollout(sample: Sample) -> tuple[float, list[str]]:
     return round(shaped, 6), env_labels(sample)
 
 
-def live_sample(fb: Feedback) -> Sample:
-    return trajectory(fb.interaction, fb.score, scrub)
+def live_sample(it: Interaction, fb: Feedback) -> Sample:
+    return trajectory(it, fb.score, scrub)
 
 
 def choose_labels(mode: str, verified: list[str] | None, judged: list[str] | None) -> list[str] | None:
@@ -152,12 +153,14 @@ class Attributor(EventActor):
                       agreement=out.agreement, judge_scores=out.judge_scores)
 
     async def handle_feedback(self, ev: Feedback, msg):
-        if ev.interaction is None:
-            raise Poison(f"feedback {ev.event_id} carries no interaction snapshot")
+        # serve's outbox publishes an interaction before any feedback on it: missing, it is older than the stream keeps
+        it = ev.interaction or await self.bus.interaction(ev.interaction_id)
+        if it is None:
+            raise Poison(f"feedback {ev.event_id}: interaction {ev.interaction_id!r} is not on the stream")
         if self.book is not None:
             self.book.rate(ev.interaction_id)
             self.applied.add(f"rated:{ev.interaction_id}")  # durable: a restart must not judge the step by a signal
-        sample = live_sample(ev)
+        sample = live_sample(it, ev)
         (v,) = await self.run_judge([sample], [None])
         fallback = ["GOOD" if ev.score > 0 else "BAD"]
         # live traffic has no environment to verify steps: the judge's label (screened) is used
@@ -165,12 +168,12 @@ class Attributor(EventActor):
         out = Judgement(event_id=judgement_id(ev.event_id), group_id=f"live:{ev.interaction_id}", source="live",
                         task_id=f"live:{ev.interaction_id}", samples=[sample], outcomes=[ev.score],
                         step_labels=[labels], judge=self.judge.name if v else "user-feedback",
-                        source_event_ids=[ev.event_id, ev.interaction.event_id], trace_id=ev.trace_id,
+                        source_event_ids=[ev.event_id, it.event_id], trace_id=ev.trace_id,
                         judge_labels=[v.labels] if v else None, judge_scores=[v.score] if v else [],
                         screened_steps=len(v.screened) if v else 0, origin="live",
-                        user_hashes=[ev.interaction.user_hash], comments=[ev.comment or ""],
-                        behaviour_versions=[MIXED_WEIGHTS] if ev.interaction.mixed_weights else [])
-        await self.bus.publish(out, weights_version=ev.interaction.weights_version)
+                        user_hashes=[it.user_hash], comments=[ev.comment or ""],
+                        behaviour_versions=[MIXED_WEIGHTS] if it.mixed_weights else [])
+        await self.bus.publish(out, weights_version=it.weights_version)
         self.log.info("judged.live", interaction_id=ev.interaction_id, score=ev.score, labels=labels)
 
     # ------------------------------------------------------------------ unrated conversations

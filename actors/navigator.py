@@ -200,9 +200,11 @@ class Navigator(EventActor):
                                f"cap:{user}")
 
     async def handle_feedback(self, fb: Feedback, msg):
-        if fb.interaction is not None:
-            for exp_id in fb.interaction.experience_ids:
-                self._use(exp_id, fb.score > 0)
+        """Count a use of each experience the rated request had in context; the interaction is looked up on the
+        stream by id (events of earlier releases carry it). Gone from the stream: nothing to count."""
+        it = fb.interaction or await self.bus.interaction(fb.interaction_id)
+        for exp_id in it.experience_ids if it is not None else []:
+            self._use(exp_id, fb.score > 0)
 
     def _use(self, exp_id: str, helped: bool) -> None:
         u = self.uses.setdefault(exp_id, [0, 0])

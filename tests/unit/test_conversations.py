@@ -225,7 +225,7 @@ def test_live_samples_are_scrubbed_of_personal_data():
 
     it = _it("i9", [_user("Mail the report to jane.doe@example.com or call +1 415 555 0100")],
              ChatMessage(role="assistant", content="Sent to jane.doe@example.com."))
-    s = live_sample(Feedback(interaction_id="i9", score=1.0, interaction=it))
+    s = live_sample(it, Feedback(interaction_id="i9", score=1.0))
     text = " ".join(m.content for m in s.messages)
     assert "jane.doe@example.com" not in text and "555 0100" not in text and "[EMAIL]" in text
     assert s.messages[s.step_indices[0]].content == "Sent to [EMAIL]."
