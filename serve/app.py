@@ -7,7 +7,8 @@ need `Authorization: Bearer <key>`.
 Bodies are size-checked and validated before the model runs; bad input is a 4xx with a message.
 
 Each replica retrieves experiences from the navigator for the live request (the fast loop) and
-writes `evo.interaction` (and `evo.feedback`) through a durable outbox. Its weights follow the LIVE
+writes `evo.interaction.<id>` (and `evo.feedback`) through a durable outbox, its one store of interactions;
+feedback finds them there or on the stream (`serve/feedback.py`). Its weights follow the LIVE
 pointer (`serve/weights.py`); every interaction records the version that answered it. The OpenAI
 wire format is `serve/wire.py`, the network edge (auth, body checks, loopback) `serve/net.py`.
 """
@@ -21,25 +22,24 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
 from ray import serve
 
 from actors import events
 from actors.bus import Bus
-from actors.events import ChatMessage, Feedback, RetrieveReply, RetrieveRequest, WeightsSwapped, derived_id
+from actors.events import ChatMessage, RetrieveReply, RetrieveRequest, WeightsSwapped
 from config import telemetry
 from config.settings import Settings
 from policies.chat import CALL_PREFIX, call_opening, render
 from policies.live_policy import LivePolicy
-from serve.interactions import InteractionLog, Turn
+from serve.feedback import take_feedback
+from serve.interactions import Turn
 from serve.metrics import CONTENT_TYPE, Metrics
 from serve.net import authorized, loopback_replica_grpc, read_body, unauthorized
 from serve.outbox import Outbox
 from serve.page import Page, router as page_router
-from serve.schemas import FeedbackRequest
 from serve.streaming import stream_chat
 from serve.weights import ReplicaWeights
-from serve.wire import BadRequest, answer_errors, completion, error, first_param, parse_chat, pretty
+from serve.wire import BadRequest, answer_errors, completion, error, parse_chat
 
 app = FastAPI(title="Kaizen", docs_url=None, redoc_url=None, openapi_url=None)
 app.include_router(page_router)  # the page's shell: public, it holds no data
@@ -66,7 +66,6 @@ class KaizenServer:
         self.tracer = telemetry.tracer("kaizen.serve")
         self.page = Page(api_key, self.s.nats.subject_prefix, self.log)
         self._pool = ThreadPoolExecutor(self.s.serve.max_ongoing_requests + 2, thread_name_prefix="generate")
-        self.interactions = InteractionLog(self.s.state / "serve" / "interactions.db")
         self.bus: Bus | None = None
         self._watcher: asyncio.Task | None = None
         self.outbox = Outbox(self.s.state / "serve" / "outbox.db")
@@ -195,29 +194,7 @@ class KaizenServer:
         body, err = await self._body(request)
         if err:
             return err
-        try:
-            fb = FeedbackRequest.model_validate(body)
-        except ValidationError as exc:
-            return error(400, pretty(exc), param=first_param(exc))
-        it = await asyncio.to_thread(self.interactions.get, fb.interaction_id)
-        if it is None:
-            return error(404, f"unknown interaction_id {fb.interaction_id!r}", "not_found_error")
-        # identical feedback -> identical event id -> JetStream drops the duplicate and handlers skip it
-        event_id = derived_id("feedback", f"{fb.interaction_id}|{fb.score}|{fb.comment}")
-        ev = Feedback(event_id=event_id, interaction_id=fb.interaction_id, score=fb.score, comment=fb.comment,
-                      interaction=it, trace_id=it.trace_id)
-        ev.weights_version = it.weights_version
-        # the feedback joins the trace of the request it rates
-        with self.tracer.start_as_current_span("serve.feedback", context=telemetry.context_from_headers(it.trace_context)):
-            headers = telemetry.inject_headers({})
-        try:
-            await asyncio.to_thread(self.outbox.put, ev, headers)
-        except Exception as exc:  # the local disk failed: the client should retry
-            self.log.exception("feedback.not_kept", interaction_id=fb.interaction_id)
-            return JSONResponse({"error": {"message": f"feedback could not be stored: {exc!r}"[:300],
-                                           "type": "unavailable", "code": 503}},
-                                status_code=503, headers={"Retry-After": "5"})
-        return JSONResponse({"status": "accepted", "event_id": event_id}, status_code=202)
+        return await take_feedback(body, self.outbox, self._ensure_bus, self.tracer, self.log)
 
     @app.post("/v1/chat/completions")
     async def chat(self, request: Request):
@@ -263,12 +240,11 @@ class KaizenServer:
 
     async def _record(self, turn: Turn, answer: ChatMessage, version: str, straddled: bool = False) -> None:
         ev = turn.interaction(answer, version, straddled, self.replica, self.key)
-        await asyncio.to_thread(self.interactions.put, ev)
         self.served += 1
         self.metrics.answered(bool(turn.req.stream), time.perf_counter() - turn.t0, turn.n_completion)
         try:
             await asyncio.to_thread(self.outbox.put, ev, turn.trace_headers)  # published by the drainer
-        except Exception:  # the user got the answer; the record stays in the interaction log
+        except Exception:  # the user got the answer; feedback on it will find nothing
             self.log.exception("interaction.not_queued", interaction_id=turn.iid)
 
 

@@ -1,15 +1,16 @@
-"""One chat request on its way through a replica (`Turn`), and the interactions a deployment served, by id
-(feedback looks them up): sqlite in the state dir."""
+"""One chat request on its way through a replica (`Turn`), and the `Interaction` event it ends in.
+
+Serve keeps no store of its own for interactions: the event goes to the outbox (`serve/outbox.py`) and from there
+to the stream, where feedback finds it by id (`serve/feedback.py`).
+"""
 from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
-import threading
 import time
 from dataclasses import dataclass, field
 
-from actors.events import ChatMessage, Interaction, RetrieveReply, ToolCall, ToolSpec
+from actors.events import ChatMessage, Interaction, RetrieveReply, ToolCall, ToolSpec, derived_id
 from policies.chat import parse_forced
 from serve.schemas import ChatRequest
 from serve.wire import cut_at_stop
@@ -55,8 +56,9 @@ class Turn:
 
     def interaction(self, answer: ChatMessage, version: str, straddled: bool, replica: str, key: str) -> Interaction:
         user = (self.req.user or "") + "|" + hashlib.sha256(key.encode()).hexdigest()[:8]
-        ev = Interaction(interaction_id=self.iid, user_hash=hashlib.sha256(user.encode()).hexdigest()[:16],
-                         messages=self.messages, tools=self.tools, response=answer,
+        ev = Interaction(event_id=interaction_event_id(self.iid), interaction_id=self.iid,
+                         user_hash=hashlib.sha256(user.encode()).hexdigest()[:16], messages=self.messages,
+                         tools=self.tools, response=answer,
                          experience_ids=[e.experience_id for e in self.memory.experiences],
                          latency_ms=(time.perf_counter() - self.t0) * 1000, replica=replica, trace_id=self.trace_id,
                          trace_context=self.trace_headers, mixed_weights=straddled,
@@ -64,6 +66,11 @@ class Turn:
                                             if k in ("conversation_id", "thread_id", "session_id")), ""))
         ev.weights_version, ev.producer = version, f"serve:{replica}"
         return ev
+
+
+def interaction_event_id(interaction_id: str) -> str:
+    """An interaction's event id derives from its id: the outbox finds a pending one by it (`Outbox.get`)."""
+    return derived_id("interaction", interaction_id)
 
 
 def _json_object(text: str) -> dict | None:
@@ -97,28 +104,3 @@ def trusted_calls(msg: ChatMessage, tools: list[ToolSpec], text: str, cut: bool)
             c = ToolCall(id=c.id, name=c.name, arguments=json.dumps({**dict(zip(free, given)), **args}))
         calls.append(c)
     return ChatMessage(role="assistant", content=msg.content, tool_calls=calls)
-
-
-class InteractionLog:
-    """Interaction ids this deployment served (for feedback lookups); sqlite in the state dir. One connection
-    shared by the request threads, so every use holds the lock (concurrent answers of one batch finish
-    together; unlocked, sqlite says "cannot start a transaction within a transaction")."""
-
-    def __init__(self, path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(path), check_same_thread=False, timeout=10)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS interactions (id TEXT PRIMARY KEY, event TEXT, at REAL)")
-        self.db.commit()
-        self.lock = threading.Lock()
-
-    def put(self, ev: Interaction) -> None:
-        with self.lock:
-            self.db.execute("INSERT OR REPLACE INTO interactions VALUES (?, ?, ?)",
-                            (ev.interaction_id, ev.model_dump_json(), time.time()))
-            self.db.commit()
-
-    def get(self, interaction_id: str) -> Interaction | None:
-        with self.lock:
-            row = self.db.execute("SELECT event FROM interactions WHERE id=?", (interaction_id,)).fetchone()
-        return Interaction.model_validate_json(row[0]) if row else None

@@ -5,8 +5,11 @@ drainer; the drainer publishes pending events in order and deletes each once Jet
 While nats-server is down (killed, restarting) events wait here and chat answers at normal speed;
 on reconnect they drain. Nothing is lost (the row goes only after the ack) and nothing is doubled:
 the event id is the Nats-Msg-Id, so a publish repeated after a lost ack is dropped by JetStream's
-duplicate window, and handlers skip ids they applied. All replicas share the file, so a replica
-that is gone leaves nothing behind: any live one drains it.
+duplicate window, and handlers skip ids they applied. All replicas on a node share the file, so a
+replica that is gone leaves nothing behind: any live one drains it.
+
+It is also the only store serve keeps for interactions: feedback finds one here while it is pending (`get`, by
+event id), and on the stream once it went (`serve/feedback.py`).
 """
 from __future__ import annotations
 
@@ -47,6 +50,12 @@ class Outbox:
         with self.lock:
             rows = self.db.execute("SELECT seq, event, headers FROM outbox ORDER BY seq LIMIT ?", (limit,)).fetchall()
         return [(seq, parse_event(ev), json.loads(h)) for seq, ev, h in rows]
+
+    def get(self, event_id: str):
+        """The pending event with this id, or None (never put here, or published and gone)."""
+        with self.lock:
+            row = self.db.execute("SELECT event FROM outbox WHERE event_id=?", (event_id,)).fetchone()
+        return parse_event(row[0]) if row else None
 
     def done(self, seq: int) -> None:
         with self.lock:

@@ -132,15 +132,24 @@ def _args(text):
 
 
 def _experiences_used(state: Path, interaction_id: str) -> int:
-    """Whether the recorded interaction had experiences in its context (the replica's interaction log)."""
-    import sqlite3
+    """Whether the recorded interaction had experiences in its context (read from the stream by id, as feedback is;
+    the replica's outbox publishes it within moments of the answer)."""
+    from deploy.launch import read_run
+    from deploy.stream_view import connect
 
-    con = sqlite3.connect(state / "serve" / "interactions.db", timeout=10)
-    try:
-        row = con.execute("SELECT event FROM interactions WHERE id = ?", (interaction_id,)).fetchone()
-    finally:
-        con.close()
-    return int(bool(row and json.loads(row[0]).get("experience_ids")))
+    async def look() -> int:
+        s = load_settings(None, state_dir=str(state))
+        bus = await connect(s, read_run(s))
+        try:
+            for _ in range(50):
+                it = await bus.interaction(interaction_id)
+                if it is not None:
+                    return int(bool(it.experience_ids))
+                await asyncio.sleep(0.2)
+            return 0
+        finally:
+            await bus.close()
+    return asyncio.run(look())
 
 
 if __name__ == "__main__":

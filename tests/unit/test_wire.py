@@ -112,15 +112,18 @@ def test_check_json_depth_and_unicode():
         json.loads("[" * 100_000 + "]" * 100_000)
 
 
-def test_interaction_log_takes_concurrent_writers(tmp_path):
-    """The answers of one batch finish together: their records are written from many threads at once."""
+def test_outbox_takes_concurrent_writers_and_finds_pending_interactions_by_id(tmp_path):
+    """The answers of one batch finish together: their records are written from many threads at once, and feedback
+    finds each one in the outbox by its interaction id while it is pending."""
     import threading
 
     from actors.events import ChatMessage, Interaction
-    from serve.interactions import InteractionLog
+    from serve.interactions import interaction_event_id
+    from serve.outbox import Outbox
 
-    log = InteractionLog(tmp_path / "i.db")
-    evs = [Interaction(interaction_id=f"i{i}", user_hash="u", messages=[ChatMessage(role="user", content="hi")],
+    log = Outbox(tmp_path / "outbox.db")
+    evs = [Interaction(event_id=interaction_event_id(f"i{i}"), interaction_id=f"i{i}", user_hash="u",
+                       messages=[ChatMessage(role="user", content="hi")],
                        response=ChatMessage(role="assistant", content=str(i))) for i in range(64)]
     errors = []
 
@@ -128,7 +131,7 @@ def test_interaction_log_takes_concurrent_writers(tmp_path):
         try:
             for e in chunk:
                 log.put(e)
-                assert log.get(e.interaction_id).response.content == e.response.content
+                assert log.get(interaction_event_id(e.interaction_id)).response.content == e.response.content
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
     threads = [threading.Thread(target=put, args=(evs[i::8],)) for i in range(8)]
@@ -136,4 +139,5 @@ def test_interaction_log_takes_concurrent_writers(tmp_path):
         t.start()
     for t in threads:
         t.join()
-    assert not errors and all(log.get(f"i{i}") for i in range(64))
+    assert log.size() == 64 and log.get(interaction_event_id("i64")) is None
+    assert not errors and all(log.get(interaction_event_id(f"i{i}")) for i in range(64))
