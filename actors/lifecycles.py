@@ -18,7 +18,8 @@ Synthetic tasks (the questioner; every change is an `evo.task_status` event):
     proposed -> rejected                    (a duplicate, infeasible or unverifiable task)
     active   -> active                      (issued again)
 
-`LivePointer` is the typed LIVE pointer (policies/live_policy.py writes and follows it).
+`LivePointer` is the typed LIVE pointer (policies/live_policy.py writes and follows it; on the bus it is a key in
+a JetStream key-value bucket, policies/live_board.py).
 """
 from __future__ import annotations
 
@@ -110,7 +111,9 @@ class CanaryRef(BaseModel):
 
 class LivePointer(BaseModel):
     """What every replica must serve: the live version and, during a canary, the candidate answering `share`
-    of the requests. `path` None with the base version means the base model folder's weights."""
+    of the requests. Versions are named; `path` is where the broadcaster's node has the file (None with the base
+    version: the base model folder's weights), and each node resolves a version to its own file
+    (`LivePolicy.file`). `stat` pins the size and mtime of that file when its sha256 matched."""
 
     version: str
     path: str | None = None

@@ -32,8 +32,9 @@ class NatsSettings(_Section):
     max_age_days: float = Field(30.0, description="Events older than this leave the stream (0 = kept forever); the "
                                 "navigator's memory survives through its snapshot, see README 'Retention'")
     max_bytes: int = Field(2 * 1024**3, description="Stream size limit; the oldest events go first (-1 = none)")
-    replicas: int = Field(1, ge=1, le=5, description="JetStream replicas of the stream (a NATS cluster of that many "
-                          "servers keeps it through a server's loss)")
+    replicas: int = Field(1, ge=1, le=5, description="JetStream replicas of the stream and of the buckets beside it "
+                          "(the live pointer's key-value bucket, the weights object store): a NATS cluster of that "
+                          "many servers keeps them through a server's loss")
 
 
 class RaySettings(_Section):
@@ -72,6 +73,15 @@ class ServeSettings(_Section):
         "file", description="How a swap reaches the replicas: file (the verified safetensors file, read by every "
         "replica) or shared (the gate engine's weights in place: CUDA IPC on a GPU, shared memory on a CPU; the "
         "file when the gate engine holds another version or its weights change during the copy)")
+
+
+class WeightsSettings(_Section):
+    store: Literal["state_dir", "nats"] = Field(
+        "state_dir", description="Where weights versions travel between nodes: state_dir (the files in the state dir; "
+        "one host, or a state dir every node mounts) or nats (each saved version is also put into a JetStream object "
+        "store, and a node whose state dir lacks a version fetches it once, checks its sha256, then loads it)")
+    transfer_timeout_s: float = Field(3600.0, description="Longest upload or fetch of one version's file (a 7B "
+                                      "version is ~15 GB)")
 
 
 class ModelSettings(_Section):
@@ -202,6 +212,7 @@ class Settings(_Section):
     nats: NatsSettings = NatsSettings()
     ray: RaySettings = RaySettings()
     serve: ServeSettings = ServeSettings()
+    weights: WeightsSettings = WeightsSettings()
     model: ModelSettings = ModelSettings()
     embedding: EmbeddingSettings = EmbeddingSettings()
     env: EnvSettings = EnvSettings()

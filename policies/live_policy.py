@@ -6,17 +6,24 @@ published version (`aim`), that one until the broadcaster rejects or rolls back 
 descends from (`drop_branch`). It also knows which versions descend from which (`descends_from`),
 so the explorer and the learner share one answer to "is this on a bad branch?".
 
-The LIVE pointer is the broadcaster's projection of its decisions on the stream (`publish_live`, written
-right before the event that announces it): a file, so that a replica that starts, or follows, while the
-bus is down still serves the version users were given (DESIGN.md "What is live").
+The LIVE pointer is the broadcaster's projection of its decisions on the stream (`announce`, right before the
+event that announces it): a key in a JetStream key-value bucket that followers watch (`attach`;
+policies/live_board.py), and on every node a copy in its state dir, so that a replica that starts, or follows,
+while the bus is down still serves the version users were given (DESIGN.md "What is live").
+
+The pointer names versions; each node resolves a version to its own file (`file`): the base model's own weights,
+the path named where this node has it, its state dir's copy, or (`weights.store: nats`) the copy fetched once from
+the bus's object store (policies/weights_objects.py). A file whose size and mtime are not the ones the pointer pins
+(the base model converted on another node) has its sha256 checked once here before a swap may use it.
 """
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from actors.events import WeightsRef
 from actors.lifecycles import CanaryRef, LivePointer
-from policies.model_store import WeightsStore, ensure_base_model
+from policies.model_store import BASE_VERSION, WeightsStore, ensure_base_model, file_stat
 
 
 class LivePolicy:
@@ -34,6 +41,27 @@ class LivePolicy:
             self.engine.share(self.store.dir / "shared-layout.json")
         self.target: WeightsRef | None = None  # the newest published version to sample with; None = live
         self.log = log
+        self.board = None  # the pointer's bucket on the bus, once attached (policies/live_board.py)
+        self.objects = None  # the versions' object store (weights.store: nats)
+        self._following: asyncio.Task | None = None
+
+    async def attach(self, js, writer: bool = False, follow: bool = True) -> None:
+        """Bind the pointer's bucket (and the object store of versions with `weights.store: nats`). The writer
+        (the broadcaster) puts its pointer there when the bucket holds another one (a pointer repaired on its
+        start); a follower keeps this node's copy of the key from now on (`follow`; serve drives `board.watch`)."""
+        from policies.live_board import LiveBoard
+
+        self.board = await LiveBoard(self.settings, self.store, self.log).open(js)
+        if self.settings.weights.store == "nats":
+            from policies.weights_objects import ObjectWeights
+
+            self.objects = await ObjectWeights(self.settings, self.store, self.log).open(js)
+            self.store.remote = self.objects
+        if writer:
+            if (ptr := self.pointer()) != await self.board.get():
+                await self.board.put(ptr)
+        elif follow and self._following is None:
+            self._following = asyncio.create_task(self.board.watch())
 
     def make_engine(self, role: str):
         from policies.engine import make_engine
@@ -48,9 +76,35 @@ class LivePolicy:
     def live_version(self) -> str:
         return self.pointer().version
 
-    def file(self, version: str, path: str | None = None) -> Path | None:
-        """The weights file of `version` (`path` when the pointer names one); the base model's for the base."""
-        return Path(path) if path else self.store.file(version, self.base)
+    def file(self, version: str, path: str | None = None, sha256: str | None = None) -> Path | None:
+        """This node's weights file of `version` (see the module docstring); None when it has none. Blocking when
+        it fetches: call it from a worker thread."""
+        if path and Path(path).exists():
+            found = Path(path)
+        elif version == BASE_VERSION:
+            found = self.store.file(version, self.base)
+        elif self.store.path(version).exists():
+            found = self.store.path(version)
+        elif self.objects is not None:
+            found = self.objects.fetch(version, sha256 or self._named_sha(version))
+        else:
+            return Path(path) if path else self.store.file(version, self.base)
+        self._check_here(version, found)
+        return found
+
+    def _named_sha(self, version: str) -> str | None:
+        ptr = self.pointer()
+        return next((r.sha256 for r in (ptr, ptr.canary) if r is not None and r.version == version), None)
+
+    def _check_here(self, version: str, path: Path | None) -> None:
+        """A file the pointer pins another size or mtime for (not the broadcaster node's file): its sha256 once, so
+        that `EngineSet` can accept it by the stat this node verified (`WeightsStore.pinned`)."""
+        ptr = self.pointer()
+        ref = next((r for r in (ptr, ptr.canary) if r is not None and r.version == version), None)
+        if ref is None or not ref.stat or not ref.sha256 or path is None or not path.exists():
+            return
+        if file_stat(path) not in (list(ref.stat), self.store.pinned(path)):
+            self.store.verify(path, ref.sha256)
 
     def descends_from(self, version: str, ancestor: str) -> bool:
         return ancestor in self.store.ancestors(version, 1000)
@@ -69,6 +123,13 @@ class LivePolicy:
             self.engine.load_weights(path, live.version, **({"shared": shared} if shared else {}))
         return self.engine.version
 
+    def _verified(self, path: Path | None, sha256: str) -> bool:
+        """sha256 once per file and process: a file verified here before (an earlier target, or fetched) costs a
+        stat; a file changed since then is hashed again."""
+        if path is None or not path.exists():
+            return False
+        return self.store.pinned(path) == file_stat(path) or self.store.verify(path, sha256)
+
     def aim(self, ref: WeightsRef) -> None:
         """Sample with this published version from the next `follow` on (until its branch is dropped)."""
         self.target = ref
@@ -79,12 +140,13 @@ class LivePolicy:
         if t is None:
             return self.sync()
         if t.version != self.engine.version:
-            if not self.store.verify(t.path, t.sha256):  # pruned or damaged: back to live
+            path = self.file(t.version, t.path, t.sha256)
+            if not self._verified(path, t.sha256):  # pruned or damaged: back to live
                 if self.log:
                     self.log.warning("weights.target_unusable", version=t.version)
                 self.target = None
                 return self.sync()
-            self.engine.load_weights(t.path, t.version)
+            self.engine.load_weights(path, t.version)
         return self.engine.version
 
     def drop_branch(self, bad: str) -> bool:
@@ -96,11 +158,25 @@ class LivePolicy:
         return False
 
     # ------------------------------------------------------------------ the broadcaster's side
+    async def announce(self, live: WeightsRef, canary: WeightsRef | None = None, share: float = 0.0) -> LivePointer:
+        """Put the pointer on the bus, then keep it as this node's copy (the broadcaster only, right before the
+        event that announces it). A put that fails raises before anything changed here."""
+        ptr = self._make(live, canary, share)
+        if self.board is not None:
+            await self.board.put(ptr)
+        self.store.keep_live(ptr, force=True)
+        return ptr
+
     def publish_live(self, live: WeightsRef, canary: WeightsRef | None = None, share: float = 0.0) -> LivePointer:
-        """Write the pointer (the broadcaster only, right before the event that announces it)."""
+        """Write this node's copy of the pointer only (before `attach`: it puts the copy on the bus if it differs)."""
+        ptr = self._make(live, canary, share)
+        self.store.keep_live(ptr, force=True)
+        return ptr
+
+    def _make(self, live: WeightsRef, canary: WeightsRef | None, share: float) -> LivePointer:
         c = CanaryRef(version=canary.version, path=canary.path, sha256=canary.sha256, share=share) if canary else None
-        return self.store.set_live(live.version, live.path or None, live.sha256 or None, canary=c,
-                                   shared=self.shared_ref({live.version, canary.version if canary else live.version}))
+        return self.store.make_live(live.version, live.path or None, live.sha256 or None, canary=c,
+                                    shared=self.shared_ref({live.version, canary.version if canary else live.version}))
 
     def shared_ref(self, versions: set[str]) -> dict | None:
         """A `SharedRef` of this engine's weights, when they are shared and hold one of `versions` (the gate

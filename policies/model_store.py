@@ -6,9 +6,15 @@
   (`parent` = the version it was trained from, so lineage is data); `LIVE` names the version every
   replica must serve and, during a canary, the candidate serving a share of requests. Writes are
   atomic (temp, fsync, rename). Version `w-000000` is the base model.
+- `LIVE` here is this node's copy: the broadcaster writes it as it puts the pointer on the bus (a JetStream
+  key-value bucket, `policies/live_board.py`), followers keep the newest value they saw there. With
+  `weights.store: nats`, `remote` (`policies/weights_objects.py`) puts each saved version into the bus's
+  object store and removes pruned ones from it.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -151,11 +157,20 @@ def read_weights(path: str | Path) -> dict:
     return dict(iter_weights(path))
 
 
+@contextlib.contextmanager
+def file_lock(path: Path):
+    """An exclusive lock across this node's processes (released when the file closes, also if the process dies)."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 class WeightsStore:
     def __init__(self, state: Path):
         self.dir = state / "weights"
         self.dir.mkdir(parents=True, exist_ok=True)
         self._verified: dict[str, list[int]] = {}  # path -> [size, mtime_ns] when its sha256 last matched
+        self.remote = None  # the bus's object store of versions (weights.store: nats), set by LivePolicy.attach
 
     def path(self, version: str) -> Path:
         return self.dir / f"{version}.safetensors"
@@ -172,6 +187,8 @@ class WeightsStore:
         digest = sha256_file(tmp)
         os.replace(tmp, path)
         manifest = {"version": version, "sha256": digest, "path": str(path), "created": time.time(), **(meta or {})}
+        if self.remote is not None:  # on the bus before the manifest says the version exists
+            self.remote.upload(version, path, manifest)
         atomic_write_bytes(self.dir / f"{version}.json", json.dumps(manifest).encode())
         return path, digest
 
@@ -194,6 +211,10 @@ class WeightsStore:
             return False
         self._verified[str(path)] = file_stat(path)
         return True
+
+    def pinned(self, path: str | Path) -> list[int] | None:
+        """[size, mtime_ns] of `path` when this process last found its sha256 matching (`verify`)."""
+        return self._verified.get(str(path))
 
     def live(self) -> LivePointer:
         """The LIVE pointer (the base model when nothing was promoted yet). Read it through `LivePolicy`."""
@@ -222,14 +243,28 @@ class WeightsStore:
 
     def set_live(self, version: str, path: str | None, sha256: str | None, canary: CanaryRef | None = None,
                  shared: dict | None = None) -> LivePointer:
-        """Write the pointer, with the verified files' stat pinned: a replica checks that (a stat call) instead
-        of re-hashing gigabytes on every swap; a file changed since verification no longer matches."""
+        """Write the pointer (`make_live`) as this node's copy."""
+        ptr = self.make_live(version, path, sha256, canary, shared)
+        self.keep_live(ptr, force=True)
+        return ptr
+
+    def make_live(self, version: str, path: str | None, sha256: str | None, canary: CanaryRef | None = None,
+                  shared: dict | None = None) -> LivePointer:
+        """A pointer with the verified files' stat pinned: a replica checks that (a stat call) instead of
+        re-hashing gigabytes on every swap; a file changed since verification no longer matches."""
         if canary is not None:
             canary = canary.model_copy(update={"stat": self._pinned(canary.path, canary.sha256)})
-        ptr = LivePointer(version=version, path=path, sha256=sha256, stat=self._pinned(path, sha256), canary=canary,
-                          at=time.time(), shared=shared)
-        atomic_write_bytes(self.dir / "LIVE", ptr.model_dump_json().encode())
-        return ptr
+        return LivePointer(version=version, path=path, sha256=sha256, stat=self._pinned(path, sha256), canary=canary,
+                           at=time.time(), shared=shared)
+
+    def keep_live(self, ptr: LivePointer, force: bool = False) -> bool:
+        """Make `ptr` this node's copy of the pointer unless the copy is newer (the writer's clock, `at`; the
+        writer forces): the broadcaster and the followers on its node write the same file. True when written."""
+        with file_lock(self.dir / "LIVE.lock"):
+            if not force and ptr.at < self.live().at:
+                return False
+            atomic_write_bytes(self.dir / "LIVE", ptr.model_dump_json().encode())
+            return True
 
     def latest_number(self) -> int:
         nums = [version_number(p.stem) for p in self.dir.glob("w-*.json")]
@@ -241,6 +276,8 @@ class WeightsStore:
         for v in doomed:
             for suffix in (".safetensors", ".json"):
                 (self.dir / f"{v}{suffix}").unlink(missing_ok=True)
+        if doomed and self.remote is not None:
+            self.remote.delete(doomed)
         return doomed
 
 
