@@ -1,13 +1,13 @@
 """Weight broadcaster: the promotion gate, the canary, live monitoring, the guard against the base, rollback.
 
-Each version moves through the lifecycle in `actors/lifecycles.py`, every change an `evo.weights_status` event
-(README, "How one improvement cycle flows", items 3 and 5). Inputs: `evo.weights_published` (sha256 verified,
-else poison; staged, or live at once when forced by an operator), users' feedback, replicas' reports. A tick:
-the canary's feedback verdict, or its newest staged successor gated against it (`policies/gate.py`) and handed
-over after `gate.canary_min_s`; with no canary, the live watch and the next gate, the next comparator scored
-meanwhile; then the guard's verdicts (`policies/guard.py`) and the next version it checks. Files beyond
-`gate.keep_versions` are pruned, never live, canary, staged, recent live ones or the guard's anchor. Its state is
-a `PromotionBook` (`policies/promotion.py`), written atomically; evaluations are cached per version.
+Each version moves through the lifecycle in `actors/lifecycles.py`, every change an `evo.weights_status` event (README, "How
+one improvement cycle flows", items 3 and 5). Inputs: `evo.weights_published` (sha256 verified, else poison; staged, or live
+at once when forced by an operator), users' feedback, replicas' reports. A tick: the canary's feedback verdict, or its
+newest staged successor gated against it (`policies/gate.py`) and handed over after `gate.canary_min_s`; with no canary, the
+live watch and the next gate, the next comparator scored meanwhile; then the guard's verdicts (`policies/guard.py`) and the
+next version it checks. It alone moves the LIVE pointer (`LivePolicy.announce`: the bus's key-value bucket, then its copy).
+Files beyond `gate.keep_versions` are pruned (and their objects on the bus), never live, canary, staged, recent live ones or
+the guard's anchor. State: a `PromotionBook` (`policies/promotion.py`), written atomically; evaluations cached per version.
 """
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ class Broadcaster(EventActor):
         self.weights_version, self._dirty = self.policy.live_version, False
         self.guard = Guard(s, self.base_path, self.store, self.envs) if s.guard.enabled else None
         self._repair_pointer()
+        await self.policy.attach(self.bus.js, writer=True)  # the pointer's bucket: its copy put there if it differs
         await self._resume_gates()
 
     async def _resume_gates(self) -> None:
@@ -209,7 +210,7 @@ class Broadcaster(EventActor):
             await self._set(p["version"], S.SUPERSEDED, f"gated against {p['against']}, but {live} is live")
             return
         ref = self._ref(p["version"])
-        self.policy.publish_live(self._ref(live), canary=ref, share=g.canary_share)  # the pointer first: whoever
+        await self.policy.announce(self._ref(live), canary=ref, share=g.canary_share)  # the pointer first: whoever
         self.book.canary = {"version": p["version"], "baseline": live, "started": time.time()}  # reacts reads it
         await self._set(p["version"], S.CANARY, p["why"], gate_metrics(p["cand"], p["live"]))
         await self.bus.publish(WeightsPromoted(weights=ref, candidate_score=p["cand"]["success"],
@@ -223,7 +224,7 @@ class Broadcaster(EventActor):
                        live_s: dict | None = None) -> None:
         old = self.live_version()
         ref = self._ref(version)
-        self.policy.publish_live(ref)  # the pointer first (see _evaluate)
+        await self.policy.announce(ref)  # the pointer first (see _evaluate)
         if self.book.canary and self.book.canary["version"] != version:
             await self._set(self.book.canary["version"], S.RETIRED, f"{version} went live during its canary")
         self.book.canary = None
@@ -270,7 +271,7 @@ class Broadcaster(EventActor):
 
     async def _rollback(self, version: str, to: str, reason: str) -> None:
         was_canary = bool(self.book.canary and self.book.canary["version"] == version)
-        self.policy.publish_live(ref := self._ref(to))  # the pointer first (see _evaluate)
+        await self.policy.announce(ref := self._ref(to))  # the pointer first (see _evaluate)
         await self._set(version, S.ROLLED_BACK, reason)
         self.book.canary = None
         if not was_canary:  # what went live after `to` leaves the history with the version rolled back

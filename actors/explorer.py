@@ -46,6 +46,7 @@ class Explorer(EventActor):
             workers = await asyncio.to_thread(start_workers, s, s.env.pool_workers)
             self.envs = {n: PooledEnvironment(e, workers, s.env.max_concurrent) for n, e in self.envs.items()}
         self.policy = await asyncio.to_thread(LivePolicy, s, "explorer", log=self.log)
+        await self.policy.attach(self.bus.js)  # the pointer's copy kept; versions fetched from the bus (nats)
         self.engine = self.policy.engine
         await self._follow()
         self.groups = 0

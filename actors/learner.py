@@ -56,6 +56,7 @@ class Learner(EventActor):
 
         s = self.settings
         self.policy = LivePolicy(s)  # the store, the base model and the lineage; the trainer is the learner's engine
+        await self.policy.attach(self.bus.js)  # the pointer's copy kept; saved versions to the object store (nats)
         self.base, self.store = self.policy.base, self.policy.store
         self.ckpts = CheckpointStore(s.state / "learner")
         self.trainer = await asyncio.to_thread(Trainer, s, self.base, self.store)

@@ -16,8 +16,12 @@ is copied from there, with the file as fallback (`serve.weights_transport`). A f
 broadcaster verified (sha256 once, at staging; the pointer pins its size
 and mtime, so a swap costs a stat, not a re-hash) is never loaded.
 
-`ReplicaWeights` follows the pointer for a replica: on start (before traffic), on promotion / rollback /
-lifecycle events, and on a 5 s poll as fallback, and reports what it serves (`evo.weights_swapped`).
+A file the pointer pins another stat for, whose sha256 this node checked (`LivePolicy.file`: the base model
+converted on this node), is accepted by the stat it had then (`pinned`).
+
+`ReplicaWeights` follows the pointer for a replica: on start (before traffic, from this node's copy), then on each
+value of the pointer's key in the bus's key-value bucket (`LiveBoard.watch`: the broadcaster's every move, a pointer
+repaired on its start included), and reports what it serves (`evo.weights_swapped`).
 """
 from __future__ import annotations
 
@@ -27,17 +31,19 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from actors.events import WeightsSwapped, subject_for
+from actors.events import WeightsSwapped
 from actors.lifecycles import CanaryRef, LivePointer
 from policies.model_store import file_stat, sha256_file
 
 
 class EngineSet:
-    def __init__(self, live, make_canary, file: Callable[[str, str | None], Path | None], log=None):
-        """`file(version, path)` resolves a pointer's weights file (`LivePolicy.file`)."""
+    def __init__(self, live, make_canary, file: Callable[[str, str | None], Path | None], log=None,
+                 pinned: Callable[[Path], list[int] | None] = lambda path: None):
+        """`file(version, path)` resolves a pointer's weights file (`LivePolicy.file`); `pinned(path)` is the stat
+        this node found the file's sha256 matching at (`WeightsStore.pinned`)."""
         self.live, self.canary, self.spare = live, None, None
         self.share = 0.0
-        self._make_canary, self.file, self.log = make_canary, file, log
+        self._make_canary, self.file, self.log, self.pinned = make_canary, file, log, pinned
         self.via = ""  # how the last load arrived ("shared", "file", "file (why shared failed)")
 
     def _verified(self, ref: LivePointer | CanaryRef) -> Path | None:
@@ -47,7 +53,7 @@ class EngineSet:
         if path is None or not Path(path).exists():
             ok = False
         elif ref.stat:
-            ok = file_stat(path) == list(ref.stat)
+            ok = file_stat(path) in (list(ref.stat), self.pinned(path))
         else:
             ok = not ref.sha256 or sha256_file(path) == ref.sha256
         if not ok:
@@ -104,7 +110,8 @@ class ReplicaWeights:
 
     def __init__(self, policy, replica: str, prefix: str, report: Callable, log):
         self.policy, self.replica, self.prefix, self._report, self.log = policy, replica, prefix, report, log
-        self.engines = EngineSet(policy.engine, lambda: policy.make_engine("canary"), policy.file, log)
+        self.engines = EngineSet(policy.engine, lambda: policy.make_engine("canary"), policy.file, log,
+                                 policy.store.pinned)
         self.swaps: list[float] = []
         self._lock = asyncio.Lock()
         self.engines.sync(policy.pointer())  # the live version (and canary) before taking traffic
@@ -114,25 +121,11 @@ class ReplicaWeights:
         return self.engines.live
 
     async def watch(self, nc) -> None:
-        """Follow the pointer: woken by `weights_status` (the broadcaster writes the pointer, then publishes the
-        status move that goes with it: canary, live, rolled back, retired), with a 5 s poll as the fallback (a
-        pointer repaired after a crash has no status event)."""
-        wake = asyncio.Event()
-
-        async def on_msg(_msg):
-            wake.set()
-        await nc.subscribe(subject_for("weights_status", self.prefix), cb=on_msg)
+        """Follow the pointer: bind its bucket on the bus, then sync on each value of its key (the current one
+        first, so a move made while this replica started is not missed). Ends only with the connection."""
+        await self.policy.attach(nc.jetstream(), follow=False)
         await self.report(0.0, "joined")
-        while True:
-            try:
-                await asyncio.wait_for(wake.wait(), timeout=5.0)
-            except asyncio.TimeoutError:
-                pass
-            wake.clear()
-            try:
-                await self.sync()
-            except Exception:
-                self.log.exception("swap.failed")
+        await self.policy.board.watch(lambda _ptr: self.sync())
 
     async def sync(self) -> None:
         async with self._lock:

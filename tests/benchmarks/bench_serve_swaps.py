@@ -3,7 +3,8 @@
 Starts what `up` starts for serving: an embedded nats-server, local Ray, and the Serve app (one replica,
 SmolLM2-135M). This script then plays the broadcaster's part of the protocol: it writes two weights
 versions (the base weights and a perturbed copy), and for each swap moves the LIVE pointer to the other
-one and publishes `evo.weights_promoted`; the replica copies the file into a standby copy of its model
+one (its copy in the state dir and the key in the bus's key-value bucket, as `LivePolicy.announce` does) and
+publishes `evo.weights_promoted`; the replica copies the file into a standby copy of its model
 while requests run, flips the model pointer and reports `evo.weights_swapped`. Meanwhile `--clients` threads keep
 sending chat completions
 through the OpenAI client (16 new tokens each). Time alternates between blocks without swaps and
@@ -49,6 +50,7 @@ def main():
     from config.settings import load_settings
     from deploy import ray_local
     from deploy.nats import EmbeddedNats, free_port
+    from policies.live_board import LiveBoard
     from policies.model_store import WeightsStore, ensure_base_model
 
     s = load_settings(None)
@@ -121,6 +123,7 @@ def main():
 
     async def swapper(blocks):
         bus = await Bus.from_settings(s.nats, "bench").connect()
+        board = await LiveBoard(s, store).open(bus.js)  # the pointer's bucket, which the replica watches
         sub = await bus.nc.subscribe("evo.weights_swapped")
         try:
             k = 0
@@ -138,7 +141,7 @@ def main():
                     if how == "shared":  # the gate scored it: its engine holds it (not timed)
                         await asyncio.to_thread(gate.load_weights, ref.path, ref.version)
                         shared = gate.shared.ref()
-                    store.set_live(ref.version, ref.path, ref.sha256, shared=shared)
+                    await board.put(store.set_live(ref.version, ref.path, ref.sha256, shared=shared))
                     await bus.publish(WeightsPromoted(weights=ref, candidate_score=0, live_score=0, previous="",
                                                       stage="live"), weights_version=ref.version)
                     deadline = time.perf_counter() + 60
