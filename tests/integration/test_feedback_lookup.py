@@ -7,6 +7,7 @@ import json
 import time
 import uuid
 
+import pytest
 from nats.js import api
 
 from actors.bus import Bus
@@ -166,3 +167,42 @@ async def test_a_stream_made_by_the_previous_release_gets_the_interaction_subjec
     assert [e.interaction_id for e in await _stored(new, "interaction")] == [before.interaction_id, after.interaction_id]
     await old.close()
     await new.close()
+
+
+async def test_the_attributor_and_the_navigator_read_the_rated_interaction_by_id(settings, nats_server):
+    """Feedback that names its interaction is judged and counted as one that carried a copy of it (earlier
+    releases); one whose interaction is not on the stream is poison for the attributor."""
+    from actors.attributor import Attributor
+    from actors.bus import Poison
+    from actors.events import Judgement
+    from actors.navigator import Navigator
+    from policies.judge import Agreement, Budget, make_judge
+
+    p = _prefix()
+    bus = await _bus(nats_server, p)
+    it = answered().model_copy(update={"experience_ids": ["x1"]})
+    await bus.publish(it)
+    settings.judge.base_url = "http://127.0.0.1:9"  # never asked: its budget is spent, so the user's score decides
+    a = Attributor(settings, bus=bus)
+    a.judge, a.budget, a.agreement = make_judge(settings), Budget(0), Agreement()
+    a.budget.tokens = 0.0
+    a.stats = {"judged": 0, "fallback_budget": 0, "fallback_error": 0, "fallback_malformed": 0, "screened": 0}
+    named = Feedback(interaction_id=it.interaction_id, score=-1.0)
+    carried = Feedback(interaction_id=it.interaction_id, score=-1.0, interaction=it)
+    for fb in (named, carried):
+        await a.handle_feedback(fb, None)
+    one, other = await _stored(bus, "judgement")
+    assert isinstance(one, Judgement) and one.source_event_ids == [named.event_id, it.event_id]
+    same = ("samples", "outcomes", "step_labels", "judge", "user_hashes", "weights_version", "behaviour_versions")
+    assert [getattr(one, f) for f in same] == [getattr(other, f) for f in same]
+    assert one.weights_version == "w-000003" and one.step_labels == [["BAD"]] and one.samples[0].messages[-1].content == "4"
+    with pytest.raises(Poison, match="not on the stream"):
+        await a.handle_feedback(Feedback(interaction_id=f"chatcmpl-{uuid.uuid4().hex}", score=1.0), None)
+
+    n = Navigator(settings, bus=bus)
+    n.uses, n._dirty = {}, False
+    await n.handle_feedback(named, None)
+    await n.handle_feedback(carried.model_copy(update={"score": 1.0}), None)
+    await n.handle_feedback(Feedback(interaction_id="gone", score=1.0), None)  # not on the stream: nothing to count
+    assert n.uses == {"x1": [2, 1]}
+    await bus.close()
