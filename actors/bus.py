@@ -5,17 +5,20 @@
   request/reply for the navigator's retrieval queries (core NATS, outside the stream).
 - `Bus.interaction(id)`: one stored interaction by id, for feedback (serve, attributor, navigator). Each
   interaction has its own subject (`evo.interaction.<id>`, `actors/events.py`), and JetStream's get-last-message-
-  by-subject answers from the stream's subject index: no scan, no second store, and its cost does not grow with
-  the stream. It is asked of the stream leader ($JS.API.STREAM.MSG.GET), not as a direct get (`allow_direct`
-  lets any replica answer, one that may not have applied the latest publish yet), so an interaction whose publish
-  JetStream acked (after which serve's outbox forgets it) is found at once.
+  by-subject answers from the stream's subject index: no scan, and its cost does not grow with the stream. This
+  is how JetStream's own key-value buckets find a key (one subject per key); a bucket of interactions would have
+  been a second copy of every one on the bus, while here the event the actors read is the record. The index
+  holds one entry per stored interaction, so the stream's retention (`max_age_s`, `max_bytes`) bounds it. It is
+  asked of the stream leader ($JS.API.STREAM.MSG.GET), not as a direct get (`allow_direct` lets any replica
+  answer, one that may not have applied the latest publish yet), so an interaction whose publish JetStream acked
+  (after which serve's outbox forgets it) is found at once.
 The loop every actor runs on top of it is `actors/actor.py`.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-import asyncio
 from typing import Awaitable, Callable, TypeVar
 
 import nats
