@@ -1,5 +1,6 @@
-"""vLLM weight swaps with requests in flight (GPU): swap p50 / p99, failed requests, and generation
-throughput with and without swaps, side by side in one run. Needs CUDA and the `gpu` extra.
+"""vLLM weight swaps with requests in flight (GPU): swap p50 / p99, failed requests, generation
+throughput with and without swaps, side by side in one run, and the engine's start time (compile and CUDA graphs
+included). Needs CUDA and the `gpu` extra.
 
 The engine is the system's `VllmEngine` (pause keep -> every worker loads the new weights -> prefix-cache
 reset -> resume). Two versions are swapped in turn while `--clients` threads keep generating, over each
@@ -11,6 +12,7 @@ when it scores a candidate). Default: the converted SmolLM2-135M. `--config DIR`
 weights and random weights files of the right names and shapes are written for the swaps.
 
     python tests/benchmarks/bench_vllm_swap.py [--swaps 20] [--clients 8] [--config DIR] [--transports file,shared]
+                                               [--warmup-s 10] [--baseline-s 30]   (shorter in scripts/gpu_check.sh)
 """
 import argparse
 import json
@@ -71,6 +73,8 @@ def main():
     ap.add_argument("--config", help="HF config folder for a dummy-weights model (e.g. 7B-shaped)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     ap.add_argument("--transports", default="file,shared")
+    ap.add_argument("--warmup-s", type=float, default=10, help="clients running before the window without swaps")
+    ap.add_argument("--baseline-s", type=float, default=30, help="the window without swaps")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     import torch
@@ -78,11 +82,13 @@ def main():
     from policies.vllm_engine import VllmEngine
 
     tmp = Path(tempfile.mkdtemp(prefix="kz-vllm-"))
+    t_start = 0.0
     if a.config:
         model_dir = Path(a.config)
         files = [tmp / "a.safetensors", tmp / "b.safetensors"]
         for i, f in enumerate(files):
             random_weights(model_dir, f, i)
+        t_start = time.perf_counter()
         eng = VllmEngine(model_dir, gpu_memory_utilization=a.gpu_memory_utilization, load_format="dummy")
     else:
         from safetensors.torch import load_file, save_file
@@ -94,8 +100,10 @@ def main():
         torch.manual_seed(0)
         files = [model_dir / "model.safetensors", tmp / "b.safetensors"]
         save_file({k: v * (1 + 0.01 * torch.randn_like(v.float()).to(v.dtype)) for k, v in base.items()}, str(files[1]))
+        t_start = time.perf_counter()
         eng = VllmEngine(model_dir, gpu_memory_utilization=a.gpu_memory_utilization)
     prompt = "<|im_start|>user\nTell me a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
+    engine_start_s = time.perf_counter() - t_start
     eng.generate([prompt], 8)  # warm
     stop, records = threading.Event(), []  # (start, end, tokens, ok)
 
@@ -111,9 +119,9 @@ def main():
     threads = [threading.Thread(target=client, daemon=True) for _ in range(a.clients)]
     for t in threads:
         t.start()
-    time.sleep(10)
+    time.sleep(a.warmup_s)
     t_base = time.perf_counter()
-    time.sleep(30)  # a window without swaps
+    time.sleep(a.baseline_s)  # a window without swaps
     t_swap = time.perf_counter()
     transports = a.transports.split(",")
     shared = producer(model_dir, tmp) if "shared" in transports else None
@@ -137,7 +145,7 @@ def main():
         lat = [(e - s) * 1000 for s, e, _, ok in rs if ok]
         return {"requests": len(rs), "failed": sum(not r[3] for r in rs), "tokens_per_s": sum(r[2] for r in rs) / (t1 - t0),
                 "p50_ms": statistics.median(lat), "p99_ms": pct(lat, .99)}
-    res = {"model": str(model_dir), "clients": a.clients, "swaps_each": a.swaps,
+    res = {"model": str(model_dir), "clients": a.clients, "swaps_each": a.swaps, "engine_start_s": round(engine_start_s, 1),
            "swap_ms": {t: {"p50": statistics.median(xs), "p99": pct(xs, .99)} for t, xs in swap_ms.items()},
            "no_swaps": window(t_base, t_swap), "swapping": window(t_swap, t_end)}
     if len(swap_ms) == 2 and "shared" in swap_ms:
