@@ -1,0 +1,107 @@
+"""scripts/gpu_check.sh rehearsed without CUDA or vLLM (its --dry-run), so that no line of it runs first on the GPU
+machine: every step's plumbing, one step that fails and one that outlives its budget, the JSON and the summary; and
+the carried wheel set's checks against SHA256SUMS, which refuse a damaged part and a damaged whole."""
+import importlib.util
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def dry(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-dry")
+    t0 = time.monotonic()
+    r = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(out), "--inject-fail", "bench",
+                        "--inject-hang", "models", "--budget", "models=14"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=180)
+    return r, out, json.loads((out / "gpu_check.json").read_text()), time.monotonic() - t0
+
+
+def test_every_step_runs_and_a_failing_one_stops_none_after_it(dry):
+    r, out, res, wall = dry
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert res["dry_run"] is True and [s["name"] for s in res["steps"]] == ["install", "models", "gpu_tests", "bench", "up"]
+    assert res["failed"] == ["models", "bench"]
+    steps = {s["name"]: s for s in res["steps"]}
+    hung, failed = steps["models"], steps["bench"]
+    assert hung["timed_out"] and hung["seconds"] < 14 and "out of time" in hung["problems"][0]  # SIGTERM 10 s early
+    assert failed["rc"] == 3 and not failed["timed_out"]
+    assert steps["install"]["ok"] and steps["gpu_tests"]["ok"] and steps["up"]["ok"]
+    assert res["budget_s"] == 30 + 14 + 95 + 160 + 280 and wall < 120
+
+
+def test_the_figures_come_from_the_real_plumbing(dry):
+    _, _, res, _ = dry
+    f = res["figures"]
+    assert f["install.versions.kz_fake_wheel"] == "0.0.1"  # the fake set, received, checked, unpacked and found
+    assert 6.5 < f["models.shape_7b_params_b"] < 7.0  # 7B's layers with the base model's vocabulary (before the hang)
+    tests = sum(len(re.findall(r"^def test_", p.read_text(), re.M)) for p in (ROOT / "tests" / "gpu").glob("test_*.py"))
+    assert f["gpu_tests.collected"] == tests  # collected with the device run's own pytest options
+    assert f["up.plan_fits_7b_shape"] is True and f["up.plan_problems"] == []  # the derived gpu-7b preset, planned
+    assert f["up.requests"] == 0 and f["up.served_versions"] == []  # the figures of a run with no events
+
+
+def test_the_summary_shows_every_figure_and_each_failures_log_tail(dry):
+    r, out, res, _ = dry
+    text = (out / "summary.txt").read_text()
+    assert text.strip() in r.stdout
+    assert "3 of 5 steps passed" in text and "OUT OF TIME" in text and "FAILED (exit 3)" in text
+    for k, v in res["figures"].items():
+        assert f"{k} = {v}" in text
+    bench = text.split("-- failure: bench", 1)[1]
+    assert "injected failure, line 39" in bench and "injected failure, line 5\n" not in bench  # the tail only
+    assert "injected hang: sleeping past the budget" in text.split("-- failure: models", 1)[1].split("-- failure:")[0]
+    # a device call brings back at most 8 files, named in letters, digits, '.', '_' and '-'
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(re.fullmatch(r"[\w.-]+", p.name) for p in files)
+
+
+def test_the_device_run_is_checked_before_it_starts(tmp_path):
+    check = _module("gpu_check")
+    with pytest.raises(SystemExit, match="add up to 1310s, over --total-s 590"):
+        check.main(["--dry-run", "--out", str(tmp_path), "--budget", "up=1000"])
+    with pytest.raises(SystemExit, match="dry-run only"):
+        check.main(["--out", str(tmp_path), "--inject-fail", "bench"])
+    with pytest.raises(SystemExit, match="unknown steps"):
+        check.main(["--dry-run", "--out", str(tmp_path), "--only", "install,train"])
+
+
+def test_a_damaged_part_or_archive_is_refused_and_a_good_set_unpacked(tmp_path, capsys):
+    w = _module("gpu_wheels")
+    xfer, parts, site = tmp_path / "xfer", tmp_path / "parts", tmp_path / "cache"
+    assert w.fake(w.parser().parse_args(["fake", "--work", str(tmp_path / "pack"), "--out", str(xfer)])) == 0
+    names = sorted(p.name for p in xfer.glob("part.*"))
+    assert len(names) >= 3 and all(p.stat().st_size <= 8 * 1024 for p in xfer.glob("part.*"))
+    damaged = bytearray((xfer / names[1]).read_bytes())
+    damaged[0] ^= 0xFF
+    (xfer / names[1]).write_bytes(bytes(damaged))
+    args = ["--wheels", str(parts), "--site", str(site), "--imports", "kz_fake_wheel"]
+    assert w.receive(w.parser().parse_args(["receive", "--src", str(xfer), *args])) == 1
+    assert not (parts / names[1]).exists() and f"'{names[1]}'" in capsys.readouterr().out  # deleted: send it again
+    assert w.install(w.parser().parse_args(["install", *args])) == 1 and not (site / "site").exists()
+
+    good = tmp_path / "good"
+    w.fake(w.parser().parse_args(["fake", "--work", str(tmp_path / "pack2"), "--out", str(good)]))
+    sums = (good / "SHA256SUMS").read_text()
+    (good / "SHA256SUMS").write_text(sums.replace(w.read_sums(good)[w.ARCHIVE], "0" * 64))  # parts fine, whole not
+    args2 = ["--wheels", str(tmp_path / "parts2"), "--site", str(tmp_path / "cache2")]
+    assert w.receive(w.parser().parse_args(["receive", "--src", str(good), *args2])) == 1
+    assert "does not match" in capsys.readouterr().out and not (tmp_path / "cache2" / "site").exists()
+
+    (tmp_path / "parts2" / "SHA256SUMS").write_text(sums)
+    assert w.install(w.parser().parse_args(["install", *args2, "--imports", "kz_fake_wheel"])) == 0
+    assert (tmp_path / "cache2" / "site" / "kz_fake_wheel" / "__init__.py").exists()
+    assert '"kz_fake_wheel": "0.0.1"' in capsys.readouterr().out
