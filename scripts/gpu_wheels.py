@@ -160,7 +160,13 @@ def install(a) -> int:
             print(f"the joined {ARCHIVE} does not match SHA256SUMS")
             return 1
         shutil.rmtree(target / "site", ignore_errors=True)
-        subprocess.run(["tar", "-xJf", str(joined), "-C", str(target)], check=True)
+        if shutil.which("xz"):
+            subprocess.run(["tar", "-xJf", str(joined), "-C", str(target)], check=True)
+        else:  # Python's own lzma: slower, but needs no xz binary on the machine
+            import tarfile
+
+            with tarfile.open(joined, "r:xz") as tar:
+                tar.extractall(target, filter="tar")
         joined.unlink()
         marker.write_text(sums[ARCHIVE] + "\n")
         print(f"{len(good)} parts checked, joined and unpacked into {target / 'site'} in {time.monotonic() - t0:.1f}s")

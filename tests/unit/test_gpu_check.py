@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh rehearsed without CUDA or vLLM (its --dry-run), so that no line of it runs first on the GPU
 machine: every step's plumbing, one step that fails and one that outlives its budget, the JSON and the summary; and
-the carried wheel set's checks against SHA256SUMS, which refuse a damaged part and a damaged whole."""
+the carried wheel set's checks against SHA256SUMS, which refuse a damaged part and a damaged whole, and its unpacking
+with or without an xz binary."""
 import importlib.util
 import json
 import re
@@ -79,7 +80,7 @@ def test_the_device_run_is_checked_before_it_starts(tmp_path):
         check.main(["--dry-run", "--out", str(tmp_path), "--only", "install,train"])
 
 
-def test_a_damaged_part_or_archive_is_refused_and_a_good_set_unpacked(tmp_path, capsys):
+def test_a_damaged_part_or_archive_is_refused_and_a_good_set_unpacked(tmp_path, capsys, monkeypatch):
     w = _module("gpu_wheels")
     xfer, parts, site = tmp_path / "xfer", tmp_path / "parts", tmp_path / "cache"
     assert w.fake(w.parser().parse_args(["fake", "--work", str(tmp_path / "pack"), "--out", str(xfer)])) == 0
@@ -105,3 +106,7 @@ def test_a_damaged_part_or_archive_is_refused_and_a_good_set_unpacked(tmp_path, 
     assert w.install(w.parser().parse_args(["install", *args2, "--imports", "kz_fake_wheel"])) == 0
     assert (tmp_path / "cache2" / "site" / "kz_fake_wheel" / "__init__.py").exists()
     assert '"kz_fake_wheel": "0.0.1"' in capsys.readouterr().out
+    monkeypatch.setattr(w.shutil, "which", lambda name: None)  # a machine without xz: Python's lzma unpacks
+    assert w.install(w.parser().parse_args(["install", "--wheels", str(tmp_path / "parts2"), "--site",
+                                            str(tmp_path / "cache3")])) == 0
+    assert (tmp_path / "cache3" / "site" / "kz_fake_wheel" / "blob.bin").stat().st_size == 24 * 1024
