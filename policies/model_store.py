@@ -274,8 +274,8 @@ class WeightsStore:
         versions = sorted(p.stem for p in self.dir.glob("w-*.json"))
         doomed = [v for v in versions[:-keep] if v not in protect] if keep > 0 else []
         for v in doomed:
-            for suffix in (".safetensors", ".json"):
-                (self.dir / f"{v}{suffix}").unlink(missing_ok=True)
+            for name in (f"{v}.safetensors", f"{v}.json", f".{v}.fetch.lock"):
+                (self.dir / name).unlink(missing_ok=True)
         if doomed and self.remote is not None:
             self.remote.delete(doomed)
         return doomed

@@ -2,6 +2,7 @@
 nats-server, with stand-in engines. Two state dirs play two nodes that share no disk: node A is the
 broadcaster's and the learner's, node B a serve replica's (its pointer and files are its own)."""
 import asyncio
+import os
 import shutil
 import time
 import uuid
@@ -109,6 +110,17 @@ def test_the_kv_watch_wakes_a_replica_and_its_engines_follow_the_pointer(tmp_pat
         await a.announce(r2)
         await _until(lambda: reports[-1].version == "w-000002")  # reported once the swap is done
         assert reports[-1].reason == "promoted" and replica.engines.canary is None
+
+        # back to the base: the pointer pins node A's base file; node B has its own copy (another mtime),
+        # whose sha256 it checks once before loading it
+        a_base, b_base = tmp_path / "a-base" / "model.safetensors", tmp_path / "b-base" / "model.safetensors"
+        os.utime(b_base, ns=(10**18, 10**18))  # converted at another time there (same bytes)
+        base = WeightsRef(version="w-000000", path=str(a_base), sha256=sha256_file(a_base), parent="", step=0)
+        assert a.store.verify(a_base, base.sha256)  # node A's stat, pinned in the pointer
+        shutil.rmtree(tmp_path / "a-base")  # not on node B
+        await a.announce(base)
+        await _until(lambda: replica.engine.version == "w-000000")
+        assert replica.engine.loads[-1] == ("w-000000", str(b_base)) and b.store.pinned(b_base) == file_stat(b_base)
         watch.cancel()
         await nc_a.close()
         await nc_b.close()
