@@ -227,6 +227,37 @@ def test_a_mismatched_digest_is_refused_and_never_loaded(tmp_path, nats_server):
     asyncio.run(go())
 
 
+def test_bytes_that_do_not_match_the_object_stores_own_digest_are_refused(tmp_path, nats_server):
+    """The object's digest (recorded by the object store at put) no longer matches its chunks: nats-py's check
+    fails at the end of the transfer, and the fetch is refused before our own sha256 is even computed."""
+    import base64
+    import json
+
+    from nats.js.object_store import OBJ_META_PRE_TEMPLATE
+
+    async def go():
+        stream = _stream()
+        a, log = _node(tmp_path, "a", nats_server, stream, store="nats"), Log()
+        b = _node(tmp_path, "b", nats_server, stream, store="nats", log=log)
+        nc_a, nc_b = await _connect(nats_server), await _connect(nats_server)
+        await a.attach(nc_a.jetstream(), writer=True)
+        r1 = await asyncio.to_thread(_save, a, 1)
+        info = await a.objects.obs.get_info("w-000001")
+        info.digest = "SHA-256=" + base64.urlsafe_b64encode(bytes(32)).decode()
+        subject = OBJ_META_PRE_TEMPLATE.format(bucket=a.objects.bucket,
+                                               obj=base64.urlsafe_b64encode(b"w-000001").decode())
+        await nc_a.jetstream().publish(subject, json.dumps(info.as_dict()).encode(), headers={"Nats-Rollup": "sub"})
+        await b.attach(nc_b.jetstream(), follow=False)
+        shutil.rmtree(tmp_path / "a" / "weights")
+        assert await asyncio.to_thread(b.file, "w-000001", r1.path, r1.sha256) is None
+        assert [kw["check"] for lv, e, kw in log.lines if e == "weights.digest_mismatch"] == ["object store SHA-256"]
+        assert not (tmp_path / "b" / "weights" / "w-000001.safetensors").exists()
+        assert not list((tmp_path / "b" / "weights").glob(".*.fetch"))
+        await nc_a.close()
+        await nc_b.close()
+    asyncio.run(go())
+
+
 def test_two_followers_on_one_node_fetch_a_version_once(tmp_path, nats_server, monkeypatch):
     from nats.js.object_store import ObjectStore
 
