@@ -173,7 +173,7 @@ def up(a) -> int:
     signal.signal(signal.SIGTERM, on_term)
     up_log = state.parent / "up-detach.log"
     try:
-        left = deadline - time.monotonic() - 45 - 60  # down, and a minute of traffic at least
+        left = deadline - time.monotonic() - 40 - 60  # down, and a minute of traffic at least
         with open(up_log, "w") as log:
             r = subprocess.Popen([*main, "up", "--detach", "--config", str(cfg)], env=env, cwd=ROOT, text=True,
                                  stdout=log, stderr=subprocess.STDOUT)
@@ -193,7 +193,7 @@ def up(a) -> int:
         for t in threads:
             t.start()
         t0 = time.monotonic()
-        end = min(t0 + a.minutes * 60, deadline - 45)
+        end = min(t0 + a.minutes * 60, deadline - 40)  # `down` returns within ~30 s
         while time.monotonic() < end:
             time.sleep(min(10, max(0.0, end - time.monotonic())))
             try:

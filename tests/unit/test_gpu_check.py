@@ -41,7 +41,7 @@ def test_every_step_runs_and_a_failing_one_stops_none_after_it(dry):
     assert hung["timed_out"] and hung["seconds"] < 14 and "out of time" in hung["problems"][0]  # SIGTERM 10 s early
     assert failed["rc"] == 3 and not failed["timed_out"]
     assert steps["install"]["ok"] and steps["gpu_tests"]["ok"] and steps["up"]["ok"]
-    assert res["budget_s"] == 30 + 14 + 95 + 160 + 280 and wall < 120
+    assert res["budget_s"] == 25 + 14 + 90 + 160 + 270 and wall < 120
 
 
 def test_the_figures_come_from_the_real_plumbing(dry):
@@ -72,7 +72,7 @@ def test_the_summary_shows_every_figure_and_each_failures_log_tail(dry):
 
 def test_the_device_run_is_checked_before_it_starts(tmp_path):
     check = _module("gpu_check")
-    with pytest.raises(SystemExit, match="add up to 1310s, over --total-s 590"):
+    with pytest.raises(SystemExit, match="add up to 1305s, over --total-s 580"):
         check.main(["--dry-run", "--out", str(tmp_path), "--budget", "up=1000"])
     with pytest.raises(SystemExit, match="dry-run only"):
         check.main(["--out", str(tmp_path), "--inject-fail", "bench"])
