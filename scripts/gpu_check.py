@@ -144,16 +144,14 @@ def run_step(step: dict, env: dict, log_path: Path) -> dict:
                 rc = proc.wait(timeout=max(0.1, end - GRACE_S - time.monotonic()))
             except subprocess.TimeoutExpired:
                 timed_out = True
-                for sig, wait_s in ((signal.SIGTERM, max(0.1, end - time.monotonic())), (signal.SIGKILL, 10)):
-                    try:
-                        os.killpg(proc.pid, sig)
-                        rc = proc.wait(timeout=wait_s)
-                        break
-                    except ProcessLookupError:
-                        rc = proc.wait()
-                        break
-                    except subprocess.TimeoutExpired:
-                        continue
+                signal_group(proc.pid, signal.SIGTERM)  # the grace: a clean stop (`up` runs `down`)
+                try:
+                    proc.wait(timeout=max(0.1, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            signal_group(proc.pid, signal.SIGKILL)  # whatever of its group is left (an engine's workers) holds the GPU
+            rc = proc.wait()
+            if timed_out:
                 problems.append(f"out of time: stopped after {time.monotonic() - t0:.1f}s of its {step['budget_s']:.0f}s")
                 break
             if rc != 0:
@@ -168,6 +166,13 @@ def run_step(step: dict, env: dict, log_path: Path) -> dict:
     return {"name": step["name"], "ok": rc == 0 and not timed_out, "rc": rc, "timed_out": timed_out,
             "seconds": round(time.monotonic() - t0, 1), "budget_s": step["budget_s"], "problems": problems,
             "commands": [show(c["argv"]) for c in step["commands"]], "log": str(log_path)}
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def show(argv: list[str]) -> str:

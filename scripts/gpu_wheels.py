@@ -94,7 +94,8 @@ def pack(a) -> int:
     plat = [x for p in PLATFORMS for x in ("--platform", p)]
     common = ["--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", *plat]
     pip = [sys.executable, "-m", "pip"]
-    subprocess.run([*pip, "download", "-q", *common, "-d", str(wheels), *reqs, *EXTRA], check=True)
+    extra = [x for x in a.extra.split(",") if x]
+    subprocess.run([*pip, "download", "-q", *common, "-d", str(wheels), *reqs, *extra], check=True)
     shutil.rmtree(site, ignore_errors=True)
     subprocess.run([*pip, "install", "-q", "--no-compile", *common, "--target", str(site),
                     *map(str, sorted(wheels.glob("*.whl")))], check=True)
@@ -214,6 +215,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--work", default="/tmp/kaizen-device-pack")
     p.add_argument("--out", default=str(ROOT / ".xfer" / "gpu"))
     p.add_argument("--part-mib", type=int, default=56)
+    p.add_argument("--extra", default=",".join(EXTRA), help="wheels beyond --device-wheels, comma-separated")
     for name in ("receive", "install"):
         p = sub.add_parser(name)
         p.add_argument("--wheels", default=os.environ.get("KAIZEN_GPU_WHEELS", str(ROOT / ".gpu-cache" / "parts")))
