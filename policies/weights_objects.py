@@ -8,7 +8,8 @@
   the object store's digest at the end; then our sha256, against the manifest's and the one the pointer names, once;
   then the file gets the origin's mtime (as `cp -p` keeps it), so the size and mtime the pointer pins match on every
   node and a swap costs a stat, as on one host; then it is renamed into place beside its manifest. A mismatch is
-  refused with a logged error and the temp file removed: nothing unverified is loaded.
+  refused with a logged error and the temp file removed: nothing unverified is loaded. Versions this node fetched
+  earlier that are gone from the bucket (pruned) are removed from the node then.
 - `delete` (the broadcaster's prune).
 These are blocking calls made from worker threads (the learner's save, a replica's swap): they hand the transfer to
 the event loop that owns the NATS connection and wait for it. `delete`, which the broadcaster calls on its loop, runs
@@ -87,6 +88,7 @@ class ObjectWeights:
                 self._install(version, tmp, dest, meta)
             finally:
                 tmp.unlink(missing_ok=True)
+        self._drop_pruned(keep=version)
         if self.log:
             self.log.info("weights.fetched", version=version, bytes=dest.stat().st_size,
                           seconds=round(time.monotonic() - t0, 2))
@@ -127,6 +129,24 @@ class ObjectWeights:
         self.store._verified[str(dest)] = file_stat(dest)  # verified just now: a stat from here on
         manifest = {**{k: v for k, v in meta.items() if k != "stat"}, "path": str(dest), "fetched": time.time()}
         atomic_write_bytes(self.store.dir / f"{version}.json", json.dumps(manifest).encode())
+
+    def _drop_pruned(self, keep: str) -> None:
+        """Versions this node fetched that the broadcaster has pruned since (gone from the bucket) go from here too,
+        so a follower's disk holds no more versions than the bucket does."""
+        try:
+            held = set(self._wait(self.names()))
+        except Exception as exc:  # the next fetch tries again
+            if self.log:
+                self.log.warning("weights.bucket_unlisted", error=repr(exc)[:200])
+            return
+        for path in self.store.dir.glob("w-*.json"):
+            man = json.loads(path.read_text())
+            v = man.get("version", path.stem)
+            if man.get("fetched") and v != keep and v not in held:
+                for name in (f"{v}.safetensors", f"{v}.json", f".{v}.fetch.lock"):
+                    (self.store.dir / name).unlink(missing_ok=True)
+                if self.log:
+                    self.log.info("weights.dropped_pruned", version=v)
 
     # ------------------------------------------------------------------ the broadcaster's side
     def delete(self, versions: list[str]) -> None:

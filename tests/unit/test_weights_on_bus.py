@@ -302,6 +302,19 @@ def test_pruning_removes_versions_from_the_object_store(tmp_path, nats_server):
         assert await a.objects.names() == ["w-000001", "w-000003", "w-000004"]
         assert await asyncio.to_thread(a.store.prune, 1, {"w-000000"}) == ["w-000001", "w-000003"]
         assert await a.objects.names() == ["w-000004"]
+
+        # a follower node drops what it fetched once the bucket no longer has it
+        b = _node(tmp_path, "b", nats_server, stream, store="nats")
+        nc_b = await _connect(nats_server)
+        await b.attach(nc_b.jetstream(), follow=False)
+        assert await asyncio.to_thread(b.objects.fetch, "w-000004")
+        r5 = await asyncio.to_thread(_save, a, 5)
+        await asyncio.to_thread(_save, a, 6)
+        assert await asyncio.to_thread(a.store.prune, 1, {"w-000000", "w-000005"}) == ["w-000004"]
+        assert await a.objects.names() == ["w-000005", "w-000006"]
+        assert await asyncio.to_thread(b.objects.fetch, "w-000005", r5.sha256)
+        assert sorted(p.name for p in b.store.dir.glob("w-*")) == ["w-000005.json", "w-000005.safetensors"]
+        await nc_b.close()
         await nc.close()
     asyncio.run(go())
 
