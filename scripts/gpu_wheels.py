@@ -102,9 +102,11 @@ def pack(a) -> int:
     make_archive(work, work / ARCHIVE)
     part_mib = min(a.part_mib, int(63 - tree_mib()))  # the tree travels with every part
     names = split(work / ARCHIVE, out, part_mib * MIB)
-    print(f"{len(names)} parts of at most {part_mib} MiB in {out} (+ SHA256SUMS); carry one per device call:")
+    rel = os.path.relpath(out.resolve(), ROOT)
+    print(f"{len(names)} parts of at most {part_mib} MiB in {out} (+ SHA256SUMS); carry one per device call"
+          + ("" if rel == ".xfer/gpu" else f" (receive --src {rel}; carry takes paths inside the repository)") + ":")
     for n in names:
-        print(f"  run(carry=['{out}/{n}', '{out}/SHA256SUMS'], command='bash scripts/gpu_check.sh receive')")
+        print(f"  run(carry=['{rel}/{n}', '{rel}/SHA256SUMS'], command='bash scripts/gpu_check.sh receive')")
     return 0
 
 
