@@ -110,3 +110,31 @@ def test_a_damaged_part_or_archive_is_refused_and_a_good_set_unpacked(tmp_path, 
     assert w.install(w.parser().parse_args(["install", "--wheels", str(tmp_path / "parts2"), "--site",
                                             str(tmp_path / "cache3")])) == 0
     assert (tmp_path / "cache3" / "site" / "kz_fake_wheel" / "blob.bin").stat().st_size == 24 * 1024
+
+
+def test_the_up_steps_figures_and_preset_from_real_event_models(tmp_path, monkeypatch):
+    from actors import events as E
+    from config.settings import load_settings
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("gpu_up_check", ROOT / "tests" / "benchmarks" / "gpu_up_check.py")
+    up = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(up)
+    ref = {v: E.WeightsRef(version=v, path=f"/w/{v}", sha256="0" * 64, parent="w-000000", step=i)
+           for i, v in enumerate(["w-000001", "w-000002"], 1)}
+    evs = [E.LearnerStep(step=i, groups=2, samples=16, loss=0.1, mean_reward=0.5, grad_norm=1.0, duration_s=d)
+           for i, d in ((1, 4.0), (2, 6.0))]
+    evs += [E.WeightsPublished(weights=r) for r in ref.values()]
+    evs += [E.WeightsPromoted(weights=ref["w-000001"], candidate_score=0.5, live_score=0.4, previous="w-000000"),
+            E.WeightsSwapped(replica="r0", version="w-000000", swap_ms=0.0, reason="joined"),
+            E.WeightsSwapped(replica="r0", version="w-000001", swap_ms=73.0, reason="promoted")]
+    f = up.figures_of(evs, {"requests": 40, "failed": 1, "traffic_s": 180}, 52.5, None)
+    assert (f["learner_steps"], f["learner_step_s_p50"], f["learner_step_s_max"]) == (2, 5.0, 6.0)
+    assert (f["published"], f["promoted_by_gate"], f["served_versions"]) == (2, 1, ["w-000001"])
+    assert (f["replica_swap_ms_p50"], f["requests"], f["failed"], f["ready_s"]) == (73.0, 40, 1, 52.5)
+
+    a = up.parser().parse_args(["up", "--json", str(tmp_path / "up.json"), "--model", str(tmp_path / "tiny"),
+                                "--set", "gate.heldout_tasks=8", "--set", "serve.weights_transport=file"])
+    s = load_settings(up.derived_config(a, tmp_path / "state"))
+    assert (s.model.source, s.model.path, s.model.name) == ("hf-folder", str(tmp_path / "tiny"), "tiny")
+    assert (s.model.engine, s.gate.heldout_tasks, s.serve.weights_transport) == ("vllm", 8, "file")
