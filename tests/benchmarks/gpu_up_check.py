@@ -57,7 +57,9 @@ def models(a) -> int:
     else:
         base = Path(a.state) / "model" / "smollm2-135m-instruct"
     out.mkdir(parents=True, exist_ok=True)
-    cfg = {**QWEN2_7B_LAYERS, "vocab_size": 49152, "bos_token_id": 1, "eos_token_id": 2}
+    have = json.loads((base / "config.json").read_text()) if (base / "config.json").exists() else {}
+    cfg = {**QWEN2_7B_LAYERS, **{k: have.get(k, d) for k, d in (("vocab_size", 49152), ("bos_token_id", 1),
+                                                                  ("eos_token_id", 2))}}  # the tokenizer's
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     copied = []
     for f in sorted(base.glob("*")) if base.is_dir() else []:
