@@ -85,9 +85,9 @@ class Broadcaster(EventActor):
     # ------------------------------------------------------------------ inputs
     async def handle_weights_published(self, ev: WeightsPublished, msg):
         w = ev.weights
-        if not await asyncio.to_thread(self.store.verify, w.path, w.sha256):
+        if (here := await asyncio.to_thread(self.policy.obtain, w)) is None:  # fetched where this node lacks it
             raise Poison(f"{w.version}: file {w.path} is missing or its sha256 does not match")
-        self.book.refs[w.version] = w.model_dump()
+        self.book.refs[w.version] = here.model_dump()  # this node's path: the gate and the pointer use it
         if ev.force:
             if w.version != self.live_version():
                 await self._go_live(w.version, f"forced by an operator{': ' + ev.reason if ev.reason else ''}", {})

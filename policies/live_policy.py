@@ -140,14 +140,20 @@ class LivePolicy:
         if t is None:
             return self.sync()
         if t.version != self.engine.version:
-            path = self.file(t.version, t.path, t.sha256)
-            if not self._verified(path, t.sha256):  # pruned or damaged: back to live
+            here = self.obtain(t)
+            if here is None:  # pruned or damaged: back to live
                 if self.log:
                     self.log.warning("weights.target_unusable", version=t.version)
                 self.target = None
                 return self.sync()
-            self.engine.load_weights(path, t.version)
+            self.engine.load_weights(here.path, t.version)
         return self.engine.version
+
+    def obtain(self, ref: WeightsRef) -> WeightsRef | None:
+        """`ref` as this node has it: its file here (fetched from the bus where the node lacks it) with a matching
+        sha256, and this node's path; None when there is none. Blocking."""
+        path = self.file(ref.version, ref.path, ref.sha256)
+        return ref.model_copy(update={"path": str(path)}) if self._verified(path, ref.sha256) else None
 
     def drop_branch(self, bad: str) -> bool:
         """A rejected or rolled-back version: a target that is or descends from it is dropped for live (the

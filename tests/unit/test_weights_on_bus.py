@@ -350,3 +350,41 @@ def test_the_watch_resumes_after_a_bus_outage(tmp_path):
         asyncio.run(go())
     finally:
         server.stop()
+
+
+def test_a_broadcaster_on_another_node_than_the_learner_fetches_what_it_stages(tmp_path, nats_server):
+    """The learner saved and published from node A; the broadcaster runs on node B: it fetches the version,
+    checks its sha256, and keeps it in its book with node B's path (its gate and its pointer use that)."""
+    from actors.broadcaster import Broadcaster
+    from actors.events import WeightsPublished, WeightsStatus
+    from actors.lifecycles import WeightsState as S
+    from policies.promotion import PromotionBook
+
+    class FakeBus:
+        def __init__(self):
+            self.events = []
+
+        async def publish(self, ev, weights_version=None):
+            self.events.append(ev)
+
+    async def go():
+        stream = _stream()
+        learner = _node(tmp_path, "a", nats_server, stream, store="nats")
+        gate = _node(tmp_path, "b", nats_server, stream, store="nats")
+        nc_a, nc_b = await _connect(nats_server), await _connect(nats_server)
+        await learner.attach(nc_a.jetstream())
+        await gate.attach(nc_b.jetstream(), writer=True)
+        r1 = await asyncio.to_thread(_save, learner, 1)
+        shutil.rmtree(tmp_path / "a" / "weights")
+        b = Broadcaster(gate.settings, bus=FakeBus())
+        b.policy, b.store, b.base_path = gate, gate.store, gate.base
+        b.book = PromotionBook(tmp_path / "book.json", {"w-000000": S.LIVE}, ["w-000000"])
+        await b.handle_weights_published(WeightsPublished(weights=r1), None)
+        local = tmp_path / "b" / "weights" / "w-000001.safetensors"
+        assert b.book.status["w-000001"] == S.STAGED and b._ref("w-000001").path == str(local)
+        assert [e.status for e in b.bus.events if isinstance(e, WeightsStatus)] == [S.STAGED]
+        ptr = await gate.announce(b._ref("w-000001"))
+        assert ptr.path == str(local) and ptr.stat == file_stat(local)
+        await nc_a.close()
+        await nc_b.close()
+    asyncio.run(go())
