@@ -77,7 +77,11 @@ class LiveBoard:
                         self.log.error("live.pointer_unreadable", revision=entry.revision)
                     continue
                 self.revision = entry.revision
-                self.store.keep_live(ptr)
+                try:
+                    self.store.keep_live(ptr)
+                except OSError as exc:  # the copy is for a start without the bus: following goes on
+                    if self.log:
+                        self.log.error("live.copy_failed", version=ptr.version, error=repr(exc)[:200])
                 if on_change is not None:
                     try:
                         await on_change(ptr)

@@ -44,11 +44,12 @@ class LivePolicy:
         self.board = None  # the pointer's bucket on the bus, once attached (policies/live_board.py)
         self.objects = None  # the versions' object store (weights.store: nats)
         self._following: asyncio.Task | None = None
+        self.seen: LivePointer | None = None  # the newest value of the key this follower saw (`watch`)
 
     async def attach(self, js, writer: bool = False, follow: bool = True) -> None:
         """Bind the pointer's bucket (and the object store of versions with `weights.store: nats`). The writer
         (the broadcaster) puts its pointer there when the bucket holds another one (a pointer repaired on its
-        start); a follower keeps this node's copy of the key from now on (`follow`; serve drives `board.watch`)."""
+        start); a follower follows the key from now on (`follow`; serve drives `watch` itself)."""
         from policies.live_board import LiveBoard
 
         self.board = await LiveBoard(self.settings, self.store, self.log).open(js)
@@ -61,7 +62,16 @@ class LivePolicy:
             if (ptr := self.pointer()) != await self.board.get():
                 await self.board.put(ptr)
         elif follow and self._following is None:
-            self._following = asyncio.create_task(self.board.watch())
+            self._following = asyncio.create_task(self.watch())
+
+    async def watch(self, then=None) -> None:
+        """Follow the key until cancelled: each value is what `pointer()` answers from then on (and this node's copy,
+        unless the copy is newer by the writer's clock), then `then(pointer)` runs."""
+        async def saw(ptr: LivePointer) -> None:
+            self.seen = ptr
+            if then is not None:
+                await then(ptr)
+        await self.board.watch(saw)
 
     def make_engine(self, role: str):
         from policies.engine import make_engine
@@ -70,7 +80,8 @@ class LivePolicy:
 
     # ------------------------------------------------------------------ reading what is live
     def pointer(self) -> LivePointer:
-        return self.store.live()
+        """The last value a follower saw on the bus; before that (or never attached), this node's copy."""
+        return self.seen or self.store.live()
 
     @property
     def live_version(self) -> str:

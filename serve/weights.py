@@ -125,7 +125,7 @@ class ReplicaWeights:
         first, so a move made while this replica started is not missed). Ends only with the connection."""
         await self.policy.attach(nc.jetstream(), follow=False)
         await self.report(0.0, "joined")
-        await self.policy.board.watch(lambda _ptr: self.sync())
+        await self.policy.watch(lambda _ptr: self.sync())
 
     async def sync(self) -> None:
         async with self._lock:

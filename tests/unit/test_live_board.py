@@ -111,3 +111,24 @@ def test_the_watch_resumes_after_a_bus_outage(tmp_path):
         asyncio.run(go())
     finally:
         server.stop()
+
+
+def test_a_pointer_older_than_the_nodes_copy_by_the_writers_clock_is_still_followed(tmp_path, nats_server):
+    """The node's copy says it was written later than the new pointer (a broadcaster restarted on a node whose
+    clock is behind): the copy on disk keeps the newest by that clock, but the replica follows the bus."""
+    async def go():
+        stream = stream_name()
+        a, b = node(tmp_path, "a", nats_server, stream), node(tmp_path, "b", nats_server, stream)
+        r1 = save(a, 1)
+        b.store.keep_live(b.pointer().model_copy(update={"at": 4e9}))  # from a writer whose clock was ahead
+        nc_a, nc_b = await connect(nats_server), await connect(nats_server)
+        await a.attach(nc_a.jetstream(), writer=True)
+        replica, _ = replica_of(b)
+        watch = asyncio.create_task(replica.watch(nc_b))
+        await a.announce(r1)
+        await until(lambda: replica.engine.version == "w-000001")
+        assert b.pointer().version == "w-000001" and b.store.live().at == 4e9
+        watch.cancel()
+        await nc_a.close()
+        await nc_b.close()
+    asyncio.run(go())

@@ -192,7 +192,7 @@ def test_a_broadcaster_on_another_node_than_the_learner_fetches_what_it_stages(t
         learner = node(tmp_path, "a", nats_server, stream, store="nats")
         gate = node(tmp_path, "b", nats_server, stream, store="nats")
         nc_a, nc_b = await connect(nats_server), await connect(nats_server)
-        await learner.attach(nc_a.jetstream())
+        await learner.attach(nc_a.jetstream(), follow=False)
         await gate.attach(nc_b.jetstream(), writer=True)
         r1 = await asyncio.to_thread(save, learner, 1)
         shutil.rmtree(tmp_path / "a" / "weights")
