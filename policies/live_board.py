@@ -2,9 +2,10 @@
 
 The broadcaster is the only writer (`LivePolicy.announce`): it puts the pointer in the bucket, then keeps it as its
 node's copy, then publishes the event that announces it. Every follower (serve replicas, any role's `LivePolicy`)
-watches the key with the bucket's own watch (an ordered consumer that re-creates itself after an outage) and keeps
-the newest value it saw as its node's copy, in its own state dir (`WeightsStore.keep_live`): a replica that starts
-while the bus is down serves the version users were given (DESIGN.md "What is live").
+watches the key with the bucket's own watch (an ordered consumer that re-creates itself after an outage), follows
+each value in order (`LivePolicy.watch`), and writes it as its node's copy in its own state dir unless the copy is
+newer by the writer's clock (`WeightsStore.keep_live`; the followers on the broadcaster's node share its file): a
+replica that starts while the bus is down serves the version users were given (DESIGN.md "What is live").
 
 The bucket is named after the stream (`<stream>_live`: a deployment's stream and its pointer go together) and has
 the stream's replicas (`nats.replicas`). It keeps the last few values, so `nats kv history` shows recent moves.
