@@ -266,7 +266,7 @@ class Learner(EventActor):
         if self.step_size.adaptive:
             self.trainer.set_lr(self.step_size.after_rejection(self.trainer.lr))  # the fresh optimizer of the reset takes it
             self.log.info("learner.lr_lowered", lr=self.trainer.lr, rejected=ev.weights.version)
-        ptr = self.policy.pointer()
+        ptr = await self.policy.current()  # as the bus has it: the pointer is put before the event
         served = {ptr.version: ptr.path}
         if ptr.canary is not None:
             served[ptr.canary.version] = ptr.canary.path

@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import nats.errors
+
 from actors.events import WeightsRef
 from actors.lifecycles import CanaryRef, LivePointer
 from policies.model_store import BASE_VERSION, WeightsStore, ensure_base_model, file_stat
@@ -82,6 +84,19 @@ class LivePolicy:
     def pointer(self) -> LivePointer:
         """The last value a follower saw on the bus; before that (or never attached), this node's copy."""
         return self.seen or self.store.live()
+
+    async def current(self) -> LivePointer:
+        """The pointer as the bus holds it now: what an event handler reads, since the broadcaster puts the pointer
+        before it publishes the event (the watch may not have delivered it yet). `pointer()` when not attached or
+        when the bus does not answer."""
+        if self.board is not None:
+            try:
+                if (ptr := await self.board.get()) is not None:
+                    return ptr
+            except (nats.errors.Error, asyncio.TimeoutError) as exc:
+                if self.log:
+                    self.log.warning("live.pointer_unread", error=repr(exc)[:200])
+        return self.pointer()
 
     @property
     def live_version(self) -> str:

@@ -132,3 +132,22 @@ def test_a_pointer_older_than_the_nodes_copy_by_the_writers_clock_is_still_follo
         await nc_a.close()
         await nc_b.close()
     asyncio.run(go())
+
+
+def test_an_event_handler_reads_the_pointer_as_the_bus_holds_it(tmp_path, nats_server):
+    """The broadcaster puts the pointer before it publishes the event that announces it; a handler of that event
+    (the learner's, on a rejection) asks the bucket, which already has it, whether or not the watch delivered it."""
+    async def go():
+        stream = stream_name()
+        a, b = node(tmp_path, "a", nats_server, stream), node(tmp_path, "b", nats_server, stream)
+        r1, r2 = save(a, 1), save(a, 2)
+        nc_a, nc_b = await connect(nats_server), await connect(nats_server)
+        await a.attach(nc_a.jetstream(), writer=True)
+        await b.attach(nc_b.jetstream(), follow=False)  # no watch: only the bucket knows
+        await a.announce(r1, canary=r2, share=0.25)
+        ptr = await b.current()
+        assert (ptr.version, ptr.canary.version) == ("w-000001", "w-000002") and b.pointer().version == "w-000000"
+        await nc_b.close()
+        assert (await b.current()).version == "w-000000"  # the bus does not answer: this node's copy
+        await nc_a.close()
+    asyncio.run(go())
