@@ -18,6 +18,7 @@ in the background there instead.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import time
@@ -58,7 +59,12 @@ class ObjectWeights:
         if self._on_loop_thread():
             coro.close()
             raise RuntimeError("a weights transfer would block the event loop it needs: call it from a worker thread")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self.timeout)
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(self.timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()  # the transfer stops too, its temp file is removed by the caller
+            raise
 
     # ------------------------------------------------------------------ the learner's side
     def upload(self, version: str, path: Path, manifest: dict) -> None:
