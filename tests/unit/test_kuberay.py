@@ -38,13 +38,13 @@ def test_no_key_is_refused(tmp_path):
         kuberay.settings_from_args(args)
 
 
-def test_the_cluster_preset_is_the_gpu_preset_with_four_changes():
+def test_the_cluster_preset_is_the_gpu_preset_with_five_changes():
     def flat(d, p=""):
         return {k: v for key, val in d.items()
                 for k, v in (flat(val, f"{p}{key}.").items() if isinstance(val, dict) else [(p + key, val)])}
     k8s, gpu = flat(load_settings("config/k8s.yaml").model_dump()), flat(load_settings("config/gpu.yaml").model_dump())
     assert {k: v for k, v in k8s.items() if gpu[k] != v} == {
-        "nats.replicas": 3, "serve.weights_transport": "file", "model.source": "hf-folder",
+        "nats.replicas": 3, "weights.store": "nats", "serve.weights_transport": "file", "model.source": "hf-folder",
         "model.path": "/opt/kaizen/model/smollm2-135m-instruct"}
 
 
