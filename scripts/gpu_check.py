@@ -88,7 +88,7 @@ def plan(a, cache: Path, out: Path) -> list[dict]:
     steps = {"install": [install], "models": [models], "gpu_tests": [tests], "bench": [bench], "up": [up]}
     if dry:
         xfer = cache / "xfer"
-        receive = [py, "scripts/gpu_wheels.py", "receive", "--src", str(xfer), *install[3:]]
+        receive = ["bash", "scripts/gpu_check.sh", "receive", "--src", str(xfer), *install[3:]]  # as a carry call runs it
         helps = lambda *argv: {"argv": [py, "main.py", *argv, "--help"], "flags": []}  # noqa: E731
         steps = {"install": [[py, "scripts/gpu_wheels.py", "fake", "--work", str(cache / "pack"), "--out", str(xfer)],
                              receive, install],
