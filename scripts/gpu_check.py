@@ -180,7 +180,7 @@ def show(argv: list[str]) -> str:
 
 
 def flatten(d, prefix: str = "") -> dict:
-    if not isinstance(d, dict):
+    if not isinstance(d, dict) or not d:
         return {prefix: d}
     out = {}
     for k, v in d.items():

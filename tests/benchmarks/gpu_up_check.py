@@ -8,9 +8,10 @@ of 152064 (6.9B parameters instead of 7.6B): no Qwen2 tokenizer exists offline, 
 `up`: `main.py up --detach` with a preset (default config/gpu-7b.yaml) whose model is swapped for a small real
 one (the converted SmolLM2-135M, `model.source: hf-folder`; `--set key=value` for other overrides), then
 bench_learning_curve's scripted users (arithmetic with the python tool, every answer rated) until `--minutes`
-or the step's deadline, leaving time for `down`. If no version passed the gate 50 s before the end, the newest
-published one is made live with `main.py promote --force`, so the promotion path (broadcaster -> replica's vLLM
-swap over the chosen transport) runs either way; the JSON says which. `down` always runs.
+or the step's deadline, leaving time for `down`. If no version is served 50 s before the end, the newest one the
+gate rejected is made live with `main.py promote --force`, so the promotion path (broadcaster -> replica's vLLM
+swap over the chosen transport) runs either way; the JSON says which (a version the gate has not decided yet is
+not forced: it would only be queued behind itself). `down` always runs.
 Figures: time to ready, requests and failures, learner steps and their seconds, versions published, promoted,
 served, replica swap times.
 
@@ -96,19 +97,34 @@ def derived_config(a, state: Path) -> Path:
 def figures_of(events, stats: dict, ready_s, forced: str | None) -> dict:
     """What the run shows, from its events (event models) and the users' counters."""
     by = {k: [e for e in events if e.kind == k] for k in KINDS}
-    base = "w-000000"
     steps = [e.duration_s for e in by["learner_step"]]
-    swaps = [e.swap_ms for e in by["weights_swapped"] if e.version != base]
-    served = sorted({e.version for e in by["weights_swapped"] if e.version != base})
+    swaps = [e.swap_ms for e in by["weights_swapped"] if e.reason != "joined"]
+    served = served_versions(events)
     return {"ready_s": ready_s, **{k: stats.get(k, 0) for k in ("requests", "failed", "rated", "right", "tool_right")},
             "traffic_s": stats.get("traffic_s", 0), "learner_steps": len(steps),
             "learner_step_s_p50": round(statistics.median(steps), 2) if steps else None,
             "learner_step_s_max": round(max(steps), 2) if steps else None,
             "published": len(by["weights_published"]), "promoted_by_gate": len(by["weights_promoted"]),
+            "rejected_by_gate": sum(e.status == "rejected" for e in by["weights_status"]),
             "forced_promotion": forced, "served_versions": served, "rolled_back": len(by["weights_rolled_back"]),
             "replica_swap_ms_p50": round(statistics.median(swaps), 1) if swaps else None,
             "replica_swap_ms_max": round(max(swaps), 1) if swaps else None,
             "last_error": stats.get("last_error", "")}
+
+
+def served_versions(events) -> dict[str, str]:
+    """Every version a replica reported serving, as live or as canary (the base aside): past a promotion."""
+    out = {}
+    for e in (e for e in events if e.kind == "weights_swapped"):
+        out.update({v: role for v, role in ((e.canary, "canary"), (e.version, "live")) if v and v != "w-000000"})
+    return out
+
+
+def force_candidate(events) -> str | None:
+    """The newest version the gate has rejected (one still queued or being scored would only be scored again)."""
+    last = {e.version: e.status for e in events if e.kind == "weights_status"}
+    rejected = [v for v, st in last.items() if st == "rejected"]
+    return max(rejected) if rejected else None
 
 
 def kill_detached(parent: subprocess.Popen, log: Path) -> None:
@@ -199,15 +215,15 @@ def up(a) -> int:
         while time.monotonic() < end:
             time.sleep(min(10, max(0.0, end - time.monotonic())))
             try:
-                evs = asyncio.run(read_events(s, run, ["weights_published", "weights_promoted"]))
+                evs = asyncio.run(read_events(s, run, ["weights_published", "weights_status", "weights_swapped"]))
             except Exception as exc:  # the bus answers again at the next look; the run goes on
                 print(f"  reading the stream failed: {exc!r}"[:300], flush=True)
                 continue
-            pub = [e.weights.version for e in evs if e.kind == "weights_published"]
+            served, candidate = served_versions(evs), force_candidate(evs)
             print(f"  {time.monotonic() - t0:.0f}s: {json.dumps({k: v for k, v in stats.items() if k != 'last_error'})}; "
-                  f"published {len(pub)}, promoted {sum(e.kind == 'weights_promoted' for e in evs)}", flush=True)
-            if forced is None and pub and time.monotonic() > end - 50 and not any(e.kind == "weights_promoted" for e in evs):
-                forced = pub[-1]
+                  f"published {sum(e.kind == 'weights_published' for e in evs)}, served {served}", flush=True)
+            if forced is None and not served and candidate and time.monotonic() > end - 50:
+                forced = candidate
                 p = subprocess.run([*main, "promote", forced, "--force", "--reason", "gpu_check: no gate pass in time"],
                                    env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
                 print(f"no version passed the gate: forced {forced} live (rc {p.returncode}) {p.stdout[-300:]}", flush=True)
@@ -218,7 +234,8 @@ def up(a) -> int:
         res = figures_of(asyncio.run(read_events(s, run, KINDS)), stats, ready_s, forced)
         rc = 0 if res["served_versions"] and res["requests"] > res["failed"] else 1
         if rc:
-            print("no promoted version was served" if not res["served_versions"] else "every request failed")
+            print("no promoted version was served (a version still in the gate is not forced)"
+                  if not res["served_versions"] else "every request failed")
     finally:
         stop.set()
         if (state / "run.json").exists():

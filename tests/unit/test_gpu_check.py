@@ -52,7 +52,7 @@ def test_the_figures_come_from_the_real_plumbing(dry):
     tests = sum(len(re.findall(r"^def test_", p.read_text(), re.M)) for p in (ROOT / "tests" / "gpu").glob("test_*.py"))
     assert f["gpu_tests.collected"] == tests  # collected with the device run's own pytest options
     assert f["up.plan_fits_7b_shape"] is True and f["up.plan_problems"] == []  # the derived gpu-7b preset, planned
-    assert f["up.requests"] == 0 and f["up.served_versions"] == []  # the figures of a run with no events
+    assert f["up.requests"] == 0 and f["up.served_versions"] == {}  # the figures of a run with no events
 
 
 def test_the_summary_shows_every_figure_and_each_failures_log_tail(dry):
@@ -127,11 +127,16 @@ def test_the_up_steps_figures_and_preset_from_real_event_models(tmp_path, monkey
     evs += [E.WeightsPublished(weights=r) for r in ref.values()]
     evs += [E.WeightsPromoted(weights=ref["w-000001"], candidate_score=0.5, live_score=0.4, previous="w-000000"),
             E.WeightsSwapped(replica="r0", version="w-000000", swap_ms=0.0, reason="joined"),
-            E.WeightsSwapped(replica="r0", version="w-000001", swap_ms=73.0, reason="promoted")]
+            E.WeightsSwapped(replica="r0", version="w-000000", swap_ms=80.0, canary="w-000002", reason="canary"),
+            E.WeightsSwapped(replica="r0", version="w-000001", swap_ms=73.0, reason="promoted"),
+            E.WeightsStatus(version="w-000002", status="evaluating"), E.WeightsStatus(version="w-000003", status="rejected")]
     f = up.figures_of(evs, {"requests": 40, "failed": 1, "traffic_s": 180}, 52.5, None)
     assert (f["learner_steps"], f["learner_step_s_p50"], f["learner_step_s_max"]) == (2, 5.0, 6.0)
-    assert (f["published"], f["promoted_by_gate"], f["served_versions"]) == (2, 1, ["w-000001"])
-    assert (f["replica_swap_ms_p50"], f["requests"], f["failed"], f["ready_s"]) == (73.0, 40, 1, 52.5)
+    assert (f["published"], f["promoted_by_gate"], f["rejected_by_gate"]) == (2, 1, 1)
+    assert f["served_versions"] == {"w-000001": "live", "w-000002": "canary"}
+    assert (f["replica_swap_ms_p50"], f["requests"], f["failed"], f["ready_s"]) == (76.5, 40, 1, 52.5)
+    assert up.force_candidate(evs) == "w-000003"  # decided by the gate; w-000002 is still being scored
+    assert up.force_candidate(evs + [E.WeightsStatus(version="w-000003", status="live")]) is None
 
     a = up.parser().parse_args(["up", "--json", str(tmp_path / "up.json"), "--model", str(tmp_path / "tiny"),
                                 "--set", "gate.heldout_tasks=8", "--set", "serve.weights_transport=file"])
