@@ -80,3 +80,14 @@ def replica_of(policy, log=None):
 
 def stream_name():
     return f"T{uuid.uuid4().hex[:10]}"
+
+
+async def two_nodes(tmp_path, server, store="nats"):
+    """Node A, the writer, attached to the bus; node B (whose log is returned) not yet: (stream, a, b, log of b,
+    connection of a, connection of b)."""
+    stream, log = stream_name(), Log()
+    a = node(tmp_path, "a", server, stream, store=store)
+    b = node(tmp_path, "b", server, stream, store=store, log=log)
+    nc_a, nc_b = await connect(server), await connect(server)
+    await a.attach(nc_a.jetstream(), writer=True)
+    return stream, a, b, log, nc_a, nc_b

@@ -7,17 +7,13 @@ import shutil
 import pytest
 
 from policies.model_store import file_stat, sha256_file
-from bus_nodes import Log, connect, node, replica_of, save, stream_name, until  # noqa: E402  (tests/unit is on sys.path)
+from bus_nodes import connect, node, replica_of, save, stream_name, two_nodes, until  # noqa: E402  (tests/unit is on sys.path)
 
 
 def test_a_version_is_fetched_into_an_empty_second_state_dir_verified_once_and_loaded(tmp_path, nats_server,
                                                                                        monkeypatch):
     async def go():
-        stream = stream_name()
-        a, log = node(tmp_path, "a", nats_server, stream, store="nats"), Log()
-        b = node(tmp_path, "b", nats_server, stream, store="nats", log=log)
-        nc_a, nc_b = await connect(nats_server), await connect(nats_server)
-        await a.attach(nc_a.jetstream(), writer=True)
+        stream, a, b, log, nc_a, nc_b = await two_nodes(tmp_path, nats_server)
         r1 = await asyncio.to_thread(save, a, 1)  # uploaded before the manifest exists
         assert await a.objects.names() == ["w-000001"]
         ptr = await a.announce(r1)
@@ -51,11 +47,7 @@ def test_a_mismatched_digest_is_refused_and_never_loaded(tmp_path, nats_server):
     from nats.js.api import ObjectMeta
 
     async def go():
-        stream = stream_name()
-        a, log = node(tmp_path, "a", nats_server, stream, store="nats"), Log()
-        b = node(tmp_path, "b", nats_server, stream, store="nats", log=log)
-        nc_a, nc_b = await connect(nats_server), await connect(nats_server)
-        await a.attach(nc_a.jetstream(), writer=True)
+        stream, a, b, log, nc_a, nc_b = await two_nodes(tmp_path, nats_server)
         r1, r2 = await asyncio.to_thread(save, a, 1), await asyncio.to_thread(save, a, 2)
         info = await a.objects.obs.get_info("w-000001")  # w-1 replaced by other bytes under its manifest
         await a.objects.obs.put("w-000001", b"not the weights", meta=ObjectMeta(description=info.description))
@@ -89,11 +81,7 @@ def test_bytes_that_do_not_match_the_object_stores_own_digest_are_refused(tmp_pa
     from nats.js.object_store import OBJ_META_PRE_TEMPLATE
 
     async def go():
-        stream = stream_name()
-        a, log = node(tmp_path, "a", nats_server, stream, store="nats"), Log()
-        b = node(tmp_path, "b", nats_server, stream, store="nats", log=log)
-        nc_a, nc_b = await connect(nats_server), await connect(nats_server)
-        await a.attach(nc_a.jetstream(), writer=True)
+        stream, a, b, log, nc_a, nc_b = await two_nodes(tmp_path, nats_server)
         r1 = await asyncio.to_thread(save, a, 1)
         info = await a.objects.obs.get_info("w-000001")
         info.digest = "SHA-256=" + base64.urlsafe_b64encode(bytes(32)).decode()
