@@ -10,11 +10,11 @@ Held-out entries are only ever evaluated, never trained on (tests pin that).
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 from pathlib import Path
 
+from policies.device_lock import file_lock
 from policies.model_store import atomic_write_bytes
 from policies.stats import paired_test
 
@@ -73,8 +73,7 @@ class HeldoutCache:
         self.versions[version] = out
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # other caches share the file (the guard's base and versions, `main.py report`): merge, do not overwrite
-        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with file_lock(self.path.with_name(self.path.name + ".lock")):
             self._all = json.loads(self.path.read_text()) if self.path.exists() else {}
             self._all[self.fingerprint] = {**self._all.get(self.fingerprint, {}), version: out}
             self.versions = self._all[self.fingerprint]

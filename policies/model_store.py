@@ -13,8 +13,6 @@
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -25,6 +23,7 @@ import time
 from pathlib import Path
 
 from actors.lifecycles import CanaryRef, LivePointer
+from policies.device_lock import file_lock
 
 BASE_VERSION = "w-000000"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -157,14 +156,6 @@ def read_weights(path: str | Path) -> dict:
     return dict(iter_weights(path))
 
 
-@contextlib.contextmanager
-def file_lock(path: Path):
-    """An exclusive lock across this node's processes (released when the file closes, also if the process dies)."""
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
-
-
 class WeightsStore:
     def __init__(self, state: Path):
         self.dir = state / "weights"
@@ -209,8 +200,17 @@ class WeightsStore:
         mtime at that moment are remembered and pinned in the LIVE pointer (`file_stat`)."""
         if not (Path(path).exists() and sha256_file(Path(path)) == sha256):
             return False
-        self._verified[str(path)] = file_stat(path)
+        self.mark_verified(path)
         return True
+
+    def remove(self, version: str) -> None:
+        """A version's files on this node: weights, manifest, fetch lock."""
+        for name in (f"{version}.safetensors", f"{version}.json", f".{version}.fetch.lock"):
+            (self.dir / name).unlink(missing_ok=True)
+
+    def mark_verified(self, path: str | Path) -> None:
+        """`path`'s sha256 was just checked by the caller: pin its stat as `verify` does."""
+        self._verified[str(path)] = file_stat(path)
 
     def pinned(self, path: str | Path) -> list[int] | None:
         """[size, mtime_ns] of `path` when this process last found its sha256 matching (`verify`)."""
@@ -274,8 +274,7 @@ class WeightsStore:
         versions = sorted(p.stem for p in self.dir.glob("w-*.json"))
         doomed = [v for v in versions[:-keep] if v not in protect] if keep > 0 else []
         for v in doomed:
-            for name in (f"{v}.safetensors", f"{v}.json", f".{v}.fetch.lock"):
-                (self.dir / name).unlink(missing_ok=True)
+            self.remove(v)
         if doomed and self.remote is not None:
             self.remote.delete(doomed)
         return doomed

@@ -28,7 +28,8 @@ from nats.js import api
 from nats.js.errors import DigestMismatchError, NotFoundError, ObjectNotFoundError
 
 from policies.live_board import open_bucket
-from policies.model_store import WeightsStore, atomic_write_bytes, file_lock, file_stat, fsync_dir, sha256_file
+from policies.device_lock import file_lock
+from policies.model_store import WeightsStore, atomic_write_bytes, file_stat, fsync_dir, sha256_file
 
 
 class ObjectWeights:
@@ -132,7 +133,7 @@ class ObjectWeights:
             os.utime(tmp, ns=(stat[1], stat[1]))
         os.replace(tmp, dest)
         fsync_dir(dest.parent)
-        self.store._verified[str(dest)] = file_stat(dest)  # verified just now: a stat from here on
+        self.store.mark_verified(dest)  # verified just now: a stat from here on
         manifest = {**{k: v for k, v in meta.items() if k != "stat"}, "path": str(dest), "fetched": time.time()}
         atomic_write_bytes(self.store.dir / f"{version}.json", json.dumps(manifest).encode())
 
@@ -149,8 +150,7 @@ class ObjectWeights:
             man = json.loads(path.read_text())
             v = man.get("version", path.stem)
             if man.get("fetched") and v != keep and v not in held:
-                for name in (f"{v}.safetensors", f"{v}.json", f".{v}.fetch.lock"):
-                    (self.store.dir / name).unlink(missing_ok=True)
+                self.store.remove(v)
                 if self.log:
                     self.log.info("weights.dropped_pruned", version=v)
 
