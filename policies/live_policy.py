@@ -112,21 +112,21 @@ class LivePolicy:
         elif self.store.path(version).exists():
             found = self.store.path(version)
         elif self.objects is not None:
-            found = self.objects.fetch(version, sha256 or self._named_sha(version))
+            found = self.objects.fetch(version, sha256 or getattr(self._named(version), "sha256", None))
         else:
             return Path(path) if path else self.store.file(version, self.base)
         self._check_here(version, found)
         return found
 
-    def _named_sha(self, version: str) -> str | None:
+    def _named(self, version: str):
+        """The pointer's reference to `version` (live or canary), if it names it."""
         ptr = self.pointer()
-        return next((r.sha256 for r in (ptr, ptr.canary) if r is not None and r.version == version), None)
+        return next((r for r in (ptr, ptr.canary) if r is not None and r.version == version), None)
 
     def _check_here(self, version: str, path: Path | None) -> None:
         """A file the pointer pins another size or mtime for (not the broadcaster node's file): its sha256 once, so
         that `EngineSet` can accept it by the stat this node verified (`WeightsStore.pinned`)."""
-        ptr = self.pointer()
-        ref = next((r for r in (ptr, ptr.canary) if r is not None and r.version == version), None)
+        ref = self._named(version)
         if ref is None or not ref.stat or not ref.sha256 or path is None or not path.exists():
             return
         if file_stat(path) not in (list(ref.stat), self.store.pinned(path)):
