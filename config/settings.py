@@ -21,6 +21,8 @@ PRESETS = Path(__file__).parent
 class NatsSettings(_Section):
     url: str | None = Field(None, description="External NATS URL; when unset `up` starts an embedded nats-server")
     port: int = Field(0, description="Port for the embedded nats-server; 0 picks a free loopback port")
+    host: str = Field("127.0.0.1", description="Address the embedded nats-server listens on: loopback, unless other "
+                      "hosts join this one (`main.py join`) and must reach it")
     user: str = Field("kaizen", description="NATS user name for the embedded server")
     password: str | None = Field(None, description="NATS password; generated into the state dir when unset")
     stream: str = Field("EVO", description="JetStream stream that holds every evo.* event")
@@ -39,6 +41,8 @@ class NatsSettings(_Section):
 
 class RaySettings(_Section):
     address: str | None = Field(None, description="Existing Ray cluster address; local Ray when unset")
+    node_ip: str | None = Field(None, description="This host's address for the local Ray head when other hosts join it "
+                                "(`main.py join`): Ray listens there; loopback when unset")
     num_cpus: float = Field(8, description="Logical CPUs declared to local Ray (actors take fractions)")
     actor_cpus: float = Field(0.5, description="Logical CPUs reserved by each evolution actor")
     actor_gpus: dict[str, float] = Field({}, description="GPUs per evolution actor by name, e.g. {learner: 0.3}")
@@ -57,6 +61,9 @@ class ServeSettings(_Section):
     replicas: int = Field(1, description="Number of serving replicas")
     replica_cpus: float = Field(1.0, description="Logical CPUs per serving replica")
     replica_gpus: float = Field(0.0, description="GPUs per serving replica (a fraction shares one GPU)")
+    max_replicas_per_node: int = Field(0, ge=0, le=100, description="At most this many replicas on one Ray node "
+                                       "(0: no limit); 1 spreads the replicas over the hosts that joined (`up` is "
+                                       "ready once each replica has a node)")
     api_key: str | None = Field(None, description="Bearer key; generated into the state dir (0600) when unset")
     max_body_bytes: int = Field(1_000_000, description="Largest accepted request body")
     max_new_tokens: int = Field(256, description="Cap on generated tokens per request (a larger max_tokens is "

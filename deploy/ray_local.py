@@ -3,7 +3,7 @@
 `ActorHost` is the Ray actor that hosts one evolution actor: it builds it in `__init__` and runs
 its asyncio loop in a thread, so after a crash Ray restarts the process (`max_restarts=-1`),
 `__init__` runs again and the actor resumes from its durable consumer. Ray listens on loopback
-only, with the dashboard off.
+only, with the dashboard off; on `ray.node_ip` instead when other hosts join this one (`deploy/join.py`).
 """
 from __future__ import annotations
 
@@ -63,6 +63,8 @@ def init_ray(settings) -> None:
         return
     temp = settings.state / "ray"
     extra = {"_temp_dir": str(temp)} if len(str(temp)) <= 40 else {}  # unix socket paths are short
+    if settings.ray.node_ip:  # the head of several hosts: they join it at this address
+        extra["_node_ip_address"] = settings.ray.node_ip
     ray.init(num_cpus=settings.ray.num_cpus, include_dashboard=False, dashboard_host="127.0.0.1",
              namespace=NAMESPACE, log_to_driver=False, runtime_env={"env_vars": ray_env()}, **extra)
 

@@ -250,8 +250,9 @@ class KaizenServer:
 
 def build_app(settings: Settings, api_key: str):
     s = settings.serve
+    spread = {"max_replicas_per_node": s.max_replicas_per_node} if s.max_replicas_per_node else {}
     return KaizenServer.options(num_replicas=s.replicas, max_ongoing_requests=s.max_ongoing_requests,
-                                ray_actor_options={"num_cpus": s.replica_cpus, "num_gpus": s.replica_gpus}).bind(
+                                ray_actor_options={"num_cpus": s.replica_cpus, "num_gpus": s.replica_gpus}, **spread).bind(
         settings.model_dump_json(), api_key)
 
 
