@@ -10,7 +10,8 @@
 It prints the endpoint, where the API key is, and the NATS URL. Ctrl-C (or `main.py down`)
 stops cleanly: actors drain, Serve and Ray shut down, the nats-server we started is stopped.
 
-Other commands: `status`, `events [SUBJECT]`, `eval [--version V]`, `promote VERSION --force`, `down`.
+Other commands: `status`, `events [SUBJECT]`, `eval [--version V]`, `promote VERSION --force`, `down`, and
+`join ADDRESS --node-ip IP`: this host becomes a Ray worker node of an `up` on another host (deploy/join.py).
 Environment variables (mapped here only): KAIZEN_STATE_DIR, KAIZEN_API_KEY, KAIZEN_NATS_URL,
 KAIZEN_SERVE_PORT.
 """
@@ -61,6 +62,10 @@ def run(args) -> int:
         return launch.up(s, args)
     if args.cmd == "eval":
         return reports.evaluate(s, args)
+    if args.cmd == "join":
+        from deploy.join import join
+
+        return join(s, args)
     run_info = launch.read_run(s)
     return {"status": console.status, "events": stream_view.show_events, "promote": console.promote,
             "report": reports.report, "down": launch.down}[args.cmd](s, run_info, args)
@@ -95,7 +100,14 @@ def main(argv=None) -> int:
     rp.add_argument("--k", type=int, default=4, help="samples per held-out entry")
     rp.add_argument("--per-category", type=int, default=4, help="held-out entries per category (a ladder rung)")
     rp.add_argument("--json", action="store_true", help="print the live page's document (GET /page/state) as JSON")
-    for sp in (st, ev, ea, pr, sub.choices["down"]):
+    jn = sub.add_parser("join", help="run a Ray worker node of an up on another host (its serving replicas) until it stops")
+    jn.add_argument("address", help="the head's Ray address, as its `up` prints it (ray.node_ip:port)")
+    jn.add_argument("--node-ip", required=True, help="this host's address, one the head reaches")
+    jn.add_argument("--num-cpus", type=int, default=os.cpu_count() or 1, help="logical CPUs offered")
+    jn.add_argument("--num-gpus", type=int, default=0, help="GPUs offered")
+    jn.add_argument("--head-grace", type=float, default=10.0, help="seconds without an answer from the head before "
+                    "this node stops")
+    for sp in (st, ev, ea, pr, sub.choices["down"], jn):
         sp.add_argument("--config", help="YAML preset (default config/cpu.yaml)")
     args = p.parse_args(argv)
     if args.cmd in WATCHDOG_S and not (args.cmd == "events" and not args.seconds):
