@@ -1,13 +1,14 @@
-"""Weight broadcaster: the promotion gate, the canary, live monitoring, the guard against the base, rollback.
+"""Weight broadcaster: carries out the promotion lifecycle that `policies/promotion_plan.py` decides.
 
 Each version moves through the lifecycle in `actors/lifecycles.py`, every change an `evo.weights_status` event (README, "How
 one improvement cycle flows", items 3 and 5). Inputs: `evo.weights_published` (sha256 verified, else poison; staged, or live
-at once when forced by an operator), users' feedback, replicas' reports. A tick: the canary's feedback verdict, or its
-newest staged successor gated against it (`policies/gate.py`) and handed over after `gate.canary_min_s`; with no canary, the
-live watch and the next gate, the next comparator scored meanwhile; then the guard's verdicts (`policies/guard.py`) and the
-next version it checks. It alone moves the LIVE pointer (`LivePolicy.announce`: the bus's key-value bucket, then its copy).
-Files beyond `gate.keep_versions` are pruned (and their objects on the bus), never live, canary, staged, recent live ones or
-the guard's anchor. State: a `PromotionBook` (`policies/promotion.py`), written atomically; evaluations cached per version.
+at once when forced by an operator), users' feedback, replicas' reports. A tick asks the plan what to do (a canary's
+verdict, a gate, a handoff, the live watch, a rollback) and does it here: the held-out gate's scoring (`policies/gate.py`),
+the LIVE pointer (`LivePolicy.announce`: the bus's key-value bucket, then its copy; this actor alone moves it, always
+before the event that announces it), the events, pruning. Then the next gate's comparator is scored meanwhile, and the
+guard's verdicts (`policies/guard.py`) are carried out. Files beyond `gate.keep_versions` are pruned (and their objects
+on the bus), never live, canary, staged, recent live ones or the guard's anchor. State: a `PromotionBook`
+(`policies/promotion.py`), written atomically; evaluations cached per version.
 """
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ from actors.actor import EventActor
 from actors.bus import Poison
 from actors.events import (Feedback, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected,
                            WeightsRolledBack, WeightsSwapped)
+from actors.lifecycles import IllegalTransition
 from envs.registry import make_envs
-from policies.gate import (GateScores, canary_verdict, clearly_worse, decide, gate_heldout, gate_metrics,
-                           handoff_verdict, reference_pairs, watch_verdict)
-from actors.lifecycles import IllegalTransition, WeightsState as S
+from policies.gate import GateScores, clearly_worse, decide, gate_heldout, reference_pairs
 from policies.guard import Guard
 from policies.live_policy import LivePolicy
-from policies.model_store import BASE_VERSION, version_number
+from policies.model_store import BASE_VERSION
 from policies.promotion import PromotionBook, event_time
+from policies.promotion_models import (Action, GateOutcome, GateScore, GoLive, Ignore, Prune, Reject, RollBack,
+                                       StartCanary, StartGate)
+from policies.promotion_plan import comparator_todo, gated, held, plan, published, resumed, undone
 
 
 class Broadcaster(EventActor):
@@ -54,8 +57,7 @@ class Broadcaster(EventActor):
         await self._resume_gates()
 
     async def _resume_gates(self) -> None:
-        for v in [v for v, st in self.book.status.items() if st == S.EVALUATING]:  # a gate a crash cut short
-            await self._set(v, S.STAGED, "the broadcaster restarted during its gate: evaluated again")
+        await self._carry_out(resumed(self.book))
 
     def _repair_pointer(self) -> None:
         if fixed := self.book.repair_pointer(self.policy, self._ref, self.settings.gate.canary_share):
@@ -69,35 +71,19 @@ class Broadcaster(EventActor):
     def _ref(self, version: str) -> WeightsRef:
         return self.book.ref(version, self.store, self.base_path)
 
-    async def _set(self, version: str, new: S, reason: str, metrics: dict | None = None) -> None:
-        try:
-            ev = self.book.move(version, new, reason, metrics)
-        except IllegalTransition as exc:  # a bug, not a reason to stop serving: log it and keep going
-            self.log.error("lifecycle.illegal", version=version, error=str(exc))
-            return
-        await self.bus.publish(ev, weights_version=version)
-        self._save()
-        self.log.info("weights.status", version=version, status=str(new), previous=ev.previous_status, reason=reason[:200])
-
     def live_version(self) -> str:
         return self.policy.live_version
+
+    def _staged(self) -> list[str]:
+        return self.book.staged()
 
     # ------------------------------------------------------------------ inputs
     async def handle_weights_published(self, ev: WeightsPublished, msg):
         w = ev.weights
         if (here := await asyncio.to_thread(self.policy.obtain, w)) is None:  # fetched where this node lacks it
             raise Poison(f"{w.version}: file {w.path} is missing or its sha256 does not match")
-        self.book.refs[w.version] = here.model_dump()  # this node's path: the gate and the pointer use it
-        if ev.force:
-            if w.version != self.live_version():
-                await self._go_live(w.version, f"forced by an operator{': ' + ev.reason if ev.reason else ''}", {})
-            return
-        if self.book.status.get(w.version) is not None:
-            return  # known already (a redelivery)
-        if version_number(w.version) <= version_number(self.live_version()):
-            self.log.info("candidate.stale", version=w.version, live=self.live_version())
-            return
-        await self._set(w.version, S.STAGED, f"published by the learner (step {w.step}, parent {w.parent})")
+        self.book.refs[w.version] = here  # this node's path: the gate and the pointer use it
+        await self._carry_out(published(self.book, ev, self.live_version()))
 
     async def handle_feedback(self, ev: Feedback, msg):
         self.book.rate(ev.interaction.weights_version if ev.interaction else ev.weights_version, event_time(ev.occurred_at),
@@ -110,17 +96,8 @@ class Broadcaster(EventActor):
 
     # ------------------------------------------------------------------ the lifecycle
     async def tick(self) -> None:
-        if self.book.canary:
-            await self._check_canary()
-        if self.book.hold:  # the guard found the served lineage below the base: nothing new until it clears one
-            pass
-        elif self.book.canary:
-            await self._pipeline()
-        elif not await self._watch_live():
-            if self.book.passed:
-                await self._start_canary()
-            elif staged := self._staged():
-                await self._evaluate(staged)
+        await self._carry_out(plan(self.book, time.time(), self.settings.gate, self.live_version(),
+                                   self.policy.descends_from))
         if self._dirty:
             self._save()
         await self._prepare()
@@ -131,48 +108,44 @@ class Broadcaster(EventActor):
         if self.guard is None:
             return
         for c in self.guard.results():  # a check whose actions fail stays pending and is carried out next tick
-            for act, v, to, why in self.guard.undo(c, self.book, self.live_version(), self.settings.guard.rollback):
-                await (self._set(v, S.SUPERSEDED, why) if act == "supersede" else self._rollback(v, to, why))
+            await self._carry_out(undone(self.guard.undo(c, self.book, self.live_version(), self.settings.guard.rollback)))
             await self.bus.publish(c.event(), weights_version=c.version)  # the event id derives from the check
             self.guard.done(c, self.book, self.settings.guard.rollback)
             self._save()
-        if self.book.hold:  # the guard checks the newest candidate; older ones will not be served
-            for v in self._staged()[:-1]:
-                await self._set(v, S.SUPERSEDED, f"a newer candidate came while serving was held ({self.book.hold})")
+        await self._carry_out(held(self.book, self._staged()))
         self.guard.offer_newest(self.book, self.live_version(), self._staged())
 
     async def _prepare(self) -> None:
         """No gate to run now: the next gate's comparator is scored on the first look meanwhile, one environment a
         tick, so that gate waits for its candidate only."""
-        nxt = self.book.next_comparator(self.live_version())
-        if (not self._staged() or self.book.passed) and (todo := list(self.scores.unscored(nxt).items())[:1]):
-            await asyncio.to_thread(self._score, nxt, True, dict(todo))
+        if todo := comparator_todo(self.book, self.live_version(), self._staged(), self.scores.unscored):
+            await asyncio.to_thread(self._score, todo[0], True, todo[1])
 
-    def _staged(self, after: str | None = None) -> list[str]:
-        return self.book.staged(keep=lambda v: after is None or self.policy.descends_from(v, after))
-
-    async def _pipeline(self) -> None:
-        """A running canary: its successor is gated against it meanwhile, then takes over (see the docstring)."""
-        b, g, c = self.book, self.settings.gate, self.book.canary
-        if b.passed is None and (staged := self._staged(after=c["version"])):
-            await self._evaluate(staged, against=c["version"])
-        if b.passed is None:
-            return
-        ok, why = handoff_verdict(b.scores(c["version"], c["started"]), b.scores(c["baseline"], c["started"]),
-                                  elapsed_s=time.time() - c["started"], min_s=g.canary_min_s, margin=g.rollback_margin)
-        if ok:
-            await self._go_live(c["version"], f"{b.passed['version']} passed its gate against it; {why}", {})
-            await self._start_canary()
-
-    def _score(self, version: str, success: bool = True, counts: dict | None = None) -> dict:
+    def _score(self, version: str, success: bool = True, counts: dict | None = None) -> GateScore:
         return self.scores.score(self.engine, version, lambda: self._ref(version).path, success, counts)
 
-    async def _evaluate(self, staged: list[str], against: str | None = None) -> None:
-        newest, live, g = staged[-1], self.live_version(), self.settings.gate
-        against = against or live
-        for v in staged[:-1]:
-            await self._set(v, S.SUPERSEDED, f"{newest} was staged before it was evaluated")
-        await self._set(newest, S.EVALUATING, f"held-out gate against {'live' if against == live else 'canary'} {against}")
+    # ------------------------------------------------------------------ carrying actions out
+    async def _carry_out(self, actions: list[Action]) -> None:
+        for a in actions:
+            do = {StartGate: self._gate, StartCanary: self._start_canary, GoLive: self._go_live, RollBack: self._rollback,
+                  Reject: self._reject, Prune: self._prune, Ignore: self._stale}.get(type(a), self._record)
+            await do(a)
+
+    async def _record(self, a: Action, live: str | None = None) -> None:
+        """`a` in the book (`live`: the version served before it), and each status change it made as an event."""
+        for ch in self.book.apply(a, live or self.live_version(), self.policy.descends_from):
+            if isinstance(ch, IllegalTransition):  # a bug, not a reason to stop serving: log it and keep going
+                self.log.error("lifecycle.illegal", error=str(ch))
+                continue
+            await self.bus.publish(ch, weights_version=ch.version)
+            self._save()
+            self.log.info("weights.status", version=ch.version, status=str(ch.status), previous=ch.previous_status,
+                          reason=ch.reason[:200])
+
+    async def _gate(self, a: StartGate) -> None:
+        """The held-out gate of `a.version` against `a.against`, then what its outcome leads to."""
+        await self._record(a)
+        g, newest, against = self.settings.gate, a.version, a.against
         live_s = await asyncio.to_thread(self._score, against)
         base_s = await asyncio.to_thread(self._score, BASE_VERSION, False)  # its NLL, cached
         cand_s = await asyncio.to_thread(self._score, newest, False)  # the likelihood first: seconds
@@ -182,115 +155,53 @@ class Broadcaster(EventActor):
                                                               *self.scores.looks, self.scores.drop_p)
         else:
             ok, why = False, early
-        metrics = gate_metrics(cand_s, live_s)
-        ref = self._ref(newest)
-        if not ok:
-            await self._set(newest, S.REJECTED, why, metrics)
-            await self.bus.publish(WeightsRejected(weights=ref, candidate_score=cand_s.get("success", -1.0),
-                                                   live_score=live_s["success"], reason=why,
-                                                   candidate_nll=cand_s.get("nll"), live_nll=live_s.get("nll")),
-                                   weights_version=live)
-            self.book.counts["rejected"] += 1
-            self._prune()
-            return
-        if g.canary_share <= 0:
-            await self._go_live(newest, why, metrics, cand_s, live_s)
-            return
-        self.book.passed = {"version": newest, "against": against, "why": why, "cand": cand_s, "live": live_s}
-        if against != live:  # the running canary's successor
-            await self._set(newest, S.PASSED, f"{why}; the canary after {against}", metrics)
-            return
-        await self._start_canary()
+        outcome = GateOutcome(newest, against, ok, why, cand_s, live_s)
+        await self._carry_out(gated(self.book, outcome, time.time(), g, self.live_version(), self.policy.descends_from))
 
-    async def _start_canary(self) -> None:
-        """The passed version becomes the canary, if what it was gated against is live; else it is superseded."""
-        p, g, live = self.book.passed, self.settings.gate, self.live_version()
-        self.book.passed = None
-        if p["against"] != live:
-            await self._set(p["version"], S.SUPERSEDED, f"gated against {p['against']}, but {live} is live")
-            return
-        ref = self._ref(p["version"])
+    async def _reject(self, a: Reject) -> None:
+        live = self.live_version()
+        await self._record(a, live)
+        await self.bus.publish(WeightsRejected(weights=self._ref(a.version), candidate_score=a.cand.success_or(),
+                                               live_score=a.live.success_or(), reason=a.reason,
+                                               candidate_nll=a.cand.nll, live_nll=a.live.nll), weights_version=live)
+
+    async def _start_canary(self, a: StartCanary) -> None:
+        g, live, ref = self.settings.gate, self.live_version(), self._ref(a.version)
         await self.policy.announce(self._ref(live), canary=ref, share=g.canary_share)  # the pointer first: whoever
-        self.book.canary = {"version": p["version"], "baseline": live, "started": time.time()}  # reacts reads it
-        await self._set(p["version"], S.CANARY, p["why"], gate_metrics(p["cand"], p["live"]))
-        await self.bus.publish(WeightsPromoted(weights=ref, candidate_score=p["cand"]["success"],
-                                               live_score=p["live"]["success"], previous=live, stage="canary",
-                                               canary_share=g.canary_share, candidate_nll=p["cand"].get("nll"),
-                                               live_nll=p["live"].get("nll"), reason=p["why"]),
-                               weights_version=live)
+        await self._record(a, live)  # reacts to the event reads it
+        await self.bus.publish(WeightsPromoted(weights=ref, candidate_score=a.cand.success_or(),
+                                               live_score=a.live.success_or(), previous=live, stage="canary",
+                                               canary_share=g.canary_share, candidate_nll=a.cand.nll,
+                                               live_nll=a.live.nll, reason=a.reason), weights_version=live)
         self._save()
 
-    async def _go_live(self, version: str, reason: str, metrics: dict, cand_s: dict | None = None,
-                       live_s: dict | None = None) -> None:
-        old = self.live_version()
-        ref = self._ref(version)
-        await self.policy.announce(ref)  # the pointer first (see _evaluate)
-        if self.book.canary and self.book.canary["version"] != version:
-            await self._set(self.book.canary["version"], S.RETIRED, f"{version} went live during its canary")
-        self.book.canary = None
-        if self.book.passed and self.book.passed["version"] == version:  # forced live by an operator
-            self.book.passed = None
-        if old != version and self.book.status.get(old) == S.LIVE:
-            await self._set(old, S.RETIRED, f"replaced by {version}")
-        if self.book.status.get(version) != S.LIVE:
-            await self._set(version, S.LIVE, reason, metrics)
-        self.book.history.append(version)
-        self.weights_version = version
-        self.book.counts["promoted"] += 1
-        await self.bus.publish(WeightsPromoted(weights=ref, candidate_score=(cand_s or {}).get("success", -1.0),
-                                               live_score=(live_s or {}).get("success", -1.0), previous=old,
-                                               stage="live", candidate_nll=(cand_s or {}).get("nll"),
-                                               live_nll=(live_s or {}).get("nll"), reason=reason),
-                               weights_version=version)
-        self._prune()
+    async def _go_live(self, a: GoLive) -> None:
+        old, ref = self.live_version(), self._ref(a.version)
+        cand, live_s = a.cand or GateScore(), a.live or GateScore()
+        await self.policy.announce(ref)  # the pointer first (see _start_canary)
+        await self._record(a, old)
+        self.weights_version = a.version
+        await self.bus.publish(WeightsPromoted(weights=ref, candidate_score=cand.success_or(),
+                                               live_score=live_s.success_or(), previous=old, stage="live",
+                                               candidate_nll=cand.nll, live_nll=live_s.nll, reason=a.reason),
+                               weights_version=a.version)
         self._save()
-        self.log.info("weights.live", version=version, previous=old, reason=reason[:200])
+        self.log.info("weights.live", version=a.version, previous=old, reason=a.reason[:200])
 
-    async def _check_canary(self) -> None:
-        c, g = self.book.canary, self.settings.gate
-        verdict, why = canary_verdict(self.book.scores(c["version"], c["started"]),
-                                      self.book.scores(c["baseline"], c["started"]),
-                                      min_feedback=g.canary_min_feedback, margin=g.rollback_margin,
-                                      elapsed_s=time.time() - c["started"], max_s=g.canary_max_s)
-        if verdict == "live":
-            await self._go_live(c["version"], why, {})
-        elif verdict == "rollback":
-            await self._rollback(c["version"], c["baseline"], why)
-
-    async def _watch_live(self) -> bool:
-        h = self.book.history
-        if len(h) < 2 or h[-1] != self.live_version():
-            return False
-        live, prev = h[-1], h[-2]
-        g = self.settings.gate
-        roll, why = watch_verdict(self.book.scores(live), self.book.scores(prev), window=g.watch_feedback,
-                                  margin=g.rollback_margin)
-        if roll:
-            await self._rollback(live, prev, why)
-        return roll
-
-    async def _rollback(self, version: str, to: str, reason: str) -> None:
-        was_canary = bool(self.book.canary and self.book.canary["version"] == version)
-        await self.policy.announce(ref := self._ref(to))  # the pointer first (see _evaluate)
-        await self._set(version, S.ROLLED_BACK, reason)
-        self.book.canary = None
-        if not was_canary:  # what went live after `to` leaves the history with the version rolled back
-            h = self.book.history
-            self.book.history = h[:len(h) - h[::-1].index(to)] if to in h else [v for v in h if v != version] + [to]
-            if self.book.status.get(to) != S.LIVE:
-                await self._set(to, S.LIVE, f"rollback from {version}")
-        self.weights_version = to
-        self.book.counts["rolled_back"] += 1
-        for v, st in list(self.book.status.items()):  # candidates trained from the bad version are not evaluated
-            if st == S.STAGED and self.policy.descends_from(v, version):
-                await self._set(v, S.SUPERSEDED, f"descends from {version}, which was rolled back")
-        await self.bus.publish(WeightsRolledBack(from_version=version, to=ref, reason=reason), weights_version=to)
+    async def _rollback(self, a: RollBack) -> None:
+        await self.policy.announce(ref := self._ref(a.to))  # the pointer first (see _start_canary)
+        await self._record(a)
+        self.weights_version = a.to
+        await self.bus.publish(WeightsRolledBack(from_version=a.version, to=ref, reason=a.reason), weights_version=a.to)
         self._save()
-        self.log.warning("weights.rolled_back", version=version, to=to, reason=reason[:200])
+        self.log.warning("weights.rolled_back", version=a.version, to=a.to, reason=a.reason[:200])
 
-    def _prune(self) -> None:
+    async def _prune(self, a: Prune) -> None:
         protect = {BASE_VERSION, self.live_version(), *self.book.protected()}
         self.store.prune(self.settings.gate.keep_versions, protect=protect)
+
+    async def _stale(self, a: Ignore) -> None:
+        self.log.info("candidate.stale", version=a.version, live=a.live)
 
     def health(self) -> dict:
         b, g = getattr(self, "book", None), getattr(self, "guard", None)

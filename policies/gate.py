@@ -36,6 +36,7 @@ from typing import Callable
 
 from policies.chat import assistant_text, render
 from policies.model_store import atomic_write_bytes
+from policies.promotion_models import GateScore
 from policies.stats import paired_test
 
 Z_95 = 1.645
@@ -87,17 +88,18 @@ def reference_nll(engine, pairs: list[tuple[str, str]]) -> float:
     return -sum(lp for lp, _ in scored) / max(1, tokens)
 
 
-def _nll_checks(cand: dict, live: dict, nll_tolerance: float, base: dict | None, base_tolerance: float) -> list[str]:
-    why = []
-    if "nll" in cand and "nll" in live and cand["nll"] > live["nll"] + nll_tolerance:
-        why.append(f"reference NLL {cand['nll']:.3f} > live {live['nll']:.3f} + {nll_tolerance}")
-    if base and "nll" in cand and "nll" in base and cand["nll"] > base["nll"] + base_tolerance:
+def _nll_checks(cand: GateScore, live: GateScore, nll_tolerance: float, base: GateScore | None,
+                base_tolerance: float) -> list[str]:
+    why, c = [], cand.nll
+    if c is not None and live.nll is not None and c > live.nll + nll_tolerance:
+        why.append(f"reference NLL {c:.3f} > live {live.nll:.3f} + {nll_tolerance}")
+    if base and c is not None and base.nll is not None and c > base.nll + base_tolerance:
         # small steps each within the tolerance to live must not add up to a model far from the base
-        why.append(f"reference NLL {cand['nll']:.3f} > base {base['nll']:.3f} + {base_tolerance} (drift)")
+        why.append(f"reference NLL {c:.3f} > base {base.nll:.3f} + {base_tolerance} (drift)")
     return why
 
 
-def clearly_worse(cand: dict, live: dict, nll_tolerance: float, base: dict | None = None,
+def clearly_worse(cand: GateScore, live: GateScore, nll_tolerance: float, base: GateScore | None = None,
                   base_tolerance: float = math.inf) -> str | None:
     """Early stop: the likelihood check alone (seconds) already fails the candidate, so the greedy held-out
     episodes (most of a gate's time) need not run. None when the full evaluation must decide."""
@@ -113,14 +115,14 @@ def drop_p(cand: list[float], live: list[float]) -> float:
     return t["p_value"] / 2 if t["mean_diff"] < 0 else 1.0
 
 
-def gate(cand: dict, live: dict, tolerance: float, nll_tolerance: float, base: dict | None = None,
+def gate(cand: GateScore, live: GateScore, tolerance: float, nll_tolerance: float, base: GateScore | None = None,
          base_tolerance: float = math.inf, p: float | None = None, alpha: float = 1.0) -> tuple[bool, str]:
     """(promote?, reason) from `GateScores` scores of the candidate, live and (its NLL) the base. Falling short of
     live's success by more than `tolerance` rejects when `p` (`drop_p` on the entries both were scored on) is
     below `alpha`, or when no `p` is given (the point rule)."""
     why, note = [], ""
-    if cand["success"] + tolerance < live["success"]:
-        short = f"held-out success {cand['success']:.3f} < live {live['success']:.3f} - {tolerance}"
+    if cand.success + tolerance < live.success:
+        short = f"held-out success {cand.success:.3f} < live {live.success:.3f} - {tolerance}"
         if p is None or p < alpha:
             why.append(short + (f" (paired p = {p:.3f})" if p is not None else ""))
         else:
@@ -128,13 +130,8 @@ def gate(cand: dict, live: dict, tolerance: float, nll_tolerance: float, base: d
     why += _nll_checks(cand, live, nll_tolerance, base, base_tolerance)
     if why:
         return False, "; ".join(why)
-    nll = f", reference NLL {cand['nll']:.3f} vs {live['nll']:.3f}" if "nll" in cand and "nll" in live else ""
-    return True, f"held-out success {cand['success']:.3f} vs live {live['success']:.3f}{nll}{note}"
-
-
-def gate_metrics(cand: dict, live: dict) -> dict:
-    """A gate's scores as the metrics of its `evo.weights_status` event."""
-    return {**{f"candidate_{k}": v for k, v in cand.items()}, **{f"live_{k}": v for k, v in live.items()}}
+    nll = f", reference NLL {cand.nll:.3f} vs {live.nll:.3f}" if cand.nll is not None and live.nll is not None else ""
+    return True, f"held-out success {cand.success:.3f} vs live {live.success:.3f}{nll}{note}"
 
 
 # ---------------------------------------------------------------------------- feedback checks
@@ -190,8 +187,9 @@ def watch_verdict(live: list[float], previous: list[float], *, window: int, marg
     return d.worse, f"live feedback dropped: {d.reason}" if d.worse else d.reason
 
 
-def decide(score: Callable[..., dict], cand: str, live: str, g, base: dict | None, first: dict[str, int],
-           full: dict[str, int], paired: Callable[[str, str, dict], float] | None = None) -> tuple[bool, str, dict, dict]:
+def decide(score: Callable[..., GateScore], cand: str, live: str, g, base: GateScore | None, first: dict[str, int],
+           full: dict[str, int], paired: Callable[[str, str, dict], float] | None = None
+           ) -> tuple[bool, str, GateScore, GateScore]:
     """(promote?, reason, candidate's scores, live's scores): the gate on the first `first[env]` held-out
     entries; when the candidate falls short of live's success there, a second look scores both on
     `full[env]` entries of each environment where it fell short, and that decides. Live was promoted
@@ -206,17 +204,17 @@ def decide(score: Callable[..., dict], cand: str, live: str, g, base: dict | Non
     lv = score(live, counts=first)
     # where live solved none of its first entries the candidate cannot fall short: with 0 there (the least it
     # can score) it may already pass, and then those episodes cannot change the decision and are not run
-    zero = [e for e in first if lv.get(f"success_{e}", 0.0) <= 0.0]
+    zero = [e for e in first if lv.envs.get(e, 0.0) <= 0.0]
     part = {e: n for e, n in first.items() if e not in zero}
     c = score(cand, counts=part) if part else score(cand, success=False)
-    low = sum(c[f"success_{e}"] for e in part) / max(1, len(first))
-    if zero and low + g.tolerance >= lv.get("success", 0.0):
-        c = {**c, "success": low}  # a lower bound: the environments in `zero` were not run
+    low = sum(c.envs[e] for e in part) / max(1, len(first))
+    if zero and low + g.tolerance >= lv.success_or(0.0):
+        c = c.model_copy(update={"success": low})  # a lower bound: the environments in `zero` were not run
         ok, why = gate(c, lv, g.tolerance, g.nll_tolerance, base, g.base_nll_tolerance)
         return ok, f"{why} ({', '.join(zero)} not run: live solved none of its first entries there)", c, lv
     c = score(cand, counts=first)
     ok, why = gate(c, lv, g.tolerance, g.nll_tolerance, base, g.base_nll_tolerance)  # short: look again
-    again = {e: full[e] if c.get(f"success_{e}", 0.0) < lv.get(f"success_{e}", 0.0) else n for e, n in first.items()}
+    again = {e: full[e] if c.envs.get(e, 0.0) < lv.envs.get(e, 0.0) else n for e, n in first.items()}
     if ok or clearly_worse(c, lv, g.nll_tolerance, base, g.base_nll_tolerance):
         return ok, why, c, lv
     if again != first:
@@ -247,7 +245,7 @@ class GateScores:
         self.scores: dict[str, dict] = {v: x for v, x in cached.items() if isinstance(x, dict) and fresh}
 
     def score(self, engine, version: str, weights: Callable[[], str], success: bool = True,
-              counts: dict[str, int] | None = None) -> dict:
+              counts: dict[str, int] | None = None) -> GateScore:
         """The version's scores on the first `counts[env]` entries (the first look by default), loading
         `weights()` into `engine` when something is missing; `success=False` computes only the likelihood part
         (seconds)."""
@@ -275,16 +273,13 @@ class GateScores:
         done = self.scores.get(version, {}).get("outcomes", {})
         return {e: n for e, n in self.looks[0].items() if len(done.get(e, [])) < n}
 
-    def view(self, version: str, counts: dict[str, int]) -> dict[str, float]:
-        """nll, success_<env> (mean greedy outcome of the first counts[env] entries) and success (their mean
-        over environments), from what is cached."""
+    def view(self, version: str, counts: dict[str, int]) -> GateScore:
+        """nll, the mean greedy outcome of the first counts[env] entries of each environment and their mean over
+        environments, from what is cached."""
         sc = self.scores.get(version, {})
-        out = {"nll": sc["nll"]} if "nll" in sc else {}
         per = {e: sc.get("outcomes", {}).get(e, [])[:n] for e, n in counts.items()}
-        if counts:
-            out.update({f"success_{e}": sum(x) / max(1, len(x)) for e, x in per.items()})
-            out["success"] = sum(out[f"success_{e}"] for e in per) / max(1, len(per))
-        return out
+        envs = {e: sum(x) / max(1, len(x)) for e, x in per.items()}
+        return GateScore(nll=sc.get("nll"), envs=envs, success=sum(envs.values()) / max(1, len(envs)) if counts else None)
 
     def drop_p(self, cand: str, live: str, counts: dict[str, int]) -> float:
         """`drop_p` on the cached outcomes of the first `counts[env]` entries of each environment, pooled."""
@@ -295,4 +290,4 @@ class GateScores:
         return drop_p(got[cand], got[live])
 
     def recent(self, n: int = 5) -> dict:
-        return {v: {k: round(x, 3) for k, x in self.view(v, self.looks[0]).items()} for v in list(self.scores)[-n:]}
+        return {v: {k: round(x, 3) for k, x in self.view(v, self.looks[0]).flat().items()} for v in list(self.scores)[-n:]}

@@ -181,7 +181,7 @@ class Guard:
             return []
         checks = {**book.checks, c.version: c.verdict}
         return rollback_plan(c.version, f"below the base on held-out {c.summary()}", live,
-                             (book.canary or {}).get("version"), (book.passed or {}).get("version"), book.history,
+                             book.canary and book.canary.version, book.passed and book.passed.version, book.history,
                              checks, book.descends)
 
     def done(self, c: Check, book, hold: bool = True) -> None:
@@ -196,7 +196,7 @@ class Guard:
     def offer_newest(self, book, live: str, staged: list[str]) -> None:
         """When idle, take the newest served version (the canary, else live) that has no check yet; while serving
         is held, the newest candidate instead (the one that would be served next)."""
-        nxt = (staged or [None])[-1] if book.hold else (book.canary or {}).get("version") or live
+        nxt = (staged or [None])[-1] if book.hold else book.canary.version if book.canary else live
         if self.idle and nxt not in (None, BASE_VERSION) and nxt not in book.checks and nxt not in self.offered:
             self.offered.add(nxt)  # a check that fails is not offered again (until a restart)
             self.offer(nxt)

@@ -12,6 +12,7 @@ from actors.events import WeightsPromoted, WeightsStatus
 from actors.lifecycles import WeightsState as S
 from policies.gate import handoff_verdict
 from policies.promotion import PromotionBook
+from policies.promotion_models import GateScore
 from test_live_policy import _policy, _version  # noqa: E402  (tests/unit is on sys.path)
 
 
@@ -32,7 +33,7 @@ def _broadcaster(tmp_path, min_s=60.0):
     b.policy, b.store, b.base_path, b._dirty = p, p.store, p.base, False
     b.book = PromotionBook(tmp_path / "book.json", {"w-000000": S.LIVE}, ["w-000000"])
     b.gated = []  # (candidate, against)
-    b._score = lambda version, success=True, counts=None: {"success": 0.5, "nll": 1.0}
+    b._score = lambda version, success=True, counts=None: GateScore(success=0.5, nll=1.0)
     # every candidate passes the first look; every version's first look is cached (nothing to score when idle)
     b.scores = SimpleNamespace(looks=({"code": 2}, {"code": 8}), recent=dict, unscored=lambda version: {},
                                drop_p=lambda cand, live, counts: 0.0)  # every shortfall counts (the point rule)
@@ -60,11 +61,11 @@ def test_a_successor_is_gated_during_the_canary_and_takes_over_after_the_minimum
         assert b.book.status["w-000001"] == S.CANARY and b.policy.pointer().canary.version == "w-000001"
         await _publish(b, refs["w-000002"])
         await b.tick()  # gated against the running canary at once, then waits behind it
-        assert b.book.status["w-000002"] == S.PASSED and b.book.passed["against"] == "w-000001"
+        assert b.book.status["w-000002"] == S.PASSED and b.book.passed.against == "w-000001"
         assert b.book.status["w-000001"] == S.CANARY
         gate_ev = [e for e in b.bus.events if isinstance(e, WeightsStatus) and e.version == "w-000002"]
         assert "against canary w-000001" in gate_ev[1].reason
-        b.book.canary["started"] = time.time() - 61  # the canary has run its minimum, no feedback against it
+        b.book.canary.started = time.time() - 61  # the canary has run its minimum, no feedback against it
         await b.tick()
         assert b.book.status["w-000001"] == S.LIVE and b.book.status["w-000002"] == S.CANARY
         ptr = b.policy.pointer()
@@ -72,7 +73,7 @@ def test_a_successor_is_gated_during_the_canary_and_takes_over_after_the_minimum
         live = [e for e in b.bus.events if isinstance(e, WeightsPromoted) and e.weights.version == "w-000001"][-1]
         assert live.stage == "live" and live.reason.startswith("w-000002 passed its gate against it; no feedback against")
         assert _statuses(b, "w-000002") == [S.STAGED, S.EVALUATING, S.PASSED, S.CANARY]
-        assert b.book.canary["baseline"] == "w-000001" and b.book.passed is None
+        assert b.book.canary.baseline == "w-000001" and b.book.passed is None
 
     asyncio.run(go())
 
@@ -84,7 +85,7 @@ def test_feedback_against_the_canary_holds_the_successor_until_the_canary_is_dec
         await _publish(b, refs["w-000001"])
         await b.tick()
         await _publish(b, refs["w-000002"])
-        t0 = b.book.canary["started"] = time.time() - 61
+        t0 = b.book.canary.started = time.time() - 61
         b.book.rate("w-000001", t0 + 1, -1.0)  # users dislike the canary so far
         b.book.rate("w-000000", t0 + 1, 1.0)
         await b.tick()
@@ -108,13 +109,13 @@ def test_a_canary_that_goes_live_on_its_own_hands_over_to_its_passed_successor_a
         await _publish(b, refs["w-000001"])
         await b.tick()
         await _publish(b, refs["w-000002"])
-        b.book.canary["started"] = time.time() - 600
+        b.book.canary.started = time.time() - 600
         await b.tick()
         assert b.book.status["w-000002"] == S.PASSED and b.book.status["w-000001"] == S.CANARY
-        b.book.canary["started"] = time.time() - 901  # canary_max_s: live without evidence
+        b.book.canary.started = time.time() - 901  # canary_max_s: live without evidence
         await b.tick()
         assert b.book.status["w-000001"] == S.LIVE and b.book.status["w-000002"] == S.CANARY
-        assert b.book.save() is None and PromotionBook.load(tmp_path / "book.json", "x").canary["version"] == "w-000002"
+        assert b.book.save() is None and PromotionBook.load(tmp_path / "book.json", "x").canary.version == "w-000002"
 
     asyncio.run(go())
 
@@ -156,7 +157,7 @@ def test_an_idle_broadcaster_scores_the_next_gates_comparator_one_environment_a_
             if success and counts:
                 calls.append((version, tuple(counts)))
                 cached.setdefault(version, set()).update(counts)
-            return {"success": 0.0, "nll": 1.0}  # nothing solved: candidates pass on their likelihood alone
+            return GateScore(success=0.0, nll=1.0)  # nothing solved: candidates pass on their likelihood alone
 
         b._score = score
         await b.tick()

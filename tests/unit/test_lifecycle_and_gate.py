@@ -5,6 +5,7 @@ import pytest
 
 from actors.lifecycles import IllegalTransition, TaskState as T, WeightsState as S, task_transition, transition
 from policies.gate import canary_verdict, gate, significant_drop, watch_verdict
+from policies.promotion_models import GateScore as G
 
 
 def test_lifecycle_allows_the_documented_paths_only():
@@ -33,14 +34,14 @@ def test_task_lifecycle_allows_the_documented_paths_only():
 
 
 def test_gate_needs_both_success_and_reference_likelihood():
-    live = {"success": 0.25, "nll": 1.20}
-    assert gate({"success": 0.25, "nll": 1.21}, live, 0.05, 0.05)[0]
-    assert gate({"success": 0.22, "nll": 1.10}, live, 0.05, 0.05)[0]  # within tolerance
-    ok, why = gate({"success": 0.0, "nll": 1.10}, live, 0.05, 0.05)
+    live = G(success=0.25, nll=1.20)
+    assert gate(G(success=0.25, nll=1.21), live, 0.05, 0.05)[0]
+    assert gate(G(success=0.22, nll=1.10), live, 0.05, 0.05)[0]  # within tolerance
+    ok, why = gate(G(success=0.0, nll=1.10), live, 0.05, 0.05)
     assert not ok and "held-out success 0.000 < live 0.250" in why
-    ok, why = gate({"success": 0.5, "nll": 3.0}, live, 0.05, 0.05)  # damaged weights, even if lucky on tasks
+    ok, why = gate(G(success=0.5, nll=3.0), live, 0.05, 0.05)  # damaged weights, even if lucky on tasks
     assert not ok and "reference NLL 3.000 > live 1.200" in why
-    assert gate({"success": 0.0}, {"success": 0.0}, 0.05, 0.05)[0]  # no reference actions: success alone
+    assert gate(G(success=0.0), G(success=0.0), 0.05, 0.05)[0]  # no reference actions: success alone
 
 
 def test_significant_drop_is_margin_and_welch_z():
@@ -74,14 +75,14 @@ def test_watch_verdict_compares_windows():
 def test_gate_stops_a_ratchet_of_small_drifts_from_the_base():
     from policies.gate import clearly_worse, gate
 
-    base, live = {"success": 0.0, "nll": 1.19}, {"success": 0.0, "nll": 1.30}
-    cand = {"success": 0.0, "nll": 1.34}  # within 0.05 of live, 0.15 above the base
+    base, live = G(success=0.0, nll=1.19), G(success=0.0, nll=1.30)
+    cand = G(success=0.0, nll=1.34)  # within 0.05 of live, 0.15 above the base
     ok, why = gate(cand, live, 0.05, 0.05)
     assert ok  # live alone lets it through
     ok, why = gate(cand, live, 0.05, 0.05, base, 0.12)
     assert not ok and "drift" in why and "base 1.190" in why
     assert "drift" in clearly_worse(cand, live, 0.05, base, 0.12)
-    assert clearly_worse({"success": 0.0, "nll": 1.25}, live, 0.05, base, 0.12) is None
+    assert clearly_worse(G(success=0.0, nll=1.25), live, 0.05, base, 0.12) is None
 
 
 def test_reference_likelihood_runs_shared_prompt_prefixes_once_and_matches_a_full_forward(untied_dir):
@@ -166,15 +167,15 @@ def test_a_second_look_on_more_entries_decides_when_the_candidate_falls_short_on
     assert scores.looks == ({"code": 2}, {"code": 6})
     ok, why, cand, live = decide(score, "good", "live", g, None, *scores.looks)
     assert ok and "second look on 6 code entries" in why and "on the first 2: held-out success 0.500 < live 1.000" in why
-    assert cand["success"] == 0.5 and live["success"] == pytest.approx(2 / 6)
+    assert cand.success == 0.5 and live.success == pytest.approx(2 / 6)
     ok, why, cand, live = decide(score, "bad", "live", g, None, *scores.looks)
     assert not ok and why.startswith("held-out success 0.167 < live 0.333") and "second look" in why
     ok, why, cand, live = decide(score, "same", "live", g, None, *scores.looks)
-    assert ok and "second look" not in why and cand["success"] == 1.0
+    assert ok and "second look" not in why and cand.success == 1.0
     assert [c for c in calls if c[0] == "live"] == [("live", ("e0", "e1")), ("live", ("e2", "e3", "e4", "e5"))]
     assert ("same", ("e2", "e3", "e4", "e5")) not in calls
     again = GateScores(path, {"code": None}, {"code": ids}, [], max_new_tokens=8, call_prefix=True, first=2)
-    assert again.view("good", {"code": 6}) == {"success_code": 0.5, "success": 0.5}
+    assert again.view("good", {"code": 6}).flat() == {"success_code": 0.5, "success": 0.5}
     assert again.recent()["live"] == {"success_code": 1.0, "success": 1.0}
 
 
@@ -192,7 +193,7 @@ def test_episodes_that_cannot_change_the_decision_are_not_run(tmp_path, monkeypa
                                          lambda v, env, i: outcomes[v][env][i], lambda v, env, ids: (v, env, tuple(ids)))
     ok, why, cand, live = decide(score, "good", "live", g, None, *scores.looks)
     assert ok and "(bfcl not run: live solved none of its first entries there)" in why
-    assert cand == {"success_code": 1.0, "success": 0.5} and live["success"] == 0.25
+    assert cand.flat() == {"success_code": 1.0, "success": 0.5} and live.success == 0.25
     assert [c for c in calls if c[0] == "good"] == [("good", "code", ("e0", "e1"))]
     # what an idle broadcaster scores before "good" is the next gate's comparator: its first look where it is not cached
     assert scores.unscored("good") == {"bfcl": 2} and scores.unscored("live") == {} and scores.unscored("new") == {
@@ -200,11 +201,11 @@ def test_episodes_that_cannot_change_the_decision_are_not_run(tmp_path, monkeypa
     # code falls short: bfcl could make up for it, so it runs, and the second look decides
     ok, why, cand, live = decide(score, "worse", "live", g, None, *scores.looks)
     assert not ok and "not run" not in why and "second look on 4 code entries" in why
-    assert ("worse", "bfcl", ("e0", "e1")) in calls and cand["success_bfcl"] == 0.0
+    assert ("worse", "bfcl", ("e0", "e1")) in calls and cand.envs["bfcl"] == 0.0
     # live solved nothing anywhere: the candidate cannot fall short, only its likelihood is checked
     n = len(calls)
     ok, why, cand, live = decide(score, "good", "base", g, None, *scores.looks)
-    assert ok and "code, bfcl not run" in why and cand["success"] == 0.0 and len(calls) == n + 2  # base's own
+    assert ok and "code, bfcl not run" in why and cand.success == 0.0 and len(calls) == n + 2  # base's own
     assert all(c[0] == "base" for c in calls[n:])
 
 
@@ -237,7 +238,7 @@ def test_the_deciding_look_rejects_on_success_only_for_a_significant_drop(tmp_pa
     g.success_alpha = 0.05
     ok, why, cand, live = decide(score, "one_less", "live", g, None, *scores.looks, scores.drop_p)
     assert ok and "not significantly: paired p = 0.500 >= 0.05" in why and "second look on 8 code entries" in why
-    assert cand["success"] == 0.125 and live["success"] == 0.25
+    assert cand.success == 0.125 and live.success == 0.25
     ok, why, cand, live = decide(score, "broken", "live2", g, None, *scores.looks, scores.drop_p)
     assert not ok and why.startswith("held-out success 0.000 < live 0.625 - 0.05 (paired p = 0.031)")
     # no second look configured: the first look decides, with the same test

@@ -7,6 +7,7 @@ from actors.lifecycles import WeightsState as S
 from config.settings import load_settings
 from policies.live_policy import LivePolicy
 from policies.promotion import PromotionBook
+from policies.promotion_models import Canary
 
 
 class FakeEngine:
@@ -103,7 +104,7 @@ def test_the_broadcaster_rewrites_a_pointer_that_ran_ahead_of_the_lifecycle(tmp_
     b._repair_pointer()
     assert p.pointer().version == "w-000001" and p.pointer().canary is None
     b.book.status["w-000002"] = S.CANARY
-    b.book.canary = {"version": "w-000002", "baseline": "w-000001", "started": 0.0}
+    b.book.canary = Canary(version="w-000002", baseline="w-000001", started=0.0)
     b._repair_pointer()  # the canary is in the lifecycle but not in the pointer: added
     assert p.pointer().version == "w-000001" and p.pointer().canary.version == "w-000002"
     before = p.publish_live(r1, canary=r2, share=0.5)
