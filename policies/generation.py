@@ -19,6 +19,8 @@ class Generation:
 
 
 class Engine(Protocol):
+    """What callers use of an engine (`policies/engine.py` TransformersEngine, `policies/vllm_engine.py` VllmEngine)."""
+
     version: str
 
     def generate(self, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
@@ -28,11 +30,14 @@ class Engine(Protocol):
 
     def choice_logprobs(self, prompts: list[str], choices: list[str]) -> list[list[float]]: ...
 
-    def choose(self, prompt: str, options: list[str], temperature: float = 0.0) -> str: ...
+    def choose(self, prompt: str, options: list[str], temperature: float = 0.0) -> str:
+        """One of `options`, by constrained decoding from `prompt` (a forced call's function name)."""
 
     def sequence_logprobs(self, pairs: list[tuple[str, str]]) -> list[tuple[float, int]]: ...
 
-    def load_weights(self, path: str | Path, version: str) -> float: ...
+    def load_weights(self, path: str | Path, version: str, shared: dict | None = None) -> float:
+        """Swap to `version`'s weights (milliseconds taken): from `shared` (a SharedRef of that version,
+        policies/shared_weights.py) where the engine can copy them from memory, else from the file at `path`."""
 
     def pause(self) -> None: ...
 

@@ -23,7 +23,7 @@ def forced_prefix(tools, engine=None, prompt: str = "", temperature: float = 0.0
     `main.py eval` do not (they measure the policy's own choice of name)."""
     if len(tools) == 1:
         return call_opening(tools[0])
-    if engine is not None and tools and hasattr(engine, "choose"):
+    if engine is not None and tools:
         names = {t.function.name + '"': t for t in tools}
         return call_opening(names[engine.choose(prompt + CALL_PREFIX, list(names), temperature)])
     return CALL_PREFIX

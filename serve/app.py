@@ -214,7 +214,7 @@ class KaizenServer:
             mem = await self._retrieve(query) if req.memory else RetrieveReply()
             exps = [e.text for e in mem.experiences]
             prompt = render(messages, tools, exps)
-            if forced == CALL_PREFIX and hasattr(engine, "choose"):  # required: one of the declared names
+            if forced == CALL_PREFIX:  # required: one of the declared names
                 name = await asyncio.to_thread(engine.choose, prompt + CALL_PREFIX,
                                                [t.function.name + '"' for t in tools], req.temperature)
                 forced = call_opening(next(t for t in tools if t.function.name + '"' == name))
