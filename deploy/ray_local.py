@@ -123,9 +123,14 @@ def start_actors(settings, detached: bool = False) -> dict:
     `deploy/kuberay.py`) makes them outlive the process that starts them, and starts only those not running,
     so calling it again is how a lost one comes back."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     remote = ray.remote(ActorHost)
     handles = {}
+    # `up`'s actors keep their state in this host's state dir (checkpoints, memory, the pointer's copy): when other
+    # hosts joined (`main.py join`), a restart must not take one to a node whose state dir is another
+    here = {} if detached else {"scheduling_strategy": NodeAffinitySchedulingStrategy(
+        ray.get_runtime_context().get_node_id(), soft=False)}
     # the navigator answers the live agent's retrieval queries with `memory.search_threads` torch threads;
     # OpenMP reads its thread count when the process starts (everything else runs one thread per worker)
     threads = {"navigator": settings.memory.search_threads}
@@ -135,7 +140,7 @@ def start_actors(settings, detached: bool = False) -> dict:
                                        num_gpus=settings.ray.actor_gpus.get(name, 0.0), max_restarts=-1,
                                        max_task_retries=-1, lifetime="detached" if detached else None,
                                        get_if_exists=detached, max_concurrency=4,
-                                       runtime_env={"env_vars": env}).remote(target, settings.model_dump_json())
+                                       runtime_env={"env_vars": env}, **here).remote(target, settings.model_dump_json())
     return handles
 
 

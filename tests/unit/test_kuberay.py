@@ -160,6 +160,9 @@ def test_detached_actors_are_named_and_started_only_where_none_runs(monkeypatch)
     assert all(c["lifetime"] == "detached" and c["get_if_exists"] and c["namespace"] == ray_local.NAMESPACE
                and c["max_restarts"] == -1 for c in calls)
     assert {c["name"]: c["num_gpus"] for c in calls}["kaizen-learner"] == 0.2
+    assert not any("scheduling_strategy" in c for c in calls)  # KubeRay: the state dir is a volume every pod mounts
     calls.clear()
-    ray_local.start_actors(s)  # `up`: owned by its driver, as before
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("Ctx", (), {"get_node_id": lambda self: "ab" * 28})())
+    ray_local.start_actors(s)  # `up`: owned by its driver, as before, and kept on its node (its state dir is there)
     assert all(c["lifetime"] is None and not c["get_if_exists"] for c in calls)
+    assert all(c["scheduling_strategy"].node_id == "ab" * 28 and not c["scheduling_strategy"].soft for c in calls)
