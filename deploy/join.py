@@ -73,7 +73,7 @@ def join(s: Settings, args) -> int:
     with open(s.state / "logs" / "join.log", "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
-    say(f"joined {args.address} as {args.node_ip} (ray start pid {proc.pid}, log {s.state / 'logs' / 'join.log'})")
+    say(f"joining {args.address} as {args.node_ip} (ray start pid {proc.pid}, log {s.state / 'logs' / 'join.log'})")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -89,10 +89,14 @@ def join(s: Settings, args) -> int:
             say(f"the head at {args.address} has not answered for {args.head_grace:.0f}s: stopping this node")
             break
         stop.wait(1.0)
-    return _stop(proc, tree)
+    ended = proc.poll()  # `ray start` ended by itself (it could not join, or its node failed)
+    _stop(proc, tree)
+    if ended:
+        say(f"ray start exited with {ended}: see {s.state / 'logs' / 'join.log'}")
+    return 1 if ended else 0
 
 
-def _stop(proc: subprocess.Popen, tree: list[int], timeout_s: float = 20.0) -> int:
+def _stop(proc: subprocess.Popen, tree: list[int], timeout_s: float = 20.0) -> None:
     """SIGTERM to `ray start` (it ends the node's processes); SIGKILL to those still running after `timeout_s`."""
     t0 = time.monotonic()
     tree = sorted(set(tree) | set(descendants(proc.pid)) - {proc.pid})
@@ -112,4 +116,3 @@ def _stop(proc: subprocess.Popen, tree: list[int], timeout_s: float = 20.0) -> i
         with contextlib.suppress(OSError):
             os.kill(p, signal.SIGKILL)
     say(f"node stopped in {time.monotonic() - t0:.1f}s" + (f" ({len(left)} processes killed)" if left else ""))
-    return 0
