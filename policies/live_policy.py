@@ -150,11 +150,17 @@ class LivePolicy:
         return self.engine.version
 
     def _verified(self, path: Path | None, sha256: str) -> bool:
-        """sha256 once per file and process: a file verified here before (an earlier target, or fetched) costs a
+        """sha256 once per file: a file verified by this process before (an earlier target, or fetched), or saved into
+        this node's store by a process that hashed it then (the learner: its manifest pins the file's stat), costs a
         stat; a file changed since then is hashed again."""
         if path is None or not path.exists():
             return False
-        return self.store.pinned(path) == file_stat(path) or self.store.verify(path, sha256)
+        man = self.store.manifest(path.stem) if path.parent == self.store.dir else None
+        saved = man.get("stat") if man and man.get("sha256") == sha256 and man.get("path") == str(path) else None
+        if file_stat(path) in (self.store.pinned(path), saved):
+            self.store.mark_verified(path)  # the LIVE pointer pins it without hashing it again
+            return True
+        return self.store.verify(path, sha256)
 
     def aim(self, ref: WeightsRef) -> None:
         """Sample with this published version from the next `follow` on (until its branch is dropped)."""

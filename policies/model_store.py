@@ -177,7 +177,9 @@ class WeightsStore:
             os.fsync(f.fileno())
         digest = sha256_file(tmp)
         os.replace(tmp, path)
-        manifest = {"version": version, "sha256": digest, "path": str(path), "created": time.time(), **(meta or {})}
+        self.mark_verified(path)  # hashed just now; the manifest pins that stat for the other processes of this node
+        manifest = {"version": version, "sha256": digest, "path": str(path), "stat": file_stat(path), "created": time.time(),
+                    **(meta or {})}
         if self.remote is not None:  # on the bus before the manifest says the version exists
             self.remote.upload(version, path, manifest)
         atomic_write_bytes(self.dir / f"{version}.json", json.dumps(manifest).encode())

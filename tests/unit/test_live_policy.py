@@ -1,4 +1,6 @@
 """LivePolicy (the one follower of the live policy) and the broadcaster keeping LIVE a projection of the lifecycle."""
+from pathlib import Path
+
 import torch
 from safetensors.torch import save_file
 
@@ -110,3 +112,28 @@ def test_the_broadcaster_rewrites_a_pointer_that_ran_ahead_of_the_lifecycle(tmp_
     before = p.publish_live(r1, canary=r2, share=0.5)
     b._repair_pointer()  # consistent with the lifecycle: not rewritten
     assert p.pointer() == before
+
+
+def test_a_version_is_hashed_once_on_its_node(tmp_path, monkeypatch):
+    """The learner hashes what it saves; another process of the node (the broadcaster) accepts the file by the stat
+    its manifest pins, and hashes it again only when the file changed since. The base is hashed once too."""
+    import policies.model_store as model_store
+    import policies.promotion as promotion
+
+    hashed = []
+
+    def counted(path):
+        hashed.append(str(path))
+        return model_store.hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    p = _policy(tmp_path)
+    r1, r2 = _version(p, 1, "w-000000"), _version(p, 2, "w-000001")
+    monkeypatch.setattr(model_store, "sha256_file", counted)
+    monkeypatch.setattr(promotion, "sha256_file", counted)
+    gate = LivePolicy(p.settings, engine=FakeEngine(), base=tmp_path / "base")  # a process of its own: its own store
+    assert gate.obtain(r1) == r1 and hashed == []
+    assert gate.publish_live(r1).stat == model_store.file_stat(r1.path) and hashed == []
+    book = PromotionBook(tmp_path / "book.json", {"w-000000": S.LIVE}, ["w-000000"])
+    gate.publish_live(book.ref("w-000000", gate.store, gate.base), canary=r1, share=0.5)
+    assert hashed == [str(tmp_path / "base" / "model.safetensors")]  # the base: once, when its ref is made
+    Path(r2.path).write_bytes(b"not the weights the learner hashed")
+    assert gate.obtain(r2) is None and hashed[-1] == r2.path  # changed since: hashed, and refused
