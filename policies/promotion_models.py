@@ -1,8 +1,10 @@
-"""The promotion lifecycle's types: a version's gate scores, the running canary, the passed successor behind it, a
-gate's outcome, and the actions the broadcaster carries out (`policies/promotion_plan.py` decides them,
-`PromotionBook.apply` records them, `actors/broadcaster.py` does what they ask of the outside world).
+"""The promotion lifecycle's types: a version's gate scores, the running canary, the passed successor
+behind it, a gate's outcome, and the actions the broadcaster carries out (`policies/promotion_plan.py`
+decides them, `PromotionBook.apply` records them, `actors/broadcaster.py` does what they ask of the
+outside world).
 
-Weights versions are named here; their one reference type is `actors.events.WeightsRef`, kept by the book.
+Weights versions are named here; their one reference type is `actors.events.WeightsRef`, kept by the
+book.
 """
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from pydantic import BaseModel, model_serializer, model_validator
 
 
 class GateScore(BaseModel):
-    """A version's gate scores (`GateScores.view`): the per-token NLL of the reference actions, and where its greedy
-    held-out episodes ran, the mean outcome per environment and their mean. On disk and in metrics it is the flat
-    mapping it always was: `{"nll", "success_<env>", ..., "success"}`, each key present only when scored."""
+    """A version's gate scores (`GateScores.view`): the per-token NLL of the reference actions, and
+    where its greedy held-out episodes ran, the mean outcome per environment and their mean. On disk
+    and in metrics it is the flat mapping it always was: `{"nll", "success_<env>", ..., "success"}`,
+    each key present only when scored."""
 
     nll: float | None = None
     success: float | None = None  # None: only the likelihood was scored
@@ -39,10 +42,11 @@ class GateScore(BaseModel):
 
 
 def gate_metrics(cand: GateScore | None, live: GateScore | None) -> dict[str, float]:
-    """A gate's scores as the metrics of its `evo.weights_status` event (none for a decision without a gate)."""
+    """A gate's scores as the metrics of its `evo.weights_status` event (none without a gate)."""
     if cand is None or live is None:
         return {}
-    return {**{f"candidate_{k}": v for k, v in cand.flat().items()}, **{f"live_{k}": v for k, v in live.flat().items()}}
+    return {**{f"candidate_{k}": v for k, v in cand.flat().items()},
+            **{f"live_{k}": v for k, v in live.flat().items()}}
 
 
 class Canary(BaseModel):
@@ -52,7 +56,8 @@ class Canary(BaseModel):
 
 
 class Passed(BaseModel):
-    """The running canary's successor: it passed its gate `against` the canary and waits to become the next canary."""
+    """The running canary's successor: it passed its gate `against` the canary and waits to become
+    the next canary."""
 
     version: str
     against: str
@@ -127,7 +132,8 @@ class Pass:
 
 @dataclass(frozen=True)
 class StartCanary:
-    """Serve `version` to `gate.canary_share` of the requests, measured against `baseline` (live) from `started`."""
+    """Serve `version` to `gate.canary_share` of the requests, measured against `baseline` (live)
+    from `started`."""
     version: str
     baseline: str
     reason: str
@@ -140,7 +146,7 @@ class StartCanary:
 class GoLive:
     version: str
     reason: str
-    cand: GateScore | None = None  # the gate's scores, when the gate put it live (no canary configured)
+    cand: GateScore | None = None  # the gate's scores, when the gate put it live (no canary)
     live: GateScore | None = None
 
 
@@ -156,4 +162,5 @@ class Prune:
     """Remove weights files beyond `gate.keep_versions`, never those the book protects."""
 
 
-Action = Stage | Ignore | Restage | Supersede | StartGate | Reject | Pass | StartCanary | GoLive | RollBack | Prune
+Action = (Stage | Ignore | Restage | Supersede | StartGate | Reject | Pass | StartCanary | GoLive | RollBack
+          | Prune)
