@@ -9,19 +9,18 @@ records what it carried out with it.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
 from actors.events import WeightsRef, WeightsStatus, derived_id
 from actors.lifecycles import IllegalTransition, WeightsState as S, transition
 from policies.guard import anchor
+from policies.model_store import BASE_VERSION, WeightsStore, atomic_write_bytes, sha256_file, version_number
 from policies.promotion_models import (Action, Canary, GoLive, Pass, Passed, Reject, Restage, RollBack, Stage,
                                        StartCanary, StartGate, Supersede, gate_metrics)
-from policies.model_store import BASE_VERSION, WeightsStore, atomic_write_bytes, sha256_file, version_number
 
 FEEDBACK_KEPT = 500  # ratings kept per version
 HISTORY_KEPT = 50
@@ -70,8 +69,8 @@ class PromotionBook:
             "counts": self.counts, "checks": self.checks, "hold": self.hold}).encode())
 
     def copy(self) -> PromotionBook:
-        """What `apply` changes copied, the rest shared (the plan's simulation of a tick: it never writes)."""
-        return dataclasses.replace(self, status=dict(self.status), history=list(self.history), counts=dict(self.counts))
+        """What `apply` changes copied, the rest shared: the plan's simulation of a tick (never saved)."""
+        return replace(self, status=dict(self.status), history=list(self.history), counts=dict(self.counts))
 
     def move(self, version: str, new: S, reason: str, metrics: dict | None = None) -> WeightsStatus:
         """Change a version's status (IllegalTransition if the table forbids it); returns the event to publish."""
@@ -183,7 +182,8 @@ class PromotionBook:
         if isinstance(a, (Stage, Restage)):
             move(a.version, S.STAGED, a.reason)
         elif isinstance(a, Supersede):
-            self.passed = None if self.passed and self.passed.version == a.version else self.passed
+            if self.passed and self.passed.version == a.version:  # cleared even where the move is refused
+                self.passed = None
             move(a.version, S.SUPERSEDED, a.reason)
         elif isinstance(a, StartGate):
             move(a.version, S.EVALUATING, a.reason)
