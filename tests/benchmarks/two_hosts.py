@@ -79,7 +79,7 @@ def make_version(cfg: str) -> None:
     s.nats.url, s.nats.password = f"nats://{s.nats.host}:{s.nats.port}", (s.state / "nats.password").read_text().strip()
 
     async def go():
-        bus = await Bus.from_settings(s.nats, "two-hosts").connect(ensure_stream=False)
+        bus = await Bus.from_settings(s.nats, "two-hosts").connect(ensure_stream=False, attempts=3)
         policy = LivePolicy(s)
         await policy.attach(bus.js, follow=False)  # the object store: `save` uploads into it
         dtype = getattr(torch, resolve_dtype(s.model.serve_dtype, "cpu"))
