@@ -9,7 +9,7 @@ weights versions from the bus (`weights.store: nats`) into this host's state dir
 `join` runs `ray start --block` as a child it owns, with the environment `up` gives its own Ray (no usage
 stats, one thread per worker, token auth from this state dir). It watches the head's address: when the head has
 not answered for `--head-grace` seconds (a `down` or a crash there), or on Ctrl-C / SIGTERM here, it stops its
-Ray node (SIGTERM, then SIGKILL to what is left of the processes below it) and returns.
+Ray node (`_stop`: SIGTERM, then SIGKILL to what is left of the processes below it) and returns.
 """
 from __future__ import annotations
 
@@ -79,6 +79,7 @@ def join(s: Settings, args) -> int:
         signal.signal(sig, lambda *_: stop.set())
     tree: list[int] = []
     silent_since = None
+    head_gone = False
     while not stop.is_set() and proc.poll() is None:
         tree = [p for p in descendants(proc.pid) if p != proc.pid] or tree  # what to end if `ray start` goes first
         if head_answers(args.address):
@@ -87,20 +88,30 @@ def join(s: Settings, args) -> int:
             silent_since = time.monotonic()
         elif time.monotonic() - silent_since > args.head_grace:
             say(f"the head at {args.address} has not answered for {args.head_grace:.0f}s: stopping this node")
+            head_gone = True
             break
         stop.wait(1.0)
     ended = proc.poll()  # `ray start` ended by itself (it could not join, or its node failed)
-    _stop(proc, tree)
+    _stop(proc, tree, head_gone)
     if ended:
         say(f"ray start exited with {ended}: see {s.state / 'logs' / 'join.log'}")
     return 1 if ended else 0
 
 
-def _stop(proc: subprocess.Popen, tree: list[int], timeout_s: float = 20.0) -> None:
-    """SIGTERM to `ray start` (it ends the node's processes); SIGKILL to those still running after `timeout_s`."""
+def _stop(proc: subprocess.Popen, tree: list[int], head_gone: bool, timeout_s: float = 40.0) -> None:
+    """With the head there (Ctrl-C here): SIGTERM to `ray start`, which drains the node (the head's Serve moves its
+    replicas away first) and ends its processes. With the head gone there is nothing to drain for (the drain asks the
+    head's GCS and would wait out its 30 s), so `ray start` is killed and the node's processes get SIGTERM.
+    SIGKILL to whatever still runs after that."""
     t0 = time.monotonic()
     tree = sorted(set(tree) | set(descendants(proc.pid)) - {proc.pid})
-    if proc.poll() is None:
+    if proc.poll() is None and head_gone:
+        proc.kill()
+        proc.wait()
+        for p in tree:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGTERM)
+    elif proc.poll() is None:
         proc.terminate()
         try:
             proc.wait(timeout_s)
@@ -108,7 +119,7 @@ def _stop(proc: subprocess.Popen, tree: list[int], timeout_s: float = 20.0) -> N
             proc.kill()
             proc.wait()
     left = [p for p in tree if pid_alive(p)]
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 10
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
         left = [p for p in left if pid_alive(p)]
