@@ -50,8 +50,9 @@ def test_settings_refuse_a_drift_target_without_the_kl_term():
 
     with pytest.raises(ValidationError, match="kl_coef"):
         load_settings(None, **{"learner.kl_target": 0.1, "learner.kl_coef": 0.0})
-    s = StepSize.from_settings(load_settings(None, **{"learner.kl_target": 0.1, "learner.lr_max": 2e-5}).learner)
-    assert (s.kl_target, s.lr_min, s.lr_max) == (0.1, 0.0, 2e-5)
+    s = StepSize.from_settings(load_settings(None, **{"learner.kl_target": 0.2, "learner.lr_min": 3e-6,
+                                                      "learner.lr_max": 4e-5}).learner)
+    assert (s.kl_target, s.lr_min, s.lr_max) == (0.2, 3e-6, 4e-5)
 
 
 def test_the_trainer_steps_at_the_set_size_and_keeps_it_across_a_reset_and_a_resume(tmp_path, tiny_dir):
