@@ -72,7 +72,7 @@ def test_the_learner_teaches_a_hinted_step_by_its_teachers_gain_and_leaves_the_o
     from policies.groups import informative
     from policies.trainer import Trainer
 
-    s = load_settings(None, **{"learner.lr": 0.0, "learner.kl_coef": 0.0, "learner.hindsight_clip": 0.5,
+    s = load_settings(None, **{"learner.lr": 0.0, "learner.kl_coef": 0.0, "learner.kl_target": 0.0, "learner.hindsight_clip": 0.5,
                                  "learner.bf16": False})
     s.state_dir = str(tmp_path / "state")
     t = Trainer(s, tiny_dir)
