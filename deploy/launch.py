@@ -120,9 +120,10 @@ def up(s: Settings, args) -> int:
         loop = asyncio.new_event_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        if nats_server:
-            loop.create_task(_supervise_nats(nats_server, stop))
+        watch = loop.create_task(_supervise_nats(nats_server, stop)) if nats_server else None
         loop.run_until_complete(stop.wait())
+        if watch is not None:  # it ends within its round once stop is set (left pending, asyncio complains at exit)
+            loop.run_until_complete(watch)
         t_stop = time.monotonic()
         say("stopping: draining actors")
         late = ray_local.stop_actors(handles, timeout_s=10.0)  # `down` kills what is left after 25 s
