@@ -13,6 +13,7 @@ from policies.promotion import PromotionBook
 from policies.promotion_models import (Canary, GateOutcome, GateScore, GoLive, Ignore, Passed, Prune, RollBack, StartCanary,
                                        StartGate, Supersede)
 from policies.promotion_plan import comparator_todo, gated, held, plan, published, resumed, undone
+from test_guard import _lineage
 
 NOW = 100_000.0
 GATE = SimpleNamespace(canary_share=0.25, canary_min_s=60.0, canary_max_s=900.0, canary_min_feedback=3,
@@ -27,14 +28,7 @@ def V(short: str) -> str:
 def lineage(parents: dict[str, str] | None = None):
     """descends(v, w): v is w or was trained from it; each version's parent is the one before unless given."""
     up = {**{V(f"w{n}"): V(f"w{n - 1}") for n in range(1, 10)}, **{V(k): V(p) for k, p in (parents or {}).items()}}
-
-    def descends(v, w):
-        while v:
-            if v == w:
-                return True
-            v = up.get(v)
-        return False
-    return descends
+    return _lineage(*up.items())
 
 
 def book(status: str, history=("w0",), canary=None, passed=None, hold=None, ratings=()) -> PromotionBook:
