@@ -82,9 +82,6 @@ class Broadcaster(EventActor):
     def live_version(self) -> str:
         return self.policy.live_version
 
-    def _staged(self) -> list[str]:
-        return self.book.staged()
-
     # ------------------------------------------------------------------ inputs
     async def handle_weights_published(self, ev: WeightsPublished, msg):
         w = ev.weights
@@ -125,13 +122,13 @@ class Broadcaster(EventActor):
             await self.bus.publish(c.event(), weights_version=c.version)
             self.guard.done(c, self.book, rollback)
             self._save()
-        await self._carry_out(held(self.book, self._staged()))
-        self.guard.offer_newest(self.book, self.live_version(), self._staged())
+        await self._carry_out(held(self.book, self.book.staged()))
+        self.guard.offer_newest(self.book, self.live_version(), self.book.staged())
 
     async def _prepare(self) -> None:
         """No gate to run now: the next gate's comparator is scored on the first look meanwhile,
         one environment a tick, so that gate waits for its candidate only."""
-        todo = comparator_todo(self.book, self.live_version(), self._staged(), self.scores.unscored)
+        todo = comparator_todo(self.book, self.live_version(), self.book.staged(), self.scores.unscored)
         if todo:
             await asyncio.to_thread(self._score, todo[0], True, todo[1])
 
