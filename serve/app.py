@@ -73,7 +73,7 @@ class KaizenServer:
         self._bus_lock = asyncio.Lock()
         self.served = 0
         self.metrics = Metrics(self.outbox.size)
-        self.weights = ReplicaWeights(LivePolicy(self.s, "serve"), self.replica, self.s.nats.subject_prefix,
+        self.weights = ReplicaWeights(LivePolicy(self.s, "serve", log=self.log), self.replica, self.s.nats.subject_prefix,
                                       self._report, self.log)  # the live version (and canary) before traffic
 
     # ------------------------------------------------------------------ plumbing

@@ -12,15 +12,25 @@ blocks with swaps (`--swaps` in all), so both conditions see the same machine; t
 request is attributed to its block. Swaps alternate between the transports in `--transports`: `file` (the
 replica reads the safetensors file) and `shared` (the replica copies the weights from this script's
 gate-like engine, which takes each version in before the pointer moves, as the broadcaster's gate engine
-has when it promotes a candidate; `serve.weights_transport: shared`, `policies/shared_weights.py`).
+has when it promotes a candidate; `serve.weights_transport: shared`, `policies/shared_weights.py`) and `objects`
+(`weights.store: nats`, policies/weights_objects.py: the version is fetched from the bus's object store, as by a
+replica on another host). With `objects` among them, the replica runs with `weights.store: nats`; its `file` swaps
+still read the file where the pointer names it (this state dir, a shared disk: the `state_dir` store's path), while
+the `objects` versions are saved by "another host" (a second state dir: `WeightsStore.save` uploads each into the
+object store, then that dir is removed, so the path the pointer names is not on this node) and, before each swap to
+one, this node's fetched copy from an earlier swap is removed: every `objects` swap fetches (download, the object
+store's digest, our sha256 against the pointer's, install), then loads. The fetch's share of a swap is read from
+the replica's log (`weights.fetched`). Per transport (tests/benchmarks/_swaps.py): the replica's swap time, pointer
+moved -> `evo.weights_swapped` on this script's clock, the fetch, and the requests in flight during its swaps.
 
     .venv/bin/python tests/benchmarks/bench_serve_swaps.py [--swaps 20] [--clients 3] [--block-s 45] \
-        [--transports file,shared]
+        [--transports file,shared|file,objects]
 """
 import argparse
 import asyncio
 import os
 import json
+import shutil
 import statistics
 import tempfile
 import threading
@@ -28,6 +38,7 @@ import time
 from pathlib import Path
 
 from _common import pct  # noqa: E402  (also puts the repository on sys.path)
+from _swaps import fetches, pair_fetches, per_transport, table  # noqa: E402
 
 
 def main():
@@ -40,6 +51,9 @@ def main():
     ap.add_argument("--transports", default="file,shared", help="how swaps reach the replica, alternating")
     ap.add_argument("--out", default="", help="write the figures as JSON here")
     a = ap.parse_args()
+    transports = a.transports.split(",")
+    if set(transports) - {"file", "shared", "objects"}:
+        ap.error(f"--transports: file, shared or objects, not {a.transports}")
 
     import openai
     import torch
@@ -66,16 +80,30 @@ def main():
     sd = {k: v.to(torch.bfloat16) for k, v in load_file(str(Path(base) / "model.safetensors")).items()}
     torch.manual_seed(0)
     other = {k: (v.float() * (1 + 0.01 * torch.randn_like(v.float()))).to(torch.bfloat16) for k, v in sd.items()}
-    refs = []
-    for name, weights in (("w-000001", other), ("w-000002", sd)):
-        path, sha = store.save(weights, name, {"parent": "w-000000"})
-        refs.append(WeightsRef(version=name, path=str(path), sha256=sha, parent="w-000000", step=1))
+    refs: dict[str, list] = {}
+    stores = {"file": store, "shared": store}  # whose pointer (the stat it pins) a swap of each transport gets
 
-    async def ensure_stream():
+    def save(into, pairs):
+        for name, weights in pairs:
+            path, sha = into.save(weights, name, {"parent": "w-000000"})
+            yield WeightsRef(version=name, path=str(path), sha256=sha, parent="w-000000", step=1)
+    refs["file"] = refs["shared"] = list(save(store, (("w-000001", other), ("w-000002", sd))))
+
+    async def prepare():
         bus = await Bus.from_settings(s.nats, "bench").connect()
+        if "objects" in transports:  # saved on another host, as its learner saves: into the object store
+            from policies.weights_objects import ObjectWeights
+
+            away = WeightsStore(s.state.parent / "other-host")
+            away.remote = await ObjectWeights(s, away).open(bus.js)
+            pairs = (("w-000003", other), ("w-000004", sd))
+            refs["objects"] = await asyncio.to_thread(lambda: list(save(away, pairs)))
+            shutil.rmtree(away.dir.parent)  # that host's disk is not this one's (its stats stay pinned in `away`)
+            stores["objects"] = away
         await bus.close()
-    asyncio.run(ensure_stream())
-    transports = a.transports.split(",")
+    asyncio.run(prepare())
+    if "objects" in transports:
+        s.weights.store = "nats"  # the replica fetches a version its state dir lacks
     gate = None
     if "shared" in transports:
         from policies.engine import TransformersEngine
@@ -118,7 +146,7 @@ def main():
             records.append((t0, time.perf_counter(), ok))
             n += 1
 
-    swap_ms: dict[str, list[float]] = {t: [] for t in transports}
+    swaps: list[dict] = []
     vias: list[str] = []
 
     async def swapper(blocks):
@@ -135,13 +163,20 @@ def main():
                 per_block = a.swaps // a.blocks
                 gap = (t_end - t_start) / per_block
                 for j in range(per_block):
-                    ref, how = refs[k % 2], transports[k % len(transports)]
+                    how = transports[k % len(transports)]
+                    ref = refs[how][k % 2]  # never the version live now: file and shared share theirs
                     k += 1
                     shared = None
                     if how == "shared":  # the gate scored it: its engine holds it (not timed)
                         await asyncio.to_thread(gate.load_weights, ref.path, ref.version)
                         shared = gate.shared.ref()
-                    await board.put(store.set_live(ref.version, ref.path, ref.sha256, shared=shared))
+                    if how == "objects":  # a new version on this node: the copy an earlier swap fetched goes
+                        store.remove(ref.version)
+                    ptr = stores[how].make_live(ref.version, ref.path, ref.sha256, shared=shared)
+                    store.keep_live(ptr, force=True)  # the broadcaster's node copy, then the bus's key
+                    sw = {"how": how, "version": ref.version, "put": time.perf_counter(), "swapped": None}
+                    swaps.append(sw)
+                    await board.put(ptr)
                     await bus.publish(WeightsPromoted(weights=ref, candidate_score=0, live_score=0, previous="",
                                                       stage="live"), weights_version=ref.version)
                     deadline = time.perf_counter() + 60
@@ -152,7 +187,7 @@ def main():
                             continue
                         ev = json.loads(m.data)
                         if ev["version"] == ref.version:
-                            swap_ms[how].append(ev["swap_ms"])
+                            sw["swapped"], sw["swap_ms"] = time.perf_counter(), ev["swap_ms"]
                             vias.append(f"{how}: {ev['reason']}")
                             break
                     while time.perf_counter() < t_start + (j + 1) * gap:
@@ -188,29 +223,37 @@ def main():
         lat = [(e - b) * 1000 for b, e, ok in rs if ok]
         res[kind] = {"requests": len(rs), "failed": sum(not ok for *_, ok in rs), "p50_ms": statistics.median(lat),
                      "p95_ms": pct(lat, .95), "p99_ms": pct(lat, .99), "max_ms": max(lat)}
-    res["swaps"] = sum(map(len, swap_ms.values()))
-    res["swap_ms"] = {t: {"swaps": len(xs), "p50": statistics.median(xs), "p99": pct(xs, .99)}
-                      for t, xs in swap_ms.items() if xs}
+    res["swaps"] = len(swaps)
+    if "objects" in transports:  # the fetch inside each objects swap, from the replica's log
+        pair_fetches([sw for sw in swaps if sw["how"] == "objects"],
+                     fetches((s.state / "logs" / "serve.log").read_text(errors="replace")))
+    res["transports"] = per = per_transport(swaps, records)
     res["fell_back"] = [v for v in vias if v.startswith("shared") and not v.endswith("via shared")]
-    if {"file", "shared"} <= res["swap_ms"].keys():
-        res["file_over_shared_p50"] = res["swap_ms"]["file"]["p50"] / res["swap_ms"]["shared"]["p50"]
+    for x, y in (("file", "shared"), ("objects", "file")):
+        if per.get(x, {}).get("swap_ms") and per.get(y, {}).get("swap_ms"):
+            res[f"{x}_over_{y}_p50"] = per[x]["swap_ms"]["p50"] / per[y]["swap_ms"]["p50"]
     res["p99_ratio"] = res["swap"]["p99_ms"] / res["base"]["p99_ms"]
-    print(f"clients={a.clients} max_tokens={a.max_tokens} blocks={a.blocks}x2 of {a.block_s:.0f}s")
+    res["swap_log"] = [{**sw, "put": sw["put"] - t0, "swapped": sw["swapped"] and sw["swapped"] - t0} for sw in swaps]
+    lines = [f"clients={a.clients} max_tokens={a.max_tokens} blocks={a.blocks}x2 of {a.block_s:.0f}s "
+             f"transports={a.transports}"]
     for kind in ("base", "swap"):
         r = res[kind]
-        print(f"{'no swaps' if kind == 'base' else 'swapping':9} requests={r['requests']:4d} failed={r['failed']} "
-              f"p50={r['p50_ms']:7.0f} ms p95={r['p95_ms']:7.0f} ms p99={r['p99_ms']:7.0f} ms max={r['max_ms']:7.0f} ms")
-    for t, r in res["swap_ms"].items():
-        print(f"{t:6} swaps={r['swaps']} inside the replica p50={r['p50']:.0f} ms p99={r['p99']:.0f} ms")
-    print(f"file / shared p50 = {res.get('file_over_shared_p50', float('nan')):.2f}; shared swaps that fell back to "
-          f"the file: {len(res['fell_back'])}; p99 ratio swapping / no swaps = {res['p99_ratio']:.2f}")
+        lines.append(f"{'no swaps' if kind == 'base' else 'swapping':9} requests={r['requests']:4d} failed={r['failed']} "
+                     f"p50={r['p50_ms']:7.0f} ms p95={r['p95_ms']:7.0f} ms p99={r['p99_ms']:7.0f} ms "
+                     f"max={r['max_ms']:7.0f} ms")
+    lines += table(per)
+    lines.append("; ".join(f"{k} = {v:.2f}" for k, v in res.items() if k.endswith("_p50")) + f"; shared swaps that "
+                 f"fell back to the file: {len(res['fell_back'])}; p99 ratio swapping / no swaps = {res['p99_ratio']:.2f}")
+    print("\n".join(lines))
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
+        Path(a.out).with_suffix(".txt").write_text("\n".join(lines) + "\n")
     serve.shutdown()
     import ray
 
     ray.shutdown()
     nats.stop()
+    shutil.rmtree(s.state.parent, ignore_errors=True)  # the versions, the bus's store (GBs)
 
 
 if __name__ == "__main__":
