@@ -1,6 +1,6 @@
 """Attributor: step-level credit for rollout groups and rated live interactions.
 
-Each rollout group goes to the judge (`policies/judge.py`: the served policy by default, an
+Each rollout group goes to the judge (`policies/judge/judge.py`: the served policy by default, an
 OpenAI-compatible endpoint when configured) in one batched call, off the event loop, within a
 per-minute prompt budget. The judge labels every step GOOD/BAD and scores the trajectory
 against the task's reference (synthetic tasks) on AgentEvolver's 60-100 / 0-40 bands; steps made
@@ -17,12 +17,12 @@ When the judge is over budget, fails or answers malformed text, the environment'
 feedback's) labels are used and the judgement says so; the actor never crashes on it.
 
 Unrated live traffic (`conversations.enabled`): every `evo.interaction` joins the conversation it extends
-(`policies/conversations.py`: requests stitched by content, per user), and its interaction message is held,
+(`policies/judge/conversations.py`: requests stitched by content, per user), and its interaction message is held,
 unacked, until that conversation closes (idle for `conversations.idle_s`, or past its bounds): after a restart
 the stream hands the open conversations back. On close, each step that no user rated and whose next turn gave
 a signal (a correction, a re-ask, a tool error, thanks, ...) becomes a one-step live judgement with the rule's
 value x confidence as its outcome, and, where that next turn says what was wrong (a correction, a re-ask, a tool's
-error), the next turn as its hindsight hint (`policies/hindsight.py`); its id derives from the step's interaction,
+error), the next turn as its hindsight hint (`policies/learning/hindsight.py`); its id derives from the step's interaction,
 so a redelivery publishes nothing twice. Rated steps keep their rating (the feedback path above).
 """
 from __future__ import annotations
@@ -36,9 +36,9 @@ from actors.actor import HOLD
 from actors.events import (MIXED_WEIGHTS, Feedback, Interaction, Judgement, Rollout, Sample, WeightsPromoted,
                            WeightsRolledBack, derived_id)
 from envs.live import trajectory
-from policies.conversations import ConversationBook
+from policies.judge.conversations import ConversationBook
 from policies.hygiene import scrub
-from policies.judge import Agreement, Budget, Verdict, env_labels, make_judge
+from policies.judge.judge import Agreement, Budget, Verdict, env_labels, make_judge
 
 STEP_SHAPING = 0.1  # weight of the mean step signal added to the environment outcome
 
@@ -76,7 +76,7 @@ class Attributor(EventActor):
         s = self.settings
         self.engine = None
         if not s.judge.base_url:  # the served policy judges: follow the live version like a replica does
-            from policies.live_policy import LivePolicy
+            from policies.engines.live_policy import LivePolicy
 
             self.policy = await asyncio.to_thread(LivePolicy, s, "judge")
             self.engine = self.policy.engine

@@ -1,16 +1,16 @@
-"""Weight broadcaster: carries out the promotion lifecycle that `policies/promotion_plan.py` decides.
+"""Weight broadcaster: carries out the promotion lifecycle that `policies/promotion/plan.py` decides.
 
 Each version moves through the lifecycle in `actors/lifecycles.py`, every change an
 `evo.weights_status` event (README, "How one improvement cycle flows", items 3 and 5). Inputs:
 `evo.weights_published` (sha256 verified, else poison; staged, or live at once when forced by an
 operator), users' feedback, replicas' reports. A tick asks the plan what to do (a canary's verdict,
 a gate, a handoff, the live watch, a rollback) and does it here: the held-out gate's scoring
-(`policies/gate.py`), the LIVE pointer (`LivePolicy.announce`: the bus's key-value bucket, then its
+(`policies/promotion/gate.py`), the LIVE pointer (`LivePolicy.announce`: the bus's key-value bucket, then its
 copy; this actor alone moves it, always before the event that announces it), the events, pruning.
-Then the next gate's comparator is scored meanwhile, and the guard's verdicts (`policies/guard.py`)
+Then the next gate's comparator is scored meanwhile, and the guard's verdicts (`policies/promotion/guard.py`)
 are carried out. Files beyond `gate.keep_versions` are pruned (and their objects on the bus), never
 live, canary, staged, recent live ones or the guard's anchor. State: a `PromotionBook`
-(`policies/promotion.py`), written atomically; evaluations cached per version.
+(`policies/promotion/book.py`), written atomically; evaluations cached per version.
 """
 from __future__ import annotations
 
@@ -23,14 +23,14 @@ from actors.events import (Feedback, WeightsPromoted, WeightsPublished, WeightsR
                            WeightsRolledBack, WeightsSwapped)
 from actors.lifecycles import IllegalTransition
 from envs.registry import make_envs
-from policies.gate import GateScores, clearly_worse, decide, gate_heldout, reference_pairs
-from policies.guard import Guard
-from policies.live_policy import LivePolicy
-from policies.model_store import BASE_VERSION
-from policies.promotion import PromotionBook, event_time
-from policies.promotion_models import (Action, GateOutcome, GateScore, GoLive, Ignore, Prune, Reject,
+from policies.promotion.gate import GateScores, clearly_worse, decide, gate_heldout, reference_pairs
+from policies.promotion.guard import Guard
+from policies.engines.live_policy import LivePolicy
+from policies.weights.model_store import BASE_VERSION
+from policies.promotion.book import PromotionBook, event_time
+from policies.promotion.models import (Action, GateOutcome, GateScore, GoLive, Ignore, Prune, Reject,
                                        RollBack, StartCanary, StartGate)
-from policies.promotion_plan import comparator_todo, gated, held, plan, published, resumed, undone
+from policies.promotion.plan import comparator_todo, gated, held, plan, published, resumed, undone
 
 
 class Broadcaster(EventActor):

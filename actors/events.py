@@ -122,7 +122,7 @@ class Judgement(Event):
     user_hashes: list[str] = Field([], description="hashed user per sample (live judgements)")
     comments: list[str] = Field([], description="the user's feedback comment per sample (live judgements)")
     signals: list[str] = Field([], description="per sample, what happened next that gave its outcome (a rule of "
-                               "policies/conversations.SIGNALS) when no user rated it")
+                               "policies/judge/conversations.SIGNALS) when no user rated it")
 
 
 class Experience(Event):
@@ -203,7 +203,7 @@ class WeightsRolledBack(Event):
 
 
 class HeldoutScored(Event):
-    """A served version scored against the base on the guard's held-out suite (policies/guard.py)."""
+    """A served version scored against the base on the guard's held-out suite (policies/promotion/guard.py)."""
 
     kind: Literal["heldout_scored"] = "heldout_scored"
     version: str

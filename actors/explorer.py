@@ -23,7 +23,7 @@ from actors.events import (RetrieveReply, RetrieveRequest, Rollout, Task, Weight
                            WeightsRejected, WeightsRolledBack, derived_id)
 from envs.registry import make_envs
 from envs.tool_calls import CallError, parse_python_call
-from policies.live_policy import LivePolicy
+from policies.engines.live_policy import LivePolicy
 from policies.rollout import reference_sample, run_group
 
 

@@ -4,10 +4,10 @@ The explorer keeps generating with the weights it has while the learner trains; 
 the version that generated it. Before a step, samples more than `learner.max_staleness` learner
 steps behind the weights being trained (measured along the lineage in the weights manifests; a
 version outside the lineage, e.g. one that was rolled back, counts as too stale) are dropped with
-their group; the rest are corrected by truncated importance weights (`policies/trainer.py`).
+their group; the rest are corrected by truncated importance weights (`policies/learning/trainer.py`).
 
 Judgement messages are held (not acked) until the step that uses them is committed. The commit
-point is the checkpoint (`policies/checkpoint.py`): it holds the model, the optimizer, the new
+point is the checkpoint (`policies/learning/checkpoint.py`): it holds the model, the optimizer, the new
 version's name and the ids of every judgement applied. Exporting the weights file, publishing
 `evo.learner_step` / `evo.weights_published` (event ids derived from the step) and acking follow
 it and are idempotent, so after a crash at any point the learner resumes from the last verified
@@ -21,7 +21,7 @@ trains from a version
 users get or will get: after a rejection of a version it descends from, from that version's nearest
 ancestor that is the canary or live; after a rollback, from the version rolled back to; and when a
 version goes live that it does not descend from, from that one. With `learner.kl_target` its step size follows the
-measured drift from the base and halves when a version it trained is rejected (`policies/step_size.py`).
+measured drift from the base and halves when a version it trained is rejected (`policies/learning/step_size.py`).
 """
 from __future__ import annotations
 
@@ -34,11 +34,11 @@ from actors.events import (MIXED_WEIGHTS, Judgement, LearnerStep, WeightsPromote
                            WeightsRejected, WeightsRolledBack, derived_id)
 from config import telemetry
 from opentelemetry import trace
-from policies.checkpoint import CheckpointStore
-from policies.live_policy import LivePolicy
-from policies.step_size import StepSize
-from policies.groups import at_floor, behaviour_of, fair_step, informative, live_kind
-from policies.model_store import BASE_VERSION, staleness, version_name  # noqa: F401 (staleness: re-export)
+from policies.learning.checkpoint import CheckpointStore
+from policies.engines.live_policy import LivePolicy
+from policies.learning.step_size import StepSize
+from policies.learning.groups import at_floor, behaviour_of, fair_step, informative, live_kind
+from policies.weights.model_store import BASE_VERSION, staleness, version_name  # noqa: F401 (staleness: re-export)
 
 
 def _step_event_id(kind: str, step: int) -> str:
@@ -52,7 +52,7 @@ class Learner(EventActor):
 
     async def start(self) -> None:
         await super().start()
-        from policies.trainer import Trainer
+        from policies.learning.trainer import Trainer
 
         s = self.settings
         self.policy = LivePolicy(s)  # the store, the base model and the lineage; the trainer is the learner's engine

@@ -95,7 +95,7 @@ class Sample(Wire):
     off_policy: bool = Field(False, description="a verified reference trajectory replayed in the environment, not "
                              "sampled from any weights version (mixed-policy GRPO); never counts as the policy's own")
     hint: str = Field("", description="a live step no user rated whose next turn says what was wrong (a tool's "
-                      "error, a correction): that next turn, the hindsight teacher's context (policies/hindsight.py); "
+                      "error, a correction): that next turn, the hindsight teacher's context (policies/learning/hindsight.py); "
                       "never trained on")
 
 

@@ -30,9 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from actors.actor import EventActor
 from actors.events import (Experience, Feedback, Judgement, RetrieveReply, RetrieveRequest, derived_id, parse_event,
                            subject_for)
-from policies.experience import decay, distil, from_row, guided_helped, retrieval_key, to_row, utility
-from policies.memory_pool import MemoryPool
-from policies.model_store import atomic_write_bytes
+from policies.memory.experience import decay, distil, from_row, guided_helped, retrieval_key, to_row, utility
+from policies.memory.pool import MemoryPool
+from policies.weights.model_store import atomic_write_bytes
 
 
 class Navigator(EventActor):
@@ -43,7 +43,7 @@ class Navigator(EventActor):
         await super().start()
         import torch
 
-        from policies.embedder import Embedder
+        from policies.memory.embedder import Embedder
 
         # Every torch call (embeddings, index search and upserts) runs on one dedicated thread: OpenMP
         # keeps a thread team per calling thread, and once a second thread has run torch ops, queries

@@ -6,8 +6,8 @@ consumer's pending + unacked count) so the stream never floods:
   whose position is persisted, and task event ids derive from (entry, round), so a restart
   republishes nothing new (JetStream drops the duplicate). Held-out entries are never proposed.
   An environment with difficulty levels (the code env) issues only entries of its current rung
-  (`policies/curriculum.py`): the lowest level whose recent groups the policy has not mastered.
-- synthetic tasks (`policies/synthesis.py`): curiosity-guided exploration of a train entry's
+  (`policies/tasks/curriculum.py`): the lowest level whose recent groups the policy has not mastered.
+- synthetic tasks (`policies/tasks/synthesis.py`): curiosity-guided exploration of a train entry's
   functions with the served policy (or a configured generator endpoint), a request written for
   the calls that worked, conditioned on recent live requests (they also steer which entries are
   explored, by embedding similarity), semantic dedup in Milvus Lite, and a feasibility replay. One
@@ -30,9 +30,9 @@ from actors.actor import EventActor
 from actors.events import Interaction, Judgement, Task, derived_id
 from actors.lifecycles import TaskState as T
 from envs.registry import make_envs
-from policies.curriculum import DatasetPools, Ladder, train_pool
-from policies.model_store import atomic_write_bytes
-from policies.task_book import SyntheticTask, TaskBook, band_decision, record_exploration
+from policies.tasks.curriculum import DatasetPools, Ladder, train_pool
+from policies.weights.model_store import atomic_write_bytes
+from policies.tasks.book import SyntheticTask, TaskBook, band_decision, record_exploration
 
 
 SYNTHETIC = "synthetic"  # the ladder of self-written tasks: rung n asks for n + 1 calls
@@ -77,16 +77,16 @@ class Questioner(EventActor):
         self.ladder = Ladder(mastery=self.settings.questioner.band_high, state=st.get("ladder"))
 
     def _load_models(self) -> None:
-        from policies.embedder import Embedder
-        from policies.synthesis import TaskIndex
-        from policies.task_generators import make_generator
+        from policies.memory.embedder import Embedder
+        from policies.tasks.synthesis import TaskIndex
+        from policies.tasks.generators import make_generator
 
         s = self.settings
         self._embedder = Embedder(s.embedding.source, s.embedding.dtype)
         (s.state / "questioner").mkdir(parents=True, exist_ok=True)
         self._index = TaskIndex(str(s.state / "questioner" / "tasks.db"), s.embedding.dim)
         if not s.questioner.generator_base_url:  # the served policy explores: follow the live version
-            from policies.live_policy import LivePolicy
+            from policies.engines.live_policy import LivePolicy
 
             self.policy = LivePolicy(s, "questioner")
             self.engine = self.policy.engine
@@ -232,7 +232,7 @@ class Questioner(EventActor):
     def _synthesize(self, live: list[str]) -> dict | None:
         """Explore, write, dedup and verify one task (in a worker thread; `live`: recent live requests, copied
         in the event loop). Returns the record."""
-        from policies import synthesis as syn
+        from policies.tasks import synthesis as syn
 
         q = self.settings.questioner
         env_name = self.rng.choice(self.synth_envs)

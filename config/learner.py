@@ -10,7 +10,7 @@ from config.checks import _Section
 
 class LearnerSettings(_Section):
     lr: float = Field(1e-5, description="AdamW learning rate")
-    kl_target: float = Field(0.0, ge=0, description="Tie the step size to measured drift (policies/step_size.py): "
+    kl_target: float = Field(0.0, ge=0, description="Tie the step size to measured drift (policies/learning/step_size.py): "
                              "the smoothed per-step KL to the base under half this grows lr by lr_up, over twice it "
                              "shrinks lr by lr_down, a rejected version divides it by lr_reject; 0 keeps lr")
     lr_min: float = Field(0.0, ge=0, description="Lowest lr kl_target may set")
@@ -51,7 +51,7 @@ class LearnerSettings(_Section):
                                         "reference joined, scale of the failures' negative advantages (0: the "
                                         "group teaches by the reference alone)")
     hindsight_clip: float = Field(1.0, description="Unrated live steps whose next turn says what was wrong train by "
-                                  "hindsight (policies/hindsight.py): per-token advantage = teacher (hint in context) "
+                                  "hindsight (policies/learning/hindsight.py): per-token advantage = teacher (hint in context) "
                                   "minus student log-prob, clipped to +-this (1: a z-scored advantage's scale); 0 "
                                   "disables (they train on the rule's value, pooled). On SmolLM2-135M it pointed the "
                                   "right way on 24 of 30 wrong BFCL calls (bench_hindsight.py)")
@@ -62,7 +62,7 @@ class LearnerSettings(_Section):
                                          "bf16 is native on learner.device (11x slower than float32 on an AVX2 CPU)")
     device: str = Field("cpu", description="torch device of the learner")
     lora_rank: int = Field(0, description="0: full fine-tuning (fp32 weights + AdamW: 16 bytes a parameter); > 0: "
-                           "low-rank adapters of this rank on every linear layer over a frozen base (policies/lora.py)")
+                           "low-rank adapters of this rank on every linear layer over a frozen base (policies/learning/lora.py)")
     lora_alpha: float = Field(32.0, description="LoRA scale numerator (scale = alpha / rank)")
     lora_targets: str | list[str] = Field("all-linear", description="Modules that get adapters (peft target_modules)")
     base_dtype: Literal["float32", "bfloat16"] = Field("bfloat16", description="dtype of the frozen base under LoRA")

@@ -188,7 +188,7 @@ class QuestionerSettings(_Section):
 
 class ConversationSettings(_Section):
     enabled: bool = Field(True, description="Stitch requests into conversations and judge unrated steps by what "
-                          "happened next (policies/conversations.py); the attributor holds a conversation's "
+                          "happened next (policies/judge/conversations.py); the attributor holds a conversation's "
                           "interactions unacked until it closes")
     idle_s: float = Field(120.0, description="A conversation with no request for this long closes")
     max_open: int = Field(50, description="Open conversations kept (the least recent closes first)")

@@ -123,7 +123,7 @@ def _served_version(s: Settings, run: dict) -> str:
 def _heldout_delta(s: Settings) -> dict:
     """The newest version scored on the held-out suite against the base (paired), from the report's cache."""
     from envs.registry import make_envs
-    from policies.model_store import BASE_VERSION, version_number
+    from policies.weights.model_store import BASE_VERSION, version_number
 
     try:
         cache = heldout_cache(s, make_envs(s.env), 4, 4)
@@ -195,7 +195,7 @@ def promote(s: Settings, run: dict, args) -> int:
     skipping the gate and the canary. Live monitoring still applies: if users' feedback on it drops
     against the version it replaced, it is rolled back automatically."""
     from actors.events import WeightsPublished, WeightsRef
-    from policies.model_store import WeightsStore
+    from policies.weights.model_store import WeightsStore
 
     if not args.force:
         sys.exit("promote skips the gate and the canary: add --force to confirm")

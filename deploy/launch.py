@@ -73,7 +73,7 @@ def up(s: Settings, args) -> int:
         s.nats.url, s.nats.password = nats_server.url, nats_server.password
     try:
         asyncio.run(ensure_stream(s))
-        from policies.model_store import ensure_base_model
+        from policies.weights.model_store import ensure_base_model
 
         say("preparing model")
         base = ensure_base_model(s.state, s.model.source, s.model.path, progress=True)

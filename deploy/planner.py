@@ -168,7 +168,7 @@ def plan(s, shape: Shape, gpu_gib: float, disk_gib: float) -> Plan:
 
 
 def refuse_quantized(s, config: dict) -> str | None:
-    """Weights are copied into vLLM's parameters in place (policies/vllm_worker.py), which bypasses vLLM's own
+    """Weights are copied into vLLM's parameters in place (policies/engines/vllm_worker.py), which bypasses vLLM's own
     layerwise reload: right for bf16/fp16 weights, wrong for FP8 or other quantized ones (their scales and packed
     layouts are rebuilt by that reload). Such a checkpoint is refused with the reason, never served wrong."""
     q = config.get("quantization_config")

@@ -18,7 +18,7 @@ x4 (a 3.8% rate), is p = 2 x 0.5^6 = 0.031 by sign flips at best and (4/8)^6 = 0
 known from x8 (12 successes, one an entry) it is (8/12)^12 = 0.0077; at a 1.9% rate (6 successes in x8) it is
 (8/12)^6 = 0.088, and nothing at this floor can tell a loss from chance.
 
-`wilson(p, n)`: the 95% Wilson score interval of a rate, for the live page's curve (`policies/evolution.py`).
+`wilson(p, n)`: the 95% Wilson score interval of a rate, for the live page's curve (`policies/evaluation/evolution.py`).
 """
 from __future__ import annotations
 

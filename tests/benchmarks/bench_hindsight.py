@@ -5,13 +5,13 @@ no environment that could check an alternative: the client's tools cannot be run
 measured on the same wrong steps:
 
 1. **Hindsight shift** (OpenClaw-RL's on-policy distillation): the policy, shown the next turn as a hint, is the
-   teacher of the step it wrote without it (the hint as `policies/hindsight.py` builds it for the learner); token
+   teacher of the step it wrote without it (the hint as `policies/learning/hindsight.py` builds it for the learner); token
    t gets log pi(a_t | context + hint) - log pi(a_t | context). It points the right way on an entry when it
    raises an accepted answer more than the wrong one: shift(accepted) - shift(wrong) > 0, summed over each
    answer's tokens.
 2. **Hindsight rewrite**: the policy, shown the hint, writes the step again (k samples); accepted by BFCL's checker
    how often, against k plain re-samples of the same context.
-3. **The judge** (`policies/judge.py`, the served policy by choice scoring, as in `up`): labels the accepted and
+3. **The judge** (`policies/judge/judge.py`, the served policy by choice scoring, as in `up`): labels the accepted and
    the wrong answer; right when it calls the accepted one GOOD and the wrong one BAD.
 
 The steps are what bench_live_traffic's users meet: BFCL v4 `simple_python`, `multiple`, `parallel` train entries,
@@ -42,10 +42,10 @@ def main():
     from config.settings import load_settings
     from envs.bfcl_single import CATEGORIES, SingleTurnEnvironment, check, reference_calls
     from policies.chat import CALL_PREFIX, assistant_text, call_opening, parse_forced, render
-    from policies.engine import make_engine
-    from policies.hindsight import next_turn, teacher_messages
-    from policies.judge import PolicyJudge
-    from policies.model_store import ensure_base_model
+    from policies.engines.engine import make_engine
+    from policies.learning.hindsight import next_turn, teacher_messages
+    from policies.judge.judge import PolicyJudge
+    from policies.weights.model_store import ensure_base_model
     from policies.stats import paired_test
 
     s = load_settings(ROOT / "config" / "cpu.yaml")

@@ -7,7 +7,7 @@ are scored), then runs scripted users for `--minutes`: a client asks arithmetic 
 and rates every answer by a verifiable rule (+1 when the number is right, -1 otherwise), so live
 traffic carries signal too. The questions are drawn fresh (not the environments' held-out entries).
 Then it stops `up` and scores the base and every version that was served (canary or live) on the
-same fixed held-out suite (`policies/heldout.py`: the first `--per-category` held-out entries of
+same fixed held-out suite (`policies/evaluation/heldout.py`: the first `--per-category` held-out entries of
 every category, avg@k with k = `--k`), each compared with the base by the paired sign-flip test.
 The default suite is fixed before the run: up to 32 entries each of the code ladder's first two rungs
 (add, muladd: where the 135M starts near 0 but not beyond reach; the loop rungs are 0 for base and every
@@ -221,10 +221,10 @@ def rescore(a) -> None:
 
 def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str) -> dict:
     from deploy import reports as cli
-    from policies import lineage
-    from policies.engine import make_engine
-    from policies.gate import gate_entries
-    from policies.model_store import BASE_VERSION, WeightsStore, ensure_base_model
+    from policies.evaluation import lineage
+    from policies.engines.engine import make_engine
+    from policies.promotion.gate import gate_entries
+    from policies.weights.model_store import BASE_VERSION, WeightsStore, ensure_base_model
 
     rows = lineage.lineage(events)
     served = [r for r in rows if r["gate"].startswith(("canary", "live"))]

@@ -30,7 +30,7 @@ from _common import ROOT, pct  # noqa: E402  (also puts the repository on sys.pa
 
 
 def fill(pool_path: str, n: int, real_texts: list[str], real_vecs: list[list[float]]) -> float:
-    from policies.memory_pool import COLLECTION, MemoryPool
+    from policies.memory.pool import COLLECTION, MemoryPool
 
     pool = MemoryPool(pool_path, 384)
     rng = np.random.default_rng(0)
@@ -93,8 +93,8 @@ def main():
     from config.settings import load_settings
     from deploy.nats import EmbeddedNats
     from envs.bfcl import load_category
-    from policies.embedder import Embedder
-    from policies.memory_pool import MemoryPool
+    from policies.memory.embedder import Embedder
+    from policies.memory.pool import MemoryPool
 
     state = Path(tempfile.mkdtemp()) / "state"
     s = load_settings(None)

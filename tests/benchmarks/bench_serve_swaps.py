@@ -12,7 +12,7 @@ blocks with swaps (`--swaps` in all), so both conditions see the same machine; t
 request is attributed to its block. Swaps alternate between the transports in `--transports`: `file` (the
 replica reads the safetensors file) and `shared` (the replica copies the weights from this script's
 gate-like engine, which takes each version in before the pointer moves, as the broadcaster's gate engine
-has when it promotes a candidate; `serve.weights_transport: shared`, `policies/shared_weights.py`).
+has when it promotes a candidate; `serve.weights_transport: shared`, `policies/weights/shared.py`).
 
     .venv/bin/python tests/benchmarks/bench_serve_swaps.py [--swaps 20] [--clients 3] [--block-s 45] \
         [--transports file,shared]
@@ -50,8 +50,8 @@ def main():
     from config.settings import load_settings
     from deploy import ray_local
     from deploy.nats import EmbeddedNats, free_port
-    from policies.live_board import LiveBoard
-    from policies.model_store import WeightsStore, ensure_base_model
+    from policies.weights.live_board import LiveBoard
+    from policies.weights.model_store import WeightsStore, ensure_base_model
 
     s = load_settings(None)
     s.state_dir = str(Path(tempfile.mkdtemp(prefix="kz-swaps-")) / "st")
@@ -78,7 +78,7 @@ def main():
     transports = a.transports.split(",")
     gate = None
     if "shared" in transports:
-        from policies.engine import TransformersEngine
+        from policies.engines.engine import TransformersEngine
 
         gate = TransformersEngine(base, dtype="bfloat16", threads=1)  # the broadcaster's gate engine, shared
         gate.share(store.dir / "shared-layout.json")

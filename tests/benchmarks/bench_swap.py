@@ -16,8 +16,8 @@ from _common import pct  # noqa: E402  (also puts the repository on sys.path)
 
 from actors.events import ChatMessage  # noqa: E402
 from policies.chat import render  # noqa: E402
-from policies.engine import TransformersEngine  # noqa: E402
-from policies.model_store import WeightsStore, ensure_base_model  # noqa: E402
+from policies.engines.engine import TransformersEngine  # noqa: E402
+from policies.weights.model_store import WeightsStore, ensure_base_model  # noqa: E402
 
 
 def main():

@@ -6,7 +6,7 @@ The engine is the system's `VllmEngine` (pause keep -> every worker loads the ne
 reset -> resume). Two versions are swapped in turn while `--clients` threads keep generating, over each
 transport in `--transports`, interleaved so both see the same load: `file` (every worker reads the
 safetensors file) and `shared` (the workers copy a gate-like producer's GPU weights over CUDA IPC,
-`policies/shared_weights.py`; the producer takes each version in before the timed swap, as the gate does
+`policies/weights/shared.py`; the producer takes each version in before the timed swap, as the gate does
 when it scores a candidate). Default: the converted SmolLM2-135M. `--config DIR` takes a Hugging Face config folder
 (config.json + tokenizer files, e.g. a Qwen2-7B config) instead: the engine starts with vLLM's dummy
 weights and random weights files of the right names and shapes are written for the swaps.
@@ -44,7 +44,7 @@ def producer(model_dir: Path, tmp: Path):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from policies.shared_weights import SharedWeights
+    from policies.weights.shared import SharedWeights
 
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)), dtype=torch.bfloat16)
@@ -79,7 +79,7 @@ def main():
     a = ap.parse_args()
     import torch
 
-    from policies.vllm_engine import VllmEngine
+    from policies.engines.vllm_engine import VllmEngine
 
     tmp = Path(tempfile.mkdtemp(prefix="kz-vllm-"))
     t_start = 0.0
@@ -93,7 +93,7 @@ def main():
     else:
         from safetensors.torch import load_file, save_file
 
-        from policies.model_store import ensure_base_model
+        from policies.weights.model_store import ensure_base_model
 
         model_dir = ensure_base_model(Path(".kaizen") if Path(".kaizen/model").exists() else tmp)
         base = load_file(str(model_dir / "model.safetensors"))

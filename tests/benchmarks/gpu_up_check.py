@@ -48,7 +48,7 @@ KINDS = ["learner_step", "weights_published", "weights_promoted", "weights_statu
 
 def models(a) -> int:
     from deploy.planner import Shape
-    from policies.model_store import ensure_base_model
+    from policies.weights.model_store import ensure_base_model
 
     t0, out = time.monotonic(), Path(a.config_7b)
     figures = {}

@@ -71,8 +71,8 @@ def make_version(cfg: str) -> None:
     from actors.bus import Bus
     from config.hardware import resolve_dtype
     from config.settings import load_settings
-    from policies.live_policy import LivePolicy
-    from policies.model_store import BASE_VERSION, base_weights, version_name
+    from policies.engines.live_policy import LivePolicy
+    from policies.weights.model_store import BASE_VERSION, base_weights, version_name
 
     s = load_settings(cfg)
     s.state_dir = os.environ["KAIZEN_STATE_DIR"]
@@ -133,7 +133,7 @@ def learner_holds(a, env: dict) -> dict | None:
 
 
 def sha256(path: Path) -> str:
-    from policies.model_store import sha256_file
+    from policies.weights.model_store import sha256_file
 
     return sha256_file(path)
 
@@ -142,7 +142,7 @@ def checks(a, b, work: Path, cfg: Path, out: dict) -> None:
     env = {"KAIZEN_STATE_DIR": str(a.state)}
     model = ROOT / ".kaizen" / "model" / "smollm2-135m-instruct"
     if not (model / "model.safetensors").exists():
-        from policies.model_store import ensure_base_model
+        from policies.weights.model_store import ensure_base_model
 
         model = ensure_base_model(work / "convert", progress=True)
     for h in (a, b):  # what an image would hold: the base model, converted once

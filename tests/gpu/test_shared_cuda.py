@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 def _reader(requests, replies):
     import torch
 
-    from policies.shared_weights import SharedChanged, read_shared
+    from policies.weights.shared import SharedChanged, read_shared
 
     target = None
     for ref in iter(requests.get, None):
@@ -37,7 +37,7 @@ def _reader(requests, replies):
 
 
 def test_another_process_copies_the_gate_engines_cuda_weights(model_dir, tmp_path):
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
 
     gate = TransformersEngine(model_dir, dtype="bfloat16", device="cuda", threads=0)
     gate.share(tmp_path / "layout.json")

@@ -16,7 +16,7 @@ def test_vllm_swaps_in_place_with_requests_in_flight(model_dir, tmp_path):
 
     from actors.events import ChatMessage
     from policies.chat import render
-    from policies.vllm_engine import VllmEngine
+    from policies.engines.vllm_engine import VllmEngine
 
     eng = VllmEngine(model_dir, gpu_memory_utilization=0.3, max_model_len=2048)
     prompt = render([ChatMessage(role="user", content="What is the capital of France?")])

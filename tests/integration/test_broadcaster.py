@@ -47,7 +47,7 @@ def _wait_status(bus, prefix, version, statuses):
 
 async def test_gate_canary_and_rollback(settings, nats_server, model_dir):
     from actors.broadcaster import Broadcaster
-    from policies.model_store import WeightsStore
+    from policies.weights.model_store import WeightsStore
 
     p = "b" + uuid.uuid4().hex[:8]
     settings.nats.stream, settings.nats.subject_prefix = p.upper(), p

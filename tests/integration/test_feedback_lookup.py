@@ -176,7 +176,7 @@ async def test_the_attributor_and_the_navigator_read_the_rated_interaction_by_id
     from actors.bus import Poison
     from actors.events import Judgement
     from actors.navigator import Navigator
-    from policies.judge import Agreement, Budget, make_judge
+    from policies.judge.judge import Agreement, Budget, make_judge
 
     p = _prefix()
     bus = await _bus(nats_server, p)

@@ -16,8 +16,8 @@ async def test_the_canary_is_scored_against_the_base_in_the_background(settings,
     from safetensors.torch import load_file
 
     from actors.broadcaster import Broadcaster
-    from policies.heldout import HeldoutCache
-    from policies.model_store import WeightsStore
+    from policies.evaluation.heldout import HeldoutCache
+    from policies.weights.model_store import WeightsStore
 
     p = "g" + uuid.uuid4().hex[:8]
     settings.nats.stream, settings.nats.subject_prefix = p.upper(), p

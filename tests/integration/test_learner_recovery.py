@@ -123,8 +123,8 @@ async def test_kill_9_mid_step_and_mid_checkpoint(settings, nats_server, model_d
     assert sorted(steps) == [1, 2, 3, 4] and 1 <= killed_at < 4
     applied = sorted(i for e in steps.values() for i in e.source_event_ids)
     assert applied == [f"j-{i:02d}" for i in range(N_GROUPS)]  # each judgement in exactly one step
-    from policies.checkpoint import CheckpointStore
-    from policies.model_store import WeightsStore
+    from policies.learning.checkpoint import CheckpointStore
+    from policies.weights.model_store import WeightsStore
 
     store = WeightsStore(settings.state)
     versions = sorted(published)

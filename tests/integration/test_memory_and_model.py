@@ -3,8 +3,8 @@
 import pytest
 
 from actors.events import ChatMessage, Judgement, Sample
-from policies.memory_pool import MemoryPool
-from policies.embedder import Embedder
+from policies.memory.pool import MemoryPool
+from policies.memory.embedder import Embedder
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_memory_pool_upsert_is_idempotent_and_retrieval_ranks(tmp_path, embedder
 def test_vector_index_matches_exact_cosine():
     import numpy as np
 
-    from policies.vector_index import VectorIndex
+    from policies.memory.vector_index import VectorIndex
 
     rng = np.random.default_rng(1)
     v = rng.standard_normal((3000, 384)).astype(np.float32)
@@ -60,7 +60,7 @@ def test_vector_index_matches_exact_cosine():
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
     return TransformersEngine(model_dir, dtype="float32")
 
 
@@ -68,7 +68,7 @@ def test_engine_generates_and_hot_swaps(engine, tmp_path):
     import torch
 
     from policies.chat import render
-    from policies.model_store import WeightsStore
+    from policies.weights.model_store import WeightsStore
 
     prompt = render([ChatMessage(role="user", content="What is the capital of France?")])
     g = engine.generate([prompt], 12, temperature=0.0)[0]
@@ -113,8 +113,8 @@ def test_rollout_group_against_bfcl(engine):
 def test_learner_step_changes_weights_and_checkpoint_resumes(settings, model_dir):
     import torch
 
-    from policies.checkpoint import CheckpointStore
-    from policies.trainer import Trainer
+    from policies.learning.checkpoint import CheckpointStore
+    from policies.learning.trainer import Trainer
 
     settings.learner.lr = 1e-4
     t = Trainer(settings, model_dir)

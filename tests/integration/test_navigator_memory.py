@@ -160,7 +160,7 @@ async def test_snapshot_keeps_memory_that_retention_dropped_from_the_stream(nav_
 
 
 def test_guided_helped_and_utility():
-    from policies.experience import guided_helped, utility
+    from policies.memory.experience import guided_helped, utility
 
     j = _judgement("q")
     j.samples = [j.samples[0].model_copy(update={"guided": True, "experience_ids": ["e1"]}), j.samples[0]]
@@ -217,7 +217,7 @@ async def test_kill_9_mid_write_loses_nothing(nav_env, nats_server):
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
     stream = await _stream_state(bus, settings.nats.subject_prefix)
-    from policies.memory_pool import MemoryPool
+    from policies.memory.pool import MemoryPool
     pool = MemoryPool(str(settings.state / "milvus" / "experiences.db"), settings.embedding.dim)
     assert _pool_state(pool) == stream  # the index matches the stream
     sources = sorted(s for m in pool.meta.values() for s in m["sources"])

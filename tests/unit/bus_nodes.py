@@ -9,7 +9,7 @@ import torch
 
 from actors.events import WeightsRef
 from config.settings import load_settings
-from policies.live_policy import LivePolicy
+from policies.engines.live_policy import LivePolicy
 from serve.weights import ReplicaWeights
 
 

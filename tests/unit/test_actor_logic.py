@@ -1,9 +1,9 @@
 """Pure pieces of the actors, without Ray or NATS."""
 from actors.attributor import score_rollout
 from actors.events import ChatMessage, Judgement, Sample
-from policies.experience import distil
+from policies.memory.experience import distil
 from actors.questioner import task_event_id
-from policies.curriculum import ordered_pool
+from policies.tasks.curriculum import ordered_pool
 
 
 def _sample(outcome, signals, calls=()):
@@ -110,8 +110,8 @@ def test_the_learner_always_trains_from_a_version_users_get_or_will_get(tmp_path
     from actors.learner import Learner
     from actors.lifecycles import CanaryRef
     from config.settings import load_settings
-    from policies.live_policy import LivePolicy
-    from policies.step_size import StepSize
+    from policies.engines.live_policy import LivePolicy
+    from policies.learning.step_size import StepSize
 
     s = load_settings(None, state_dir=str(tmp_path / "state"))
     (tmp_path / "base").mkdir()

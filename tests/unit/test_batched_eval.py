@@ -1,7 +1,7 @@
 """Held-out scoring batches several entries' episodes into one generation, with the same per-entry results."""
 from actors.events import ChatMessage
 from envs.base import StepResult
-from policies.generation import Generation
+from policies.engines.generation import Generation
 from policies.rollout import evaluate, run_episodes
 
 

@@ -3,8 +3,8 @@ stream, and the tokenizer is safe to share between threads."""
 import threading
 
 
-from policies.batching import Batcher
-from policies.generation import Generation
+from policies.engines.batching import Batcher
+from policies.engines.generation import Generation
 
 
 def _calls(batcher, specs):
@@ -57,7 +57,7 @@ def test_batcher_hands_an_error_to_every_caller_of_the_batch():
 def test_engine_batches_concurrent_calls_with_their_own_budgets_and_streams(model_dir):
     from actors.events import ChatMessage
     from policies.chat import render
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
 
     eng = TransformersEngine(model_dir, max_batch=4, batch_window_ms=5000)  # full at 4: no wait
     prompts = [render([ChatMessage(role="user", content=q)]) for q in

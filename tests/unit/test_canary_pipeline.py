@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 from actors.events import WeightsPromoted, WeightsStatus
 from actors.lifecycles import WeightsState as S
-from policies.gate import handoff_verdict
-from policies.promotion import PromotionBook
-from policies.promotion_models import GateScore
+from policies.promotion.gate import handoff_verdict
+from policies.promotion.book import PromotionBook
+from policies.promotion.models import GateScore
 from test_live_policy import _policy, _version  # noqa: E402  (tests/unit is on sys.path)
 
 

@@ -3,7 +3,7 @@ import json
 
 import torch
 
-from policies.checkpoint import MANIFEST, PREVIOUS, CheckpointStore
+from policies.learning.checkpoint import MANIFEST, PREVIOUS, CheckpointStore
 
 
 def _state(step):

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from actors.events import ChatMessage, Interaction, Judgement, ToolCall
-from policies.conversations import RULES, SIGNALS, ConversationBook, signal_of
+from policies.judge.conversations import RULES, SIGNALS, ConversationBook, signal_of
 
 WEATHER = "What is the weather in Paris tomorrow?"
 

@@ -1,7 +1,7 @@
 """The ladder: the questioner issues dataset tasks from the lowest rung the policy has not mastered."""
 import pytest
 
-from policies.curriculum import Ladder
+from policies.tasks.curriculum import Ladder
 
 
 def test_rung_climbs_after_mastery_and_falls_back_when_forgotten():
@@ -30,7 +30,7 @@ def test_ladder_state_round_trips_and_summarises():
 
 
 def test_schedule_spreads_turns_by_weight():
-    from policies.curriculum import schedule
+    from policies.tasks.curriculum import schedule
 
     assert schedule(["bfcl", "code"], {}) == ["bfcl", "code"]
     turns = schedule(["bfcl", "code"], {"code": 3})

@@ -36,7 +36,8 @@ def test_engines_and_the_learner_load_under_the_lock(tmp_path, tiny_dir, monkeyp
     import contextlib
 
     from config.settings import load_settings
-    from policies import engine, trainer
+    from policies.engines import engine
+    from policies.learning import trainer
 
     seen = []
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from actors.lifecycles import LivePointer
-from policies.model_store import BASE_VERSION, sha256_file
+from policies.weights.model_store import BASE_VERSION, sha256_file
 from serve.weights import EngineSet
 
 
@@ -81,7 +81,7 @@ def test_a_swap_checks_the_pinned_stat_not_the_hash(tmp_path, monkeypatch):
     import os
 
     import serve.weights as engines
-    from policies.model_store import WeightsStore
+    from policies.weights.model_store import WeightsStore
 
     store = WeightsStore(tmp_path)
     path, digest = store.save({"w": torch.ones(2)}, "w-000001")

@@ -1,4 +1,4 @@
-"""The document the live page shows and `main.py report --json` prints (policies/evolution.py): folded from typed
+"""The document the live page shows and `main.py report --json` prints (policies/evaluation/evolution.py): folded from typed
 events, the same however the stream is read (all at once, as `report` does, or caught up in pieces, as a replica
 does), duplicates skipped."""
 import asyncio
@@ -8,7 +8,7 @@ import pytest
 from actors.events import (Experience, Feedback, HeldoutScored, Interaction, Judgement, LearnerStep, Rollout, Sample,
                            Task, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRolledBack, WeightsStatus,
                            ChatMessage, subject_for)
-from policies.evolution import Evolution, catch_up
+from policies.evaluation.evolution import Evolution, catch_up
 from policies.stats import wilson
 
 T = "2026-11-27T10:{:02d}:{:02d}+00:00".format

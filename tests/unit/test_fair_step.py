@@ -1,7 +1,7 @@
 """One user's burst of live traffic cannot fill a learner step while other users' live groups wait
-(policies/groups.fair_step); a user alone, or rollouts alone, train as before (the newest groups first)."""
+(policies/learning/groups.fair_step); a user alone, or rollouts alone, train as before (the newest groups first)."""
 from actors.events import Judgement, Sample
-from policies.groups import fair_step
+from policies.learning.groups import fair_step
 
 
 def _g(name: str, user: str | None = None) -> Judgement:

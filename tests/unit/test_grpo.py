@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from actors.events import ChatMessage, Sample
-from policies import grpo
+from policies.learning import grpo
 
 
 def test_group_advantages_match_hand_computation():
@@ -77,7 +77,7 @@ def test_only_the_samples_own_steps_are_trained():
     text = render(s.messages, add_generation_prompt=False)
     assert "".join(ch for ch, m in zip(text, t.response_mask) if m) == "CD<|im_end|>"
     assert sorted(set(t.step_ids) - {-1}) == [0]
-    from policies import adca
+    from policies.learning import adca
     adv = adca.token_advantages([t.step_ids], [[-1.0]], len(t.step_ids))[0]
     assert [ch for ch, a in zip(text, adv.tolist()) if a] == list("CD<|im_end|>")
 
@@ -122,7 +122,7 @@ def test_off_policy_loss_matches_luffy_by_hand():
 
 def test_a_reference_in_an_all_failed_group_gets_the_only_positive_advantage():
     """Mixed-policy group normalisation (LUFFY): four failures and one verified reference."""
-    from policies import adca
+    from policies.learning import adca
 
     adv = adca.step_advantages([["BAD"]] * 4 + [["GOOD"]], [0.0] * 4 + [1.0], alpha=0.0)
     # outcomes mean 0.2, population std 0.4 -> failures -0.5, reference +2.0

@@ -6,7 +6,7 @@ import pytest
 
 from actors.events import HeldoutScored, WeightsRolledBack, WeightsStatus
 from actors.lifecycles import WeightsState as S
-from policies.guard import Check, Guard, anchor, look, rollback_plan
+from policies.promotion.guard import Check, Guard, anchor, look, rollback_plan
 from test_canary_pipeline import _broadcaster, _publish  # noqa: E402  (tests/unit is on sys.path)
 from test_live_policy import _version  # noqa: E402
 
@@ -79,7 +79,7 @@ def test_rollback_plan(bad, live, canary, passed, history, checks, want):
 
 
 def test_categories_are_interleaved_so_a_first_half_holds_each_of_them():
-    from policies.guard import interleave
+    from policies.promotion.guard import interleave
 
     ids = ["add_1", "add_2", "add_3", "mul_1", "mul_2"]
     assert interleave(ids, lambda e: e.split("_")[0]) == ["add_1", "mul_1", "add_2", "mul_2", "add_3"]
@@ -103,7 +103,7 @@ class _Settings:
 
 def _guard(tmp_path, base, version, monkeypatch):
     """A Guard whose episodes are replaced by fixed per-entry scores (no engine, no thread)."""
-    from policies.heldout import HeldoutCache
+    from policies.evaluation.heldout import HeldoutCache
 
     g = Guard.__new__(Guard)
     g.g, g.envs, g.current = _Settings.guard, {"code": _Cats()}, None

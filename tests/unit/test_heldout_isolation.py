@@ -6,8 +6,8 @@ import pytest
 from actors.bus import Poison
 from actors.events import Task
 from actors.explorer import Explorer
-from policies.curriculum import train_pool
-from policies.task_book import TaskBook
+from policies.tasks.curriculum import train_pool
+from policies.tasks.book import TaskBook
 from config.settings import load_settings
 from envs.registry import make_envs
 

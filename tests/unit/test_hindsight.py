@@ -1,9 +1,9 @@
-"""Hindsight for unrated live steps (policies/hindsight.py): the teacher's context, the alignment of the step's
+"""Hindsight for unrated live steps (policies/learning/hindsight.py): the teacher's context, the alignment of the step's
 tokens, and the advantages on hand-computed values."""
 import torch
 
 from actors.events import ChatMessage, Judgement, Sample, ToolCall
-from policies.hindsight import HINT_CHARS, aligned, next_turn, teacher_messages, teacher_sample, token_advantages
+from policies.learning.hindsight import HINT_CHARS, aligned, next_turn, teacher_messages, teacher_sample, token_advantages
 
 
 def _call(args: str) -> ChatMessage:
@@ -68,9 +68,9 @@ def _live(i: int, hint: str = "", outcome: float = -0.56) -> Judgement:
 
 def test_the_learner_teaches_a_hinted_step_by_its_teachers_gain_and_leaves_the_others_to_the_group(tmp_path, tiny_dir):
     from config.settings import load_settings
-    from policies import grpo
-    from policies.groups import informative
-    from policies.trainer import Trainer
+    from policies.learning import grpo
+    from policies.learning.groups import informative
+    from policies.learning.trainer import Trainer
 
     s = load_settings(None, **{"learner.lr": 0.0, "learner.kl_coef": 0.0, "learner.kl_target": 0.0, "learner.hindsight_clip": 0.5,
                                  "learner.bf16": False})

@@ -1,7 +1,7 @@
 import pytest
 
 from actors.events import ChatMessage, Judgement, Sample
-from policies.experience import distil
+from policies.memory.experience import distil
 from policies.hygiene import looks_like_injection, scrub
 
 

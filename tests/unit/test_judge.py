@@ -5,7 +5,7 @@ import pytest
 
 from actors.attributor import choose_labels
 from actors.events import ChatMessage, Sample, ToolCall
-from policies.judge import (Agreement, Budget, EndpointJudge, MalformedVerdict, PolicyJudge, band_score,
+from policies.judge.judge import (Agreement, Budget, EndpointJudge, MalformedVerdict, PolicyJudge, band_score,
                             hollow_reason, parse_verdict)
 
 MASTER_KEYS = [":", "Thought process:", "Let's solve this step by step", "Let's solve this step by step.",
@@ -140,7 +140,7 @@ def test_band_score_bands():
 
 def test_served_policy_as_judge_on_real_model(model_dir):
     """The real 135M policy answers every step (never malformed) and master keys stay BAD."""
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
 
     eng = TransformersEngine(model_dir)
     samples = [_sample(_call(), _text("The folder temp is created.")), _sample(_text("Thought process:")),

@@ -223,7 +223,7 @@ def test_the_image_installs_the_packages_setup_sh_installs_and_bakes_the_model_t
         return {p for line in re.findall(r"pip install (?:-q )?--no-deps ([^;\n]+)", text) for p in line.split()}
     assert pins(docker) == pins(setup) != set()
     (home,) = re.findall(r"ensure_base_model\(Path\('([^']+)'\)\)", docker)
-    from policies.model_store import ensure_base_model
+    from policies.weights.model_store import ensure_base_model
 
     folder = tmp_path / Path(load_settings(ROOT / "config" / "k8s.yaml").model.path).relative_to(home)
     folder.mkdir(parents=True)

@@ -4,8 +4,8 @@ import math
 import pytest
 
 from actors.lifecycles import IllegalTransition, TaskState as T, WeightsState as S, task_transition, transition
-from policies.gate import canary_verdict, gate, significant_drop, watch_verdict
-from policies.promotion_models import GateScore as G
+from policies.promotion.gate import canary_verdict, gate, significant_drop, watch_verdict
+from policies.promotion.models import GateScore as G
 
 
 def test_lifecycle_allows_the_documented_paths_only():
@@ -73,7 +73,7 @@ def test_watch_verdict_compares_windows():
 
 
 def test_gate_stops_a_ratchet_of_small_drifts_from_the_base():
-    from policies.gate import clearly_worse, gate
+    from policies.promotion.gate import clearly_worse, gate
 
     base, live = G(success=0.0, nll=1.19), G(success=0.0, nll=1.30)
     cand = G(success=0.0, nll=1.34)  # within 0.05 of live, 0.15 above the base
@@ -90,7 +90,7 @@ def test_reference_likelihood_runs_shared_prompt_prefixes_once_and_matches_a_ful
     continuation's logits; each pair's log-probability equals a plain forward of that pair alone."""
     import torch
 
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
 
     eng = TransformersEngine(untied_dir, dtype="float32")
     system = "<|im_start|>system\nYou can call: add(a, b), mul(a, b), div(a, b).<|im_end|>\n<|im_start|>user\n"
@@ -155,7 +155,7 @@ def _fake_gate(monkeypatch, scores, outcome, call):
 def test_a_second_look_on_more_entries_decides_when_the_candidate_falls_short_on_the_first(tmp_path, monkeypatch):
     """Live went live because it did well on the first entries: one greedy flip there must not reject every
     successor. Both versions are scored on more entries (live's once: cached on disk), and that decides."""
-    from policies.gate import GateScores, decide
+    from policies.promotion.gate import GateScores, decide
 
     outcomes = {"live": [1, 1, 0, 0, 0, 0], "good": [1, 0, 1, 1, 0, 0], "bad": [1, 0, 0, 0, 0, 0],
                 "same": [1, 1, 0, 0, 0, 0]}
@@ -182,7 +182,7 @@ def test_a_second_look_on_more_entries_decides_when_the_candidate_falls_short_on
 def test_episodes_that_cannot_change_the_decision_are_not_run(tmp_path, monkeypatch):
     """Where live solved none of its first entries the candidate cannot fall short: when it passes with 0 there,
     those episodes (BFCL's are the gate's longest) are skipped; when it might fail, everything runs."""
-    from policies.gate import GateScores, decide
+    from policies.promotion.gate import GateScores, decide
 
     outcomes = {"live": {"code": [1, 0, 0, 0], "bfcl": [0, 0, 1, 0]}, "good": {"code": [1, 1, 0, 0], "bfcl": [1, 1, 1, 1]},
                 "worse": {"code": [0, 0, 0, 0], "bfcl": [0] * 4}, "base": {"code": [0, 0, 0, 0], "bfcl": [0] * 4}}
@@ -210,7 +210,7 @@ def test_episodes_that_cannot_change_the_decision_are_not_run(tmp_path, monkeypa
 
 
 def test_drop_p_is_the_one_sided_exact_sign_flip_p():
-    from policies.gate import drop_p
+    from policies.promotion.gate import drop_p
 
     assert drop_p([0] * 8, [1] * 5 + [0] * 3) == pytest.approx(1 / 32)  # 5 entries lost, none won
     assert drop_p([1, 0, 0, 0], [1, 1, 0, 0]) == pytest.approx(0.5)  # one flip out of one: a coin
@@ -224,7 +224,7 @@ def test_the_deciding_look_rejects_on_success_only_for_a_significant_drop(tmp_pa
     """The hour that stalled: live had 2 of the 8 second-look entries, each successor 1, and every one was
     rejected for the last 20 minutes. With `success_alpha` a one-entry drop passes (the likelihood checks still apply);
     a version that loses five entries and wins none is still rejected."""
-    from policies.gate import GateScores, decide
+    from policies.promotion.gate import GateScores, decide
 
     outcomes = {"live": [1, 0, 1, 0, 0, 0, 0, 0], "one_less": [0, 0, 1, 0, 0, 0, 0, 0],
                 "broken": [0] * 8, "live2": [1, 1, 1, 1, 1, 0, 0, 0]}

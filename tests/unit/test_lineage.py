@@ -5,8 +5,8 @@ import pytest
 
 from actors.events import (Judgement, LearnerStep, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRolledBack,
                            WeightsStatus)
-from policies import lineage
-from policies.heldout import HeldoutCache
+from policies.evaluation import lineage
+from policies.evaluation.heldout import HeldoutCache
 
 
 def _ref(v, parent, step):
@@ -84,7 +84,7 @@ def test_heldout_cache_pairs_versions_on_the_same_entries(tmp_path, monkeypatch)
 def test_gate_entries_are_the_ones_its_episodes_and_likelihood_use():
     from types import SimpleNamespace
 
-    from policies.gate import gate_entries
+    from policies.promotion.gate import gate_entries
 
     class Env(_Env):
         def entries(self, split):
@@ -105,7 +105,7 @@ def test_gate_entries_are_the_ones_its_episodes_and_likelihood_use():
 
 
 def test_suite_takes_the_first_entries_of_the_chosen_categories():
-    from policies.heldout import suite
+    from policies.evaluation.heldout import suite
 
     class Env(_Env):
         def entries(self, split):

@@ -6,7 +6,7 @@ import os
 import shutil
 
 from actors.events import WeightsRef
-from policies.model_store import file_stat, sha256_file
+from policies.weights.model_store import file_stat, sha256_file
 from bus_nodes import connect, node, replica_of, save, stream_name, until  # noqa: E402  (tests/unit is on sys.path)
 
 

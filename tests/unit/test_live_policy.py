@@ -7,9 +7,9 @@ from safetensors.torch import save_file
 from actors.events import WeightsRef
 from actors.lifecycles import WeightsState as S
 from config.settings import load_settings
-from policies.live_policy import LivePolicy
-from policies.promotion import PromotionBook
-from policies.promotion_models import Canary
+from policies.engines.live_policy import LivePolicy
+from policies.promotion.book import PromotionBook
+from policies.promotion.models import Canary
 
 
 class FakeEngine:
@@ -35,7 +35,7 @@ def _version(policy, n: int, parent: str) -> WeightsRef:
 
 
 def test_the_pointer_shares_the_gate_engines_weights_only_for_a_version_it_names(tmp_path):
-    from policies.shared_weights import SharedChanged
+    from policies.weights.shared import SharedChanged
 
     class Shared:
         writing = False
@@ -117,8 +117,8 @@ def test_the_broadcaster_rewrites_a_pointer_that_ran_ahead_of_the_lifecycle(tmp_
 def test_a_version_is_hashed_once_on_its_node(tmp_path, monkeypatch):
     """The learner hashes what it saves; another process of the node (the broadcaster) accepts the file by the stat
     its manifest pins, and hashes it again only when the file changed since. The base is hashed once too."""
-    import policies.model_store as model_store
-    import policies.promotion as promotion
+    import policies.weights.model_store as model_store
+    import policies.promotion.book as promotion
 
     hashed = []
 

@@ -2,7 +2,7 @@
 when `memory.uri` is set; closing a server's client never touches Milvus Lite's in-process servers."""
 import pytest
 
-from policies.memory_pool import MemoryPool, is_server
+from policies.memory.pool import MemoryPool, is_server
 
 
 class _Client:

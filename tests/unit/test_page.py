@@ -8,7 +8,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from policies.evolution import Evolution
+from policies.evaluation.evolution import Evolution
 from serve import page as P
 from serve.wire import answer_errors
 from test_evolution import _stored, history

@@ -1,4 +1,4 @@
-"""Promotion as a pure state machine (`policies/promotion_plan.py`): tables of situations -> the actions to take, with
+"""Promotion as a pure state machine (`policies/promotion/plan.py`): tables of situations -> the actions to take, with
 no bus, no Ray and no files. Versions are written w0, w1, ... (w-000000, w-000001, ...); by default each descends from
 the one before. The broadcaster carrying these actions out is covered by test_canary_pipeline.py and test_guard.py."""
 import json
@@ -9,10 +9,10 @@ import pytest
 
 from actors.events import WeightsPublished, WeightsRef, WeightsStatus
 from actors.lifecycles import IllegalTransition, WeightsState as S
-from policies.promotion import PromotionBook
-from policies.promotion_models import (Canary, GateOutcome, GateScore, GoLive, Ignore, Passed, Prune, RollBack, StartCanary,
+from policies.promotion.book import PromotionBook
+from policies.promotion.models import (Canary, GateOutcome, GateScore, GoLive, Ignore, Passed, Prune, RollBack, StartCanary,
                                        StartGate, Supersede)
-from policies.promotion_plan import comparator_todo, gated, held, plan, published, resumed, undone
+from policies.promotion.plan import comparator_todo, gated, held, plan, published, resumed, undone
 from test_guard import _lineage
 
 NOW = 100_000.0

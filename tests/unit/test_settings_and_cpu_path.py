@@ -30,7 +30,7 @@ def test_cpu_path_never_imports_vllm():
             "    if name.split('.')[0] == 'vllm': raise ImportError('vllm blocked')\n"
             "    return real(name, *a, **k)\n"
             "builtins.__import__ = guard\n"
-            "import policies.engine, serve.app, actors.explorer, actors.learner, actors.broadcaster, main\n"
+            "import policies.engines.engine, serve.app, actors.explorer, actors.learner, actors.broadcaster, main\n"
             "assert 'vllm' not in sys.modules\n")
     root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)

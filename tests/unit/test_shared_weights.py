@@ -1,4 +1,4 @@
-"""Swaps from memory (policies/shared_weights.py): the gate engine's weights exported once and copied by other
+"""Swaps from memory (policies/weights/shared.py): the gate engine's weights exported once and copied by other
 processes, and the seqlock that sends a reader racing a rewrite to the file. Shared memory on a CPU here (the
 same protocol as CUDA IPC: tests/gpu/test_shared_cuda.py runs that one)."""
 import json
@@ -9,12 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from policies.shared_weights import SharedChanged, SharedWeights, read_shared
+from policies.weights.shared import SharedChanged, SharedWeights, read_shared
 
 
 def _reader(requests, replies):
     """Another process: copies what each ref it is sent names, or says why it could not."""
-    from policies.shared_weights import SharedChanged, read_shared
+    from policies.weights.shared import SharedChanged, read_shared
 
     for ref in iter(requests.get, None):
         try:
@@ -87,7 +87,7 @@ def _versions(d, tmp_path):
 
 
 def test_a_serving_engine_copies_the_gate_engines_weights_without_reading_the_file(untied_dir, tmp_path):
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
 
     files = _versions(untied_dir, tmp_path)
     gate = TransformersEngine(untied_dir, dtype="float32")
@@ -132,7 +132,7 @@ class Served(torch.nn.Module):
 
 
 def test_the_vllm_worker_copies_a_shared_ref_and_reports_a_stale_one(tmp_path):
-    from policies.vllm_worker import WeightLoader
+    from policies.engines.vllm_worker import WeightLoader
 
     gate = Served()
     shared = SharedWeights(gate, "w-000001", tmp_path / "layout.json")

@@ -1,7 +1,7 @@
-"""The learner's step size tied to measured drift (policies/step_size.py), on hand-computed values."""
+"""The learner's step size tied to measured drift (policies/learning/step_size.py), on hand-computed values."""
 import pytest
 
-from policies.step_size import StepSize
+from policies.learning.step_size import StepSize
 
 
 def test_off_by_default_the_step_size_never_moves():
@@ -57,8 +57,8 @@ def test_settings_refuse_a_drift_target_without_the_kl_term():
 
 def test_the_trainer_steps_at_the_set_size_and_keeps_it_across_a_reset_and_a_resume(tmp_path, tiny_dir):
     from config.settings import load_settings
-    from policies.model_store import WeightsStore
-    from policies.trainer import Trainer
+    from policies.weights.model_store import WeightsStore
+    from policies.learning.trainer import Trainer
 
     s = load_settings(None, state_dir=str(tmp_path / "state"))
     t = Trainer(s, tiny_dir, WeightsStore(s.state))

@@ -8,7 +8,7 @@ import time
 from types import SimpleNamespace
 
 from actors.events import ChatMessage
-from policies.generation import Generation
+from policies.engines.generation import Generation
 from serve.streaming import stream_chat
 
 

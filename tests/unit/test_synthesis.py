@@ -5,9 +5,9 @@ from collections import Counter
 import pytest
 
 from actors.events import ChatMessage, ToolCall
-from policies.task_book import band_decision
+from policies.tasks.book import band_decision
 from envs.bfcl import BfclEnvironment
-from policies import synthesis as syn
+from policies.tasks import synthesis as syn
 
 
 @pytest.fixture(scope="module")

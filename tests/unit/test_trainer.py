@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from actors.events import ChatMessage, Judgement, Sample, ToolCall
-from policies.model_store import WeightsStore
+from policies.weights.model_store import WeightsStore
 
 
 def _settings(tmp_path, **learner):
@@ -39,7 +39,7 @@ def _perturb(trainer, scale=0.05):
 
 
 def test_importance_weights_come_from_the_behaviour_version(tmp_path, tiny_dir):
-    from policies.trainer import Trainer
+    from policies.learning.trainer import Trainer
 
     s = _settings(tmp_path, lr=0.0, kl_coef=0.0)
     store = WeightsStore(s.state)
@@ -57,7 +57,7 @@ def test_importance_weights_come_from_the_behaviour_version(tmp_path, tiny_dir):
 
 
 def test_kl_to_the_reference_is_zero_at_the_reference_and_grows_with_drift(tmp_path, tiny_dir):
-    from policies.trainer import Trainer
+    from policies.learning.trainer import Trainer
 
     t = Trainer(_settings(tmp_path, lr=0.0, kl_coef=0.1), tiny_dir)
     assert t.train_step([_group()])["kl"] == pytest.approx(0.0, abs=1e-6)
@@ -66,7 +66,7 @@ def test_kl_to_the_reference_is_zero_at_the_reference_and_grows_with_drift(tmp_p
 
 
 def test_micro_batches_accumulate_the_same_gradient(tmp_path, tiny_dir):
-    from policies.trainer import Trainer
+    from policies.learning.trainer import Trainer
 
     grads = []
     long = _group().model_copy(update={"group_id": "long", "samples": [
@@ -109,10 +109,10 @@ def test_staleness_follows_the_lineage(tmp_path):
 def test_reference_samples_train_off_policy_without_behaviour_weights(tmp_path, tiny_dir):
     """A verified reference added to a failed group (mixed-policy GRPO): it needs no behaviour version's
     file, is counted apart, raises its own likelihood, and does not count towards ADPO's consistency."""
-    from policies.groups import behaviour_of
-    from policies.model_store import REFERENCE
-    from policies import grpo
-    from policies.trainer import Trainer
+    from policies.learning.groups import behaviour_of
+    from policies.weights.model_store import REFERENCE
+    from policies.learning import grpo
+    from policies.learning.trainer import Trainer
 
     s = _settings(tmp_path, lr=1e-3, kl_coef=0.0, adca_alpha=0.0, bf16=False)
     t = Trainer(s, tiny_dir)
@@ -139,7 +139,7 @@ def test_reference_samples_train_off_policy_without_behaviour_weights(tmp_path, 
 
 
 def test_floor_groups_teach_by_the_reference_alone():
-    from policies.groups import floor_scales
+    from policies.learning.groups import floor_scales
 
     fail = [Sample(sample_id=str(i), messages=[], outcome=0.0) for i in range(3)]
     ref = Sample(sample_id="r", messages=[], outcome=1.0, off_policy=True)
@@ -153,7 +153,7 @@ def test_floor_groups_teach_by_the_reference_alone():
 
 
 def test_reference_is_kept_only_where_the_policy_alone_teaches_nothing():
-    from policies.groups import at_floor
+    from policies.learning.groups import at_floor
 
     ref = Sample(sample_id="r", messages=[], outcome=1.0, off_policy=True)
     own = [Sample(sample_id=str(i), messages=[], outcome=0.0) for i in range(3)]
@@ -172,8 +172,8 @@ def test_lora_learner_trains_adapters_only_and_serves_merged_weights(tmp_path, t
     checkpoint holds the adapters, not the base; reset_to makes a version the base again."""
     from transformers import AutoModelForCausalLM
 
-    from policies import grpo
-    from policies.trainer import Trainer
+    from policies.learning import grpo
+    from policies.learning.trainer import Trainer
 
     s = _settings(tmp_path, lora_rank=4, lora_alpha=8.0, base_dtype="float32", lr=1e-2, kl_coef=0.01)
     t = Trainer(s, tiny_dir)
@@ -212,8 +212,8 @@ def test_lora_learner_trains_adapters_only_and_serves_merged_weights(tmp_path, t
 
 
 def test_lora_behaviour_of_a_stale_sample_uses_that_versions_adapters(tmp_path, tiny_dir):
-    from policies import grpo
-    from policies.trainer import Trainer
+    from policies.learning import grpo
+    from policies.learning.trainer import Trainer
 
     s = _settings(tmp_path, lora_rank=4, lora_alpha=8.0, base_dtype="float32", lr=1e-2)
     t = Trainer(s, tiny_dir)
@@ -234,7 +234,7 @@ def test_lora_behaviour_of_a_stale_sample_uses_that_versions_adapters(tmp_path, 
 def test_a_second_pass_reuses_the_first_passs_log_probs_exactly(tmp_path, tiny_dir):
     """`learner.replay_groups`: a group the step before trained keeps its pi_behav and pi_ref from then. The
     step comes out as it does with both recomputed from the behaviour version's file and the base model."""
-    from policies.trainer import Trainer
+    from policies.learning.trainer import Trainer
 
     def two_steps(root, forget: bool):
         s = _settings(root, lr=1e-3, kl_coef=0.01)
@@ -265,7 +265,7 @@ def test_a_step_without_signal_leaves_the_weights_alone(tmp_path, tiny_dir):
     """Two rated steps with the same tokens and opposite advantages cancel: no gradient, so no update (AdamW would
     still move every weight by its momentum and weight decay). A rated pair of one conversation did this while the
     earlier answer, which is context, was trained as a step."""
-    from policies.trainer import Trainer
+    from policies.learning.trainer import Trainer
 
     s = _settings(tmp_path, lr=1e-3, kl_coef=0.0)
     t = Trainer(s, tiny_dir, WeightsStore(s.state))

@@ -2,7 +2,7 @@
 the model for a behaviour policy it cannot recompute."""
 import pytest
 
-from policies.model_store import WeightsStore
+from policies.weights.model_store import WeightsStore
 from test_trainer import _group, _settings
 
 
@@ -11,8 +11,8 @@ def test_lora_export_holds_one_layers_delta_at_a_time(tmp_path, tiny_dir, monkey
     once (~24 GiB). The export computes one, merges it and lets it go before the next."""
     import weakref
 
-    from policies import lora
-    from policies.trainer import Trainer
+    from policies.learning import lora
+    from policies.learning.trainer import Trainer
 
     s = _settings(tmp_path, lora_rank=4, lora_alpha=8.0, base_dtype="float32", lr=1e-2, kl_coef=0.0)
     t = Trainer(s, tiny_dir)
@@ -33,7 +33,7 @@ def test_lora_export_holds_one_layers_delta_at_a_time(tmp_path, tiny_dir, monkey
 def test_a_lora_learner_never_loads_a_full_copy_for_a_behaviour_it_cannot_recompute(tmp_path, tiny_dir):
     """Under LoRA a stale sample's behaviour is the model with that version's adapters; when they are gone (after a
     restart or a reset) a full copy would be +14 GiB at 7B that no plan counts: the sample is stale instead."""
-    from policies.trainer import Trainer
+    from policies.learning.trainer import Trainer
 
     s = _settings(tmp_path, lora_rank=4, lora_alpha=8.0, base_dtype="float32", lr=1e-2, kl_coef=0.0)
     t = Trainer(s, tiny_dir, WeightsStore(s.state))

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from actors.events import RetrieveReply, ToolSpec
-from policies.generation import Generation
+from policies.engines.generation import Generation
 from serve.interactions import Turn
 from serve.schemas import ChatRequest
 

@@ -64,7 +64,7 @@ class FakeTokenizer:
 
 
 def _engine(**kw):
-    from policies.vllm_engine import VllmEngine
+    from policies.engines.vllm_engine import VllmEngine
 
     return VllmEngine("unused", engine=FakeAsyncLLM(**kw), tokenizer=FakeTokenizer(), sampling_params=dict)
 
@@ -136,7 +136,7 @@ def test_vllm_scoring_choice_and_streaming():
 def test_vllm_worker_extension_loads_a_file_in_place(tmp_path):
     from safetensors.torch import save_file
 
-    from policies.vllm_worker import WeightLoader
+    from policies.engines.vllm_worker import WeightLoader
 
     save_file({"model.layers.0.w": torch.ones(2), "model.norm.weight": torch.zeros(3)}, str(tmp_path / "w.safetensors"))
     seen = {}
@@ -152,7 +152,7 @@ def test_standby_engine_swaps_without_waiting_for_a_running_generation(model_dir
 
     from actors.events import ChatMessage
     from policies.chat import render
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
 
     eng = TransformersEngine(model_dir, standby=True)
     prompt = render([ChatMessage(role="user", content="Tell me about Paris.")])
@@ -178,7 +178,7 @@ def test_standby_engine_swaps_without_waiting_for_a_running_generation(model_dir
 def test_vllm_worker_refuses_a_file_that_leaves_parameters_unchanged(tmp_path):
     from safetensors.torch import save_file
 
-    from policies.vllm_worker import WeightLoader
+    from policies.engines.vllm_worker import WeightLoader
 
     save_file({"model.norm.weight": torch.zeros(3)}, str(tmp_path / "w.safetensors"))
     params = [("model.norm.weight", None), ("lm_head.weight", None)]  # an untied head the file lacks
@@ -191,8 +191,8 @@ def test_vllm_worker_refuses_a_file_that_leaves_parameters_unchanged(tmp_path):
 
 @pytest.mark.parametrize("which", ["untied", "tied"])
 def test_every_trained_parameter_reaches_the_serving_engine(which, untied_dir, model_dir, settings):
-    from policies.engine import TransformersEngine
-    from policies.trainer import Trainer
+    from policies.engines.engine import TransformersEngine
+    from policies.learning.trainer import Trainer
 
     d = untied_dir if which == "untied" else model_dir
     t = Trainer(settings, d)

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from policies.model_store import file_stat, sha256_file
+from policies.weights.model_store import file_stat, sha256_file
 from bus_nodes import connect, node, replica_of, save, stream_name, two_nodes, until  # noqa: E402  (tests/unit is on sys.path)
 
 
@@ -30,7 +30,7 @@ def test_a_version_is_fetched_into_an_empty_second_state_dir_verified_once_and_l
         assert "weights.fetched" in log.events("info") and not log.events("error")
         assert not list((tmp_path / "b" / "weights").glob(".*.fetch"))  # no temp file left
 
-        import policies.model_store as store
+        import policies.weights.model_store as store
         import serve.weights as engines  # another replica on node B: a stat, not a hash
         for module in (engines, store):
             monkeypatch.setattr(module, "sha256_file", lambda p: pytest.fail("re-hashed a verified file"))
@@ -166,7 +166,7 @@ def test_a_broadcaster_on_another_node_than_the_learner_fetches_what_it_stages(t
     from actors.broadcaster import Broadcaster
     from actors.events import WeightsPublished, WeightsStatus
     from actors.lifecycles import WeightsState as S
-    from policies.promotion import PromotionBook
+    from policies.promotion.book import PromotionBook
 
     class FakeBus:
         def __init__(self):
