@@ -8,6 +8,7 @@
     5  deploy
     6  main.py
 A module imports only from its own layer or below; actors never import each other (DESIGN.md).
+The subpackages of policies/ import one another one way too, and hold no code in their __init__.py.
 """
 import ast
 from pathlib import Path
@@ -28,11 +29,12 @@ def layer(module: str) -> int:
 
 
 def modules() -> dict[str, Path]:
+    """Every module by its dotted name, subpackages included (`policies.engines.engine`)."""
     out = {"main": ROOT / "main.py"}
     for pkg in PACKAGES:
-        for p in sorted((ROOT / pkg).glob("*.py")):
+        for p in sorted((ROOT / pkg).rglob("*.py")):
             if p.name != "__init__.py":
-                out[f"{pkg}.{p.stem}"] = p
+                out[".".join(p.relative_to(ROOT).with_suffix("").parts)] = p
     return out
 
 
@@ -102,4 +104,33 @@ def test_only_main_writes_the_process_environment():
             if isinstance(target, ast.Attribute) and target.attr == "environ" and (
                     isinstance(node, ast.Assign) or node.func.attr in ("update", "setdefault", "pop", "__setitem__")):
                 wrong.append(f"{m}:{node.lineno}")
+    assert not wrong, wrong
+
+
+def test_policies_subpackages_import_one_way():
+    """`policies.tasks` may use `policies.learning`, but then nothing in learning uses tasks; the modules at the top
+    of policies/ use no subpackage."""
+    def sub(m: str) -> str | None:
+        parts = m.split(".")
+        return parts[1] if parts[0] == "policies" and len(parts) > 2 else None
+    g: dict[str, set[str]] = {}
+    for m, deps in graph().items():
+        if sub(m):
+            g.setdefault(sub(m), set()).update(s for d in deps if (s := sub(d)) and s != sub(m))
+    both = sorted(f"{a} <-> {b}" for a in g for b in g[a] if a < b and a in g.get(b, set()))
+    reach = {a: set(g[a]) for a in g}
+    for _ in g:
+        for a in reach:
+            reach[a] |= {c for b in list(reach[a]) for c in g.get(b, set())}
+    cyclic = sorted(a for a in reach if a in reach[a])
+    shared_up = sorted(f"{m} imports {d}" for m, deps in graph().items()  # policies/*.py: shared, below them all
+                       if m.count(".") == 1 and m.startswith("policies.") for d in deps if sub(d))
+    assert not both and not cyclic and not shared_up, (both, cyclic, shared_up)
+
+
+def test_policies_subpackages_hold_no_code_in_init():
+    """An __init__.py says what its subpackage holds; nothing is imported or re-exported through it."""
+    wrong = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "policies").glob("*/__init__.py"))
+             if any(not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)) for n in ast.parse(p.read_text()).body)
+             or not ast.get_docstring(ast.parse(p.read_text()))]
     assert not wrong, wrong
