@@ -5,6 +5,7 @@ interaction `evo.interaction.<interaction_id>`, so the stream's own subject inde
 Readers are tolerant at run time (unknown fields ignored), strict in tests (`strict()` forbids extras). Large
 payloads never travel here: weights are referenced by path + sha256.
 """
+
 from __future__ import annotations
 
 import re
@@ -15,8 +16,20 @@ from pydantic import Field, TypeAdapter
 from actors import messages
 from actors.lifecycles import TaskState, WeightsState
 from actors.messages import (  # noqa: F401  (the shared parts are part of this module's interface)
-    DEFAULT_SYSTEM, ChatMessage, FunctionSpec, RetrievedExperience, RetrieveReply, RetrieveRequest, Sample, ToolCall, ToolSpec,
-    Wire, _now, derived_id, new_id)
+    DEFAULT_SYSTEM,
+    ChatMessage,
+    FunctionSpec,
+    RetrievedExperience,
+    RetrieveReply,
+    RetrieveRequest,
+    Sample,
+    ToolCall,
+    ToolSpec,
+    Wire,
+    _now,
+    derived_id,
+    new_id,
+)
 
 SCHEMA_VERSION = 1
 
@@ -45,10 +58,14 @@ class Interaction(Event):
     latency_ms: float = 0.0
     replica: str = ""
     trace_context: dict[str, str] = Field({}, description="W3C trace headers of the HTTP request (for feedback)")
-    mixed_weights: bool = Field(False, description="a weights swap happened while the answer was generated: its "
-                                "first tokens come from `weights_version`, the rest from the next (not trainable)")
-    conversation: str = Field("", description="the client's own conversation key (metadata conversation_id, "
-                              "thread_id or session_id), when it sent one")
+    mixed_weights: bool = Field(
+        False,
+        description="a weights swap happened while the answer was generated: its "
+        "first tokens come from `weights_version`, the rest from the next (not trainable)",
+    )
+    conversation: str = Field(
+        "", description="the client's own conversation key (metadata conversation_id, thread_id or session_id), when it sent one"
+    )
 
 
 class Feedback(Event):
@@ -112,8 +129,11 @@ class Judgement(Event):
     step_labels: list[list[Literal["GOOD", "BAD"]]]
     judge: str = "env"
     source_event_ids: list[str] = []
-    behaviour_versions: list[str] = Field([], description="weights version that generated each sample, when they "
-                                          "differ (pooled live groups); empty = the envelope's weights_version")
+    behaviour_versions: list[str] = Field(
+        [],
+        description="weights version that generated each sample, when they "
+        "differ (pooled live groups); empty = the envelope's weights_version",
+    )
     judge_labels: list[list[str]] | None = Field(None, description="the judge's own labels (None: not judged)")
     judge_scores: list[float] = Field([], description="reference-based outcome score per sample, 0..100")
     agreement: float | None = Field(None, description="share of steps where judge and environment agree")
@@ -121,8 +141,11 @@ class Judgement(Event):
     origin: Literal["env", "synthetic", "live"] = "env"
     user_hashes: list[str] = Field([], description="hashed user per sample (live judgements)")
     comments: list[str] = Field([], description="the user's feedback comment per sample (live judgements)")
-    signals: list[str] = Field([], description="per sample, what happened next that gave its outcome (a rule of "
-                               "policies/judge/conversations.SIGNALS) when no user rated it")
+    signals: list[str] = Field(
+        [],
+        description="per sample, what happened next that gave its outcome (a rule of "
+        "policies/judge/conversations.SIGNALS) when no user rated it",
+    )
 
 
 class Experience(Event):
@@ -165,8 +188,9 @@ class WeightsRef(Wire):
 class WeightsPublished(Event):
     kind: Literal["weights_published"] = "weights_published"
     weights: WeightsRef
-    force: bool = Field(False, description="operator-forced: skip the gate and the canary (live monitoring and "
-                        "automatic rollback still apply)")
+    force: bool = Field(
+        False, description="operator-forced: skip the gate and the canary (live monitoring and automatic rollback still apply)"
+    )
     reason: str = ""
 
 
@@ -253,8 +277,24 @@ class DeadLetter(Event):
     payload: str = Field("", description="the poison payload, truncated to 64 KiB")
 
 
-_MODELS = (Interaction, Feedback, Task, TaskStatus, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
-           WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsStatus, WeightsSwapped, DeadLetter, HeldoutScored)
+_MODELS = (
+    Interaction,
+    Feedback,
+    Task,
+    TaskStatus,
+    Rollout,
+    Judgement,
+    Experience,
+    LearnerStep,
+    WeightsPublished,
+    WeightsPromoted,
+    WeightsRejected,
+    WeightsRolledBack,
+    WeightsStatus,
+    WeightsSwapped,
+    DeadLetter,
+    HeldoutScored,
+)
 AnyEvent = Annotated[Union[_MODELS], Field(discriminator="kind")]
 _ADAPTER: TypeAdapter = TypeAdapter(AnyEvent)
 KINDS: tuple[str, ...] = tuple(m.model_fields["kind"].default for m in _MODELS)
@@ -283,7 +323,7 @@ def subjects_of(kind: str, prefix: str = "evo") -> list[str]:
 
 def kind_of(subject: str, prefix: str = "evo") -> str | None:
     """The kind of an event stored under `subject`; None when it is not one of ours."""
-    parts = subject[len(prefix) + 1:].split(".") if subject.startswith(prefix + ".") else []
+    parts = subject[len(prefix) + 1 :].split(".") if subject.startswith(prefix + ".") else []
     ok = bool(parts) and parts[0] in KINDS and (len(parts) == 1 or (len(parts) == 2 and parts[0] in KEYED))
     return parts[0] if ok else None
 

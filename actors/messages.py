@@ -2,6 +2,7 @@
 
 Readers are tolerant at run time (unknown fields ignored) and strict in tests (`strict()`).
 """
+
 from __future__ import annotations
 
 import uuid
@@ -92,11 +93,17 @@ class Sample(Wire):
     experience_ids: list[str] = []
     experiences: list[str] = Field([], description="experience text a guided sample saw (not in `messages`)")
     error: str | None = None
-    off_policy: bool = Field(False, description="a verified reference trajectory replayed in the environment, not "
-                             "sampled from any weights version (mixed-policy GRPO); never counts as the policy's own")
-    hint: str = Field("", description="a live step no user rated whose next turn says what was wrong (a tool's "
-                      "error, a correction): that next turn, the hindsight teacher's context (policies/learning/hindsight.py); "
-                      "never trained on")
+    off_policy: bool = Field(
+        False,
+        description="a verified reference trajectory replayed in the environment, not "
+        "sampled from any weights version (mixed-policy GRPO); never counts as the policy's own",
+    )
+    hint: str = Field(
+        "",
+        description="a live step no user rated whose next turn says what was wrong (a tool's "
+        "error, a correction): that next turn, the hindsight teacher's context (policies/learning/hindsight.py); "
+        "never trained on",
+    )
 
 
 # ----------------------------------------------------------------------------- request / reply (not events)

@@ -19,6 +19,7 @@ synthetic task, its self-consistency p (Agent0: share of the group agreeing with
 verdict) decides: inside [band_low, band_high] it stays active and is issued again (up to
 `max_issues`), outside it retires as too easy or too hard.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -100,9 +101,19 @@ class Questioner(EventActor):
     handle_weights_rolled_back = handle_weights_promoted
 
     def _save(self) -> None:
-        atomic_write_bytes(self.state_file, json.dumps({
-            **self.data.state(), "ladder": self.ladder.state(), "synth": self.book.dump(),
-            "sigs": sorted(self.sigs), "visits": dict(self.visits), "mix": self.mix}).encode())
+        atomic_write_bytes(
+            self.state_file,
+            json.dumps(
+                {
+                    **self.data.state(),
+                    "ladder": self.ladder.state(),
+                    "synth": self.book.dump(),
+                    "sigs": sorted(self.sigs),
+                    "visits": dict(self.visits),
+                    "mix": self.mix,
+                }
+            ).encode(),
+        )
 
     # ------------------------------------------------------------------ inputs
     async def handle_interaction(self, ev: Interaction, msg):
@@ -118,8 +129,11 @@ class Questioner(EventActor):
             return
         # synthetic tasks climb too: rung n = references of n + 1 calls (one explicit call first)
         self.ladder.record(SYNTHETIC, len(rec.reference) - 1, [s.outcome for s in j.samples if not s.off_policy])
-        p, reason = band_decision([s.outcome for s in j.samples if not s.off_policy], self.settings.questioner.band_low,
-                                  self.settings.questioner.band_high)
+        p, reason = band_decision(
+            [s.outcome for s in j.samples if not s.off_policy],
+            self.settings.questioner.band_low,
+            self.settings.questioner.band_high,
+        )
         rec.consistency, rec.judged = p, rec.judged + 1
         if reason is None and rec.issued >= self.settings.questioner.max_issues:
             reason = f"issued {rec.issued} times while in band (consistency {p:.2f}); done"
@@ -182,8 +196,15 @@ class Questioner(EventActor):
         key, round_ = self.next_entry()
         env_name, entry = key.split("\t")
         env = self.envs[env_name]
-        event = Task(event_id=task_event_id(key, round_), task_id=f"{env_name}:{entry}:{round_}",
-                     env=env_name, entry_id=entry, split="train", origin="env", query=env.query_of(entry))
+        event = Task(
+            event_id=task_event_id(key, round_),
+            task_id=f"{env_name}:{entry}:{round_}",
+            env=env_name,
+            entry_id=entry,
+            split="train",
+            origin="env",
+            query=env.query_of(entry),
+        )
         await self.bus.publish(event, weights_version=self.weights_version)
         self.mix["env"] += 1
         self._save()
@@ -195,9 +216,17 @@ class Questioner(EventActor):
         rec.issued, rec.due = rec.issued + 1, False
         if rec.status == T.VERIFIED:
             await self._status(rec, T.ACTIVE, "issued to the explorer")
-        event = Task(event_id=task_event_id(task_id, rec.issued), task_id=task_id, env=rec.env, entry_id=rec.entry,
-                     split="train", origin="synthetic", query=rec.query, reference=rec.reference,
-                     base_entry_id=rec.base)
+        event = Task(
+            event_id=task_event_id(task_id, rec.issued),
+            task_id=task_id,
+            env=rec.env,
+            entry_id=rec.entry,
+            split="train",
+            origin="synthetic",
+            query=rec.query,
+            reference=rec.reference,
+            base_entry_id=rec.base,
+        )
         await self.bus.publish(event, weights_version=self.weights_version)
         self.mix["synthetic"] += 1
         self._save()
@@ -213,7 +242,7 @@ class Questioner(EventActor):
             ids = env.entries("train")
             vecs = []
             for i in range(0, len(ids), 64):
-                vecs.extend(self._embedder.embed([env.query_of(e)[:300] for e in ids[i:i + 64]]))
+                vecs.extend(self._embedder.embed([env.query_of(e)[:300] for e in ids[i : i + 64]]))
             self._entry_vecs[env_name] = (ids, torch.tensor(vecs))
         return self._entry_vecs[env_name]
 
@@ -240,8 +269,10 @@ class Questioner(EventActor):
         base = self._pick_base(env_name, live)
         exp = syn.explore(self._gen, env, base, q.explore_steps, self.visits, self.rng)
         trace = [f"{s.call} -> {'ok' if s.ok else 'error'}: {s.result[:160]}" for s in exp.steps]
-        record_exploration(self.settings.state / "questioner" / "explorations.jsonl",
-                           {"env": env_name, "base": base, "steps": trace, "weights_version": self.weights_version})
+        record_exploration(
+            self.settings.state / "questioner" / "explorations.jsonl",
+            {"env": env_name, "base": base, "steps": trace, "weights_version": self.weights_version},
+        )
         calls = 1 + self.ladder.rung(SYNTHETIC, list(range(q.max_reference_calls)))
         exp.steps = [s for s in exp.steps if s.ok][:calls]
         if not exp.reference:
@@ -251,8 +282,17 @@ class Questioner(EventActor):
         query = syn.normalise(query)
         sig = syn.signature(env_name, base, exp.reference)
         entry = syn.task_entry_id(sig)
-        rec = SyntheticTask(task_id=f"syn:{entry}", env=env_name, entry=entry, base=base, query=query,
-                            reference=exp.reference, synthesizer=synthesizer, sig=sig, exploration=trace)
+        rec = SyntheticTask(
+            task_id=f"syn:{entry}",
+            env=env_name,
+            entry=entry,
+            base=base,
+            query=query,
+            reference=exp.reference,
+            synthesizer=synthesizer,
+            sig=sig,
+            exploration=trace,
+        )
         if sig in self.sigs:  # the very same task again: nothing new to propose
             return {"outcome": "empty", "base": base}
         vec = self._embedder.embed([query])[0]
@@ -285,9 +325,17 @@ class Questioner(EventActor):
 
     def health(self) -> dict:
         counts = self.book.counts() if hasattr(self, "book") else {}
-        ladder = self.ladder.summary({**self.levels, SYNTHETIC: list(range(self.settings.questioner.max_reference_calls))}
-                                     ) if hasattr(self, "ladder") else {}
-        return {**super().health(), "proposed": self.proposed,
-                "cursors": self.data.cursors if hasattr(self, "data") else None, "ladder": ladder,
-                "synthetic": dict(counts), "mix": getattr(self, "mix", None),
-                "synthesizing": hasattr(self, "_synth_job") and self.synthesizing()}
+        ladder = (
+            self.ladder.summary({**self.levels, SYNTHETIC: list(range(self.settings.questioner.max_reference_calls))})
+            if hasattr(self, "ladder")
+            else {}
+        )
+        return {
+            **super().health(),
+            "proposed": self.proposed,
+            "cursors": self.data.cursors if hasattr(self, "data") else None,
+            "ladder": ladder,
+            "synthetic": dict(counts),
+            "mix": getattr(self, "mix", None),
+            "synthesizing": hasattr(self, "_synth_job") and self.synthesizing(),
+        }

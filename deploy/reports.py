@@ -2,6 +2,7 @@
 category) and `report` (the lineage of weights versions with held-out scores against the base, and the curve;
 `report --json` prints the document the live page shows, built by the same code).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,9 +18,14 @@ from deploy.stream_view import connect
 def heldout_cache(s: Settings, envs: dict, per_category, k: int, categories: dict | None = None):
     from policies.evaluation.heldout import HeldoutCache, suite
 
-    return HeldoutCache(s.state / "evals" / "heldout.json", suite(envs, per_category, categories), k=k,
-                        temperature=s.rollout.temperature, max_new_tokens=s.rollout.max_new_tokens,
-                        call_prefix=s.rollout.call_prefix)
+    return HeldoutCache(
+        s.state / "evals" / "heldout.json",
+        suite(envs, per_category, categories),
+        k=k,
+        temperature=s.rollout.temperature,
+        max_new_tokens=s.rollout.max_new_tokens,
+        call_prefix=s.rollout.call_prefix,
+    )
 
 
 async def evolution(s: Settings, run: dict) -> dict:
@@ -114,9 +120,17 @@ def evaluate(s: Settings, args) -> int:
 
     def progress(name, i, n, eid, scores):
         print(f"  [{name} {i}/{n}] {eid}: {[round(x, 2) for x in scores]}", file=sys.stderr, flush=True)
-    rows, result = report.heldout(engine, envs, k=args.k, per_category=args.n, max_new_tokens=s.rollout.max_new_tokens,
-                                  temperature=0.0 if args.k == 1 else s.rollout.temperature,
-                                  call_prefix=s.rollout.call_prefix, progress=progress)
+
+    rows, result = report.heldout(
+        engine,
+        envs,
+        k=args.k,
+        per_category=args.n,
+        max_new_tokens=s.rollout.max_new_tokens,
+        temperature=0.0 if args.k == 1 else s.rollout.temperature,
+        call_prefix=s.rollout.call_prefix,
+        progress=progress,
+    )
     print(report.table(rows, version, args.k))
     out = s.state / "evals" / f"{version}-k{args.k}"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 event models) and `read_events` (every stored event of some kinds, for `report` and the benchmarks).
 A kind is read on all its subjects (`actors.events.subjects_of`): interactions are stored one subject per id.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,8 +37,7 @@ def summarize(ev: E.Event) -> str:
         return f"{ev.task.task_id} outcomes={[round(x.outcome, 2) for x in ev.samples]} {ev.duration_s:.0f}s"
     if isinstance(ev, E.Judgement):
         agree = f" agreement={ev.agreement:.2f}" if ev.agreement is not None else ""
-        return (f"{ev.task_id[:40]} origin={ev.origin} judge={ev.judge} "
-                f"outcomes={[round(x, 2) for x in ev.outcomes]}{agree}")
+        return f"{ev.task_id[:40]} origin={ev.origin} judge={ev.judge} outcomes={[round(x, 2) for x in ev.outcomes]}{agree}"
     if isinstance(ev, E.Experience):
         return f"{'success' if ev.success else 'failure'}: {ev.text[:100]}"
     if isinstance(ev, E.LearnerStep):
@@ -95,6 +95,7 @@ def show_events(s: Settings, run: dict, args) -> int:
                     print(f"{m.subject} <not a valid event ({exc.error_count()} errors), {len(m.data)} bytes>", flush=True)
         finally:
             await bus.close()
+
     try:
         asyncio.run(tail())
     except KeyboardInterrupt:
@@ -123,8 +124,12 @@ async def read_events(s: Settings, run: dict, kinds: list[str]) -> list:
                 await bus.js.get_last_msg(s.nats.stream, subject)
             except NotFoundError:
                 continue
-            sub = await bus.js.subscribe(subject, stream=s.nats.stream, ordered_consumer=True,
-                                         config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
+            sub = await bus.js.subscribe(
+                subject,
+                stream=s.nats.stream,
+                ordered_consumer=True,
+                config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL),
+            )
             try:
                 while True:
                     try:

@@ -7,6 +7,7 @@ strings go through the same parser. Scoring follows BFCL's own checker per turn 
 every backend instance and the response subsequence check); the per-step signal says whether a
 call executed and matched a ground-truth call of the current turn.
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,14 +18,16 @@ from envs.base import Reference, Split, StepResult, split_of
 from envs.bfcl_backends import CATEGORIES, CLASSES, Backends, func_docs, load_category, to_tool_spec  # noqa: F401
 from envs.tool_calls import CallError, ParsedCall, parse_json_call, parse_python_call
 
-SYSTEM = ("You are an assistant that completes the user's request by calling the available functions. "
-          "Call one or more functions when an action is needed; when the request is done, answer briefly in text.")
-
+SYSTEM = (
+    "You are an assistant that completes the user's request by calling the available functions. "
+    "Call one or more functions when an action is needed; when the request is done, answer briefly in text."
+)
 
 
 class BfclEpisode:
-    def __init__(self, entry: dict, truth: list[list[str]], category: str, max_turns: int, max_steps: int,
-                 max_obs_chars: int = 800):
+    def __init__(
+        self, entry: dict, truth: list[list[str]], category: str, max_turns: int, max_steps: int, max_obs_chars: int = 800
+    ):
         self.entry_id = entry["id"]
         self.entry, self.category = entry, category
         self.turns = entry["question"][:max_turns]
@@ -118,6 +121,7 @@ class BfclEpisode:
         if self.turn < 0 or self.turn >= len(self.turns) or len(self.turn_results) > self.turn:
             return
         from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import response_checker, state_checker
+
         state_ok = state_checker(self.model.instances, self.ground.instances)["valid"]
         resp_ok = response_checker(self.model_results, self._gt_results, self.turn)["valid"]
         if state_ok and resp_ok:
@@ -134,8 +138,9 @@ class BfclEpisode:
 
     def snapshot(self) -> dict:
         """Deep copy of everything that changes: both backend sets and the turn bookkeeping."""
-        return copy.deepcopy({"model": self.model.instances, "ground": self.ground.instances,
-                              **{k: getattr(self, k) for k in self._STATE}})
+        return copy.deepcopy(
+            {"model": self.model.instances, "ground": self.ground.instances, **{k: getattr(self, k) for k in self._STATE}}
+        )
 
     def restore(self, snap: dict) -> None:
         snap = copy.deepcopy(snap)
@@ -169,8 +174,15 @@ class BfclEnvironment:
 
     name = "bfcl"
 
-    def __init__(self, categories=("base",), classes=None, max_turns: int = 4, max_steps_per_turn: int = 4,
-                 heldout_fraction: float = 0.2, max_observation_chars: int = 800):
+    def __init__(
+        self,
+        categories=("base",),
+        classes=None,
+        max_turns: int = 4,
+        max_steps_per_turn: int = 4,
+        heldout_fraction: float = 0.2,
+        max_observation_chars: int = 800,
+    ):
         self.categories = tuple(categories)
         self.classes = set(classes) if classes else None
         self.max_turns, self.max_steps = max_turns, max_steps_per_turn
@@ -184,8 +196,14 @@ class BfclEnvironment:
 
     @classmethod
     def from_settings(cls, env) -> "BfclEnvironment":
-        return cls(env.bfcl_categories, env.bfcl_classes, env.max_turns, env.max_steps_per_turn, env.heldout_fraction,
-                   env.max_observation_chars)
+        return cls(
+            env.bfcl_categories,
+            env.bfcl_classes,
+            env.max_turns,
+            env.max_steps_per_turn,
+            env.heldout_fraction,
+            env.max_observation_chars,
+        )
 
     def entries(self, split: Split) -> list[str]:
         return sorted(e for e in self._index if split_of(e, self.heldout_fraction) == split)
@@ -215,9 +233,13 @@ class BfclEnvironment:
         for call in reference:
             parse_python_call(call)  # raises CallError on anything that is not a plain call
         base = load_category(cat)[0][base_id]
-        entry = {"id": entry_id, "question": [[{"role": "user", "content": query}]],
-                 "initial_config": base["initial_config"], "involved_classes": base["involved_classes"],
-                 "excluded_function": base.get("excluded_function", [])}
+        entry = {
+            "id": entry_id,
+            "question": [[{"role": "user", "content": query}]],
+            "initial_config": base["initial_config"],
+            "involved_classes": base["involved_classes"],
+            "excluded_function": base.get("excluded_function", []),
+        }
         return BfclEpisode(entry, [reference], cat, 1, self.max_steps, self.max_obs)
 
     def category_of(self, entry_id: str) -> str:
@@ -234,10 +256,10 @@ class BfclEnvironment:
         call = parse_python_call(truth[0])
         if call.args:
             return None
-        action = ChatMessage(role="assistant", tool_calls=[ToolCall(id="ref", name=call.name,
-                                                                    arguments=json.dumps(call.kwargs))])
-        return Reference([ChatMessage(role="system", content=ep.system_prompt), ChatMessage(role="user", content=user)],
-                         ep.tools, action)
+        action = ChatMessage(role="assistant", tool_calls=[ToolCall(id="ref", name=call.name, arguments=json.dumps(call.kwargs))])
+        return Reference(
+            [ChatMessage(role="system", content=ep.system_prompt), ChatMessage(role="user", content=user)], ep.tools, action
+        )
 
     def reference_solution(self, entry_id: str, spec: dict | None = None) -> list[list[ChatMessage]] | None:
         """A known-good trajectory, per turn: the ground-truth calls of the turn in one action (a synthetic
@@ -251,8 +273,14 @@ class BfclEnvironment:
                 return None
             actions = []
             if parsed:
-                actions.append(ChatMessage(role="assistant", tool_calls=[
-                    ToolCall(id=f"ref-{k}-{i}", name=c.name, arguments=json.dumps(c.kwargs)) for i, c in enumerate(parsed)]))
+                actions.append(
+                    ChatMessage(
+                        role="assistant",
+                        tool_calls=[
+                            ToolCall(id=f"ref-{k}-{i}", name=c.name, arguments=json.dumps(c.kwargs)) for i, c in enumerate(parsed)
+                        ],
+                    )
+                )
             actions.append(ChatMessage(role="assistant", content="Done."))
             turns.append(actions)
         return turns

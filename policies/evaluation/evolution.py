@@ -21,6 +21,7 @@ The interval is Wilson's with n = entries scored: an entry's avg@k varies no mor
 so it is conservative for the rate over entries. "Newest" is by stream order; an event id seen among the last
 SEEN_KEEP is skipped (a publish retried after JetStream's duplicate window).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,19 +29,48 @@ import math
 from collections import Counter, OrderedDict, deque
 from datetime import datetime
 
-from actors.events import (Experience, Feedback, HeldoutScored, Interaction, Judgement, LearnerStep, Rollout,
-                           WeightsPromoted, WeightsPublished, WeightsRolledBack, WeightsStatus, kind_of, parse_event)
+from actors.events import (
+    Experience,
+    Feedback,
+    HeldoutScored,
+    Interaction,
+    Judgement,
+    LearnerStep,
+    Rollout,
+    WeightsPromoted,
+    WeightsPublished,
+    WeightsRolledBack,
+    WeightsStatus,
+    kind_of,
+    parse_event,
+)
 from policies.memory.experience import guided_helped
 from policies.evaluation.lineage import lineage
 from policies.weights.model_store import BASE_VERSION
 from policies.stats import wilson
 
-KINDS = ("interaction", "feedback", "rollout", "judgement", "experience", "learner_step", "weights_published",
-         "weights_status", "weights_promoted", "weights_rolled_back", "heldout_scored")
+KINDS = (
+    "interaction",
+    "feedback",
+    "rollout",
+    "judgement",
+    "experience",
+    "learner_step",
+    "weights_published",
+    "weights_status",
+    "weights_promoted",
+    "weights_rolled_back",
+    "heldout_scored",
+)
 LINEAGE = (LearnerStep, WeightsPublished, WeightsStatus, WeightsPromoted, WeightsRolledBack)
-STAGES = {"explore": "a rollout group generated", "judge": "rollout -> judgement", "learn": "one learner step",
-          "publish": "judged groups -> version published", "gate": "published -> gate decision",
-          "served": "interaction -> served (canary or live)"}
+STAGES = {
+    "explore": "a rollout group generated",
+    "judge": "rollout -> judgement",
+    "learn": "one learner step",
+    "publish": "judged groups -> version published",
+    "gate": "published -> gate decision",
+    "served": "interaction -> served (canary or live)",
+}
 SEEN_KEEP, KEEP, STAGE_KEEP, SIGNAL_KEEP, TOP = 20_000, 50_000, 500, 500, 5
 
 
@@ -119,15 +149,28 @@ class Evolution:
             for exp_id in used:
                 self._use(exp_id, ev.score > 0)
         elif isinstance(ev, Experience):
-            self._exps[ev.experience_id] = {"id": ev.experience_id, "state": ev.state, "success": ev.success,
-                                            "origin": ev.origin, "support": ev.support, "text": ev.text[:160]}
+            self._exps[ev.experience_id] = {
+                "id": ev.experience_id,
+                "state": ev.state,
+                "success": ev.success,
+                "origin": ev.origin,
+                "support": ev.support,
+                "text": ev.text[:160],
+            }
         elif isinstance(ev, LearnerStep):
             m = ev.metrics
             new = sum(m.get(f"groups_{o}", 0.0) for o in ("env", "synthetic", "live"))
-            _put(self._signal, ev.step, {"informative": m.get("informative_share"),
-                                         "informative_own": m.get("informative_own_share"),
-                                         "live": m.get("groups_live", 0.0) / new if new else None,
-                                         "groups": ev.groups}, keep=SIGNAL_KEEP)
+            _put(
+                self._signal,
+                ev.step,
+                {
+                    "informative": m.get("informative_share"),
+                    "informative_own": m.get("informative_own_share"),
+                    "live": m.get("groups_live", 0.0) / new if new else None,
+                    "groups": ev.groups,
+                },
+                keep=SIGNAL_KEEP,
+            )
         elif isinstance(ev, HeldoutScored):
             self._checks[(ev.version, ev.env)] = ev
 
@@ -154,29 +197,61 @@ class Evolution:
         for (version, env), h in self._checks.items():
             lo, hi = wilson(h.avg, h.entries)
             heldout.setdefault(version, {})[env] = {
-                "avg": _r(h.avg), "lo": _r(lo), "hi": _r(hi), "base_avg": _r(h.base_avg), "delta": _r(h.delta),
-                "p_value": _r(h.p_value), "wins": h.wins, "losses": h.losses, "n": h.entries,
-                "suite_entries": h.suite_entries, "k": h.k, "verdict": h.verdict, "at": h.occurred_at}
+                "avg": _r(h.avg),
+                "lo": _r(lo),
+                "hi": _r(hi),
+                "base_avg": _r(h.base_avg),
+                "delta": _r(h.delta),
+                "p_value": _r(h.p_value),
+                "wins": h.wins,
+                "losses": h.losses,
+                "n": h.entries,
+                "suite_entries": h.suite_entries,
+                "k": h.k,
+                "verdict": h.verdict,
+                "at": h.occurred_at,
+            }
             if env not in base or h.entries >= base[env]["n"]:
                 base[env] = _rate(h.base_avg, h.entries)
-        return {"seq": self.seq, "rows": rows, "heldout": heldout, "base": base,
-                "curve": {env: _curve(env, rows, heldout, base[env]) for env in sorted(base)},
-                "memory": self._memory(), "signal": self._signal_view(), "stages": self._stage_view(rows)}
+        return {
+            "seq": self.seq,
+            "rows": rows,
+            "heldout": heldout,
+            "base": base,
+            "curve": {env: _curve(env, rows, heldout, base[env]) for env in sorted(base)},
+            "memory": self._memory(),
+            "signal": self._signal_view(),
+            "stages": self._stage_view(rows),
+        }
 
     def _memory(self) -> dict:
         states = Counter(e["state"] for e in self._exps.values())
         top = sorted(((u[1], u[0], i) for i, u in self._uses.items() if u[1] > 0), reverse=True)[:TOP]
-        return {"active": states["active"], "quarantined": states["quarantined"], "retired": states["retired"],
-                "merged": sum(e["support"] - 1 for e in self._exps.values()), **self.counts,
-                "uses": sum(u[0] for u in self._uses.values()), "helped": sum(u[1] for u in self._uses.values()),
-                "top": [{"id": i, "uses": uses, "helped": helped, **{k: self._exps.get(i, {}).get(k) for k in
-                                                                     ("text", "state", "success", "origin")}}
-                        for helped, uses, i in top]}
+        return {
+            "active": states["active"],
+            "quarantined": states["quarantined"],
+            "retired": states["retired"],
+            "merged": sum(e["support"] - 1 for e in self._exps.values()),
+            **self.counts,
+            "uses": sum(u[0] for u in self._uses.values()),
+            "helped": sum(u[1] for u in self._uses.values()),
+            "top": [
+                {
+                    "id": i,
+                    "uses": uses,
+                    "helped": helped,
+                    **{k: self._exps.get(i, {}).get(k) for k in ("text", "state", "success", "origin")},
+                }
+                for helped, uses, i in top
+            ],
+        }
 
     def _signal_view(self) -> dict:
         steps = sorted(self._signal)
-        return {"step": steps, **{k: [_r(self._signal[s][k]) for s in steps]
-                                  for k in ("informative", "informative_own", "live", "groups")}}
+        return {
+            "step": steps,
+            **{k: [_r(self._signal[s][k]) for s in steps] for k in ("informative", "informative_own", "live", "groups")},
+        }
 
     def _stage_view(self, rows: list[dict]) -> list[dict]:
         from_rows = {"learn": "step_s", "publish": "published_after_s", "gate": "gate_s", "served": "served_after_s"}
@@ -186,17 +261,29 @@ class Evolution:
                 values = [r[from_rows[stage]] for r in rows if r[from_rows[stage]] is not None][-STAGE_KEEP:]
             else:
                 values = list(self._stages[stage])
-            out.append({"stage": stage, "what": what, "n": len(values), "p50": _pct(values, 0.5),
-                        "p90": _pct(values, 0.9), "last": values[-1] if values else None})
+            out.append(
+                {
+                    "stage": stage,
+                    "what": what,
+                    "n": len(values),
+                    "p50": _pct(values, 0.5),
+                    "p90": _pct(values, 0.9),
+                    "last": values[-1] if values else None,
+                }
+            )
         return out
 
 
 def _curve(env: str, rows: list[dict], heldout: dict, base: dict) -> dict:
     pts = [(BASE_VERSION, 0, {**base, "p_value": None, "verdict": "base"})] + [
-        (r["version"], r["step"], heldout[r["version"]][env]) for r in rows if env in heldout.get(r["version"], {})]
-    return {"version": [p[0] for p in pts], "step": [p[1] for p in pts],
-            **{k: [p[2][k] for p in pts] for k in ("avg", "lo", "hi", "p_value", "verdict")},
-            "base": [base["avg"]] * len(pts)}
+        (r["version"], r["step"], heldout[r["version"]][env]) for r in rows if env in heldout.get(r["version"], {})
+    ]
+    return {
+        "version": [p[0] for p in pts],
+        "step": [p[1] for p in pts],
+        **{k: [p[2][k] for p in pts] for k in ("avg", "lo", "hi", "p_value", "verdict")},
+        "base": [base["avg"]] * len(pts),
+    }
 
 
 async def catch_up(evo: Evolution, read, batch: int = 500) -> Evolution:

@@ -7,12 +7,12 @@ long after the judged groups it learned from it was published, how long its gate
 publication to a decision, and when it was first served (canary or live), and its held-out scores next to the
 base's (`policies/evaluation/heldout.py`, paired on the same entries). Pure: it takes typed events, so it is tested without a bus.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
 
-from actors.events import (Event, Judgement, LearnerStep, WeightsPromoted, WeightsPublished, WeightsRolledBack,
-                           WeightsStatus)
+from actors.events import Event, Judgement, LearnerStep, WeightsPromoted, WeightsPublished, WeightsRolledBack, WeightsStatus
 
 
 def _t(iso: str) -> float:
@@ -34,11 +34,24 @@ def lineage(events: list[Event], judged: dict[str, float] | None = None) -> list
         if isinstance(e, WeightsPublished):
             w = e.weights
             srcs = [judged[i] for i in step_sources.get(w.step, []) if i in judged]
-            rows.setdefault(w.version, {"version": w.version, "parent": w.parent, "step": w.step, "status": "published",
-                                        "published_at": e.occurred_at, "learned_from": min(srcs) if srcs else None,
-                                        "published_after_s": round(_t(e.occurred_at) - min(srcs), 1) if srcs else None,
-                                        "step_s": step_s.get(w.step), "gate_s": None,
-                                        "gate": "", "canary": "", "served_after_s": None, "forced": e.force})
+            rows.setdefault(
+                w.version,
+                {
+                    "version": w.version,
+                    "parent": w.parent,
+                    "step": w.step,
+                    "status": "published",
+                    "published_at": e.occurred_at,
+                    "learned_from": min(srcs) if srcs else None,
+                    "published_after_s": round(_t(e.occurred_at) - min(srcs), 1) if srcs else None,
+                    "step_s": step_s.get(w.step),
+                    "gate_s": None,
+                    "gate": "",
+                    "canary": "",
+                    "served_after_s": None,
+                    "forced": e.force,
+                },
+            )
     for e in events:
         row = rows.get(getattr(e, "version", None) or getattr(getattr(e, "weights", None), "version", None) or "")
         if isinstance(e, WeightsStatus) and row is not None:
@@ -63,17 +76,20 @@ def table(rows: list[dict], heldout: dict[str, dict[str, dict]], base_scores: di
     """`heldout[version][env]` = HeldoutCache.versus(base, version)[env]; `base_scores[env]["avg"]`."""
     envs = sorted({env for v in heldout.values() for env in v} | set(base_scores or {}))
     head = f"{'version':<9} {'parent':<9} {'step':>4} {'status':<11} {'served':>7}  " + "".join(
-        f"{env + ' held-out':>22}" for env in envs)
+        f"{env + ' held-out':>22}" for env in envs
+    )
     lines = [head]
     if base_scores:
-        lines.append(f"{'w-000000':<9} {'':<9} {0:>4} {'base':<11} {'':>7}  " + "".join(
-            f"{100 * base_scores[e]['avg']:>21.1f}%" if e in base_scores else f"{'-':>22}" for e in envs))
+        lines.append(
+            f"{'w-000000':<9} {'':<9} {0:>4} {'base':<11} {'':>7}  "
+            + "".join(f"{100 * base_scores[e]['avg']:>21.1f}%" if e in base_scores else f"{'-':>22}" for e in envs)
+        )
     for r in rows:
         served = f"{r['served_after_s']:.0f}s" if r["served_after_s"] is not None else "-"
         cells = ""
         for env in envs:
             h = heldout.get(r["version"], {}).get(env)
-            cells += (f"{100 * h['avg']:>6.1f}% ({100 * h['delta']:+.1f}, p={h['p_value']:.3f})" if h else f"{'-':>22}")
+            cells += f"{100 * h['avg']:>6.1f}% ({100 * h['delta']:+.1f}, p={h['p_value']:.3f})" if h else f"{'-':>22}"
         lines.append(f"{r['version']:<9} {r['parent']:<9} {r['step']:>4} {r['status']:<11} {served:>7}  {cells}")
         for key in ("gate", "canary"):
             if r[key]:
@@ -92,8 +108,10 @@ def curve(rows: list[dict], heldout: dict[str, dict[str, dict]], base_scores: di
     for env in sorted(base_scores):
         pts = [(0, 100 * base_scores[env]["avg"], 1.0)] + [
             (r["step"], 100 * heldout[r["version"]][env]["avg"], heldout[r["version"]][env]["p_value"])
-            for r in rows if env in heldout.get(r["version"], {})]
-        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{env}")
+            for r in rows
+            if env in heldout.get(r["version"], {})
+        ]
+        (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{env}")
         sig = [p for p in pts[1:] if p[2] < 0.05]
         if sig:
             ax.scatter([p[0] for p in sig], [p[1] for p in sig], s=120, facecolors="none", edgecolors=line.get_color())

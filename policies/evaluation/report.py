@@ -1,4 +1,5 @@
 """Held-out evaluation reports: avg@k / best@k per environment and category, as a table and a chart."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +9,9 @@ from policies.rollout import evaluate
 Row = tuple[str, str, int, float, float]  # env, category, tasks, avg, best
 
 
-def heldout(engine, envs: dict, *, k: int, per_category: int, max_new_tokens: int, temperature: float,
-            call_prefix: bool, progress=None) -> tuple[list[Row], dict]:
+def heldout(
+    engine, envs: dict, *, k: int, per_category: int, max_new_tokens: int, temperature: float, call_prefix: bool, progress=None
+) -> tuple[list[Row], dict]:
     """Evaluate each environment's held-out split (optionally the first `per_category` entries of each category)."""
     rows: list[Row] = []
     result: dict = {}
@@ -20,18 +22,31 @@ def heldout(engine, envs: dict, *, k: int, per_category: int, max_new_tokens: in
             for e in entries:
                 by_cat.setdefault(env.category_of(e), []).append(e)
             entries = [e for cat in sorted(by_cat) for e in by_cat[cat][:per_category]]
-        res = evaluate(engine, env, entries, k=k, max_new_tokens=max_new_tokens, temperature=temperature,
-                       call_prefix=call_prefix,
-                       progress=(lambda i, n, eid, sc, name=name: progress(name, i, n, eid, sc)) if progress else None)
+        res = evaluate(
+            engine,
+            env,
+            entries,
+            k=k,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            call_prefix=call_prefix,
+            progress=(lambda i, n, eid, sc, name=name: progress(name, i, n, eid, sc)) if progress else None,
+        )
         cats: dict[str, list[list[float]]] = {}
         for eid, scores in res["entries"].items():
             cats.setdefault(env.category_of(eid), []).append(scores)
-        env_rows = [(name, cat, len(ls), sum(sum(x) / len(x) for x in ls) / len(ls), sum(max(x) for x in ls) / len(ls))
-                    for cat, ls in sorted(cats.items())]
+        env_rows = [
+            (name, cat, len(ls), sum(sum(x) / len(x) for x in ls) / len(ls), sum(max(x) for x in ls) / len(ls))
+            for cat, ls in sorted(cats.items())
+        ]
         env_rows.append((name, "all", len(res["entries"]), res["avg"], res["best"]))
         rows += env_rows
-        result[name] = {"avg": res["avg"], "best": res["best"], "entries": res["entries"],
-                        "categories": {r[1]: {"n": r[2], "avg": r[3], "best": r[4]} for r in env_rows}}
+        result[name] = {
+            "avg": res["avg"],
+            "best": res["best"],
+            "entries": res["entries"],
+            "categories": {r[1]: {"n": r[2], "avg": r[3], "best": r[4]} for r in env_rows},
+        }
     return rows, result
 
 

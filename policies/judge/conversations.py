@@ -17,6 +17,7 @@ Explicit feedback, when a step has some, overrides all of these (the rated path 
 Text in a tool result or a user turn is only ever matched against fixed patterns here: it is data, never an
 instruction to the system, and nothing in it is executed or followed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,16 +39,29 @@ class Rule:
 
 # Checked in this order: the first that matches is the step's signal.
 SIGNALS: tuple[Rule, ...] = (
-    Rule("feedback", 0.0, 1.0, "the user rated the step (POST /v1/feedback): the rating is the value, and it "
-         "overrides every rule below"),
-    Rule("correction", -1.0, 0.8, "the user's next message says the answer was wrong (\"no\", \"wrong\", \"that is "
-         "not what I asked\", \"try again\", ...)"),
-    Rule("reask", -1.0, 0.7, "the user's next message asks the same thing again (>= 60% of its words repeat the "
-         "previous request)"),
-    Rule("tool_error", -0.6, 0.7, "a tool result answering the step's call reports a failure (error, exception, "
-         "traceback, not found, invalid, failed, denied)"),
-    Rule("thanks", 1.0, 0.6, "the user's next message thanks or approves (\"thanks\", \"great\", \"perfect\", "
-         "\"that works\", ...)"),
+    Rule(
+        "feedback",
+        0.0,
+        1.0,
+        "the user rated the step (POST /v1/feedback): the rating is the value, and it overrides every rule below",
+    ),
+    Rule(
+        "correction",
+        -1.0,
+        0.8,
+        'the user\'s next message says the answer was wrong ("no", "wrong", "that is not what I asked", "try again", ...)',
+    ),
+    Rule(
+        "reask", -1.0, 0.7, "the user's next message asks the same thing again (>= 60% of its words repeat the previous request)"
+    ),
+    Rule(
+        "tool_error",
+        -0.6,
+        0.7,
+        "a tool result answering the step's call reports a failure (error, exception, "
+        "traceback, not found, invalid, failed, denied)",
+    ),
+    Rule("thanks", 1.0, 0.6, 'the user\'s next message thanks or approves ("thanks", "great", "perfect", "that works", ...)'),
     Rule("tool_ok", 0.2, 0.4, "every tool result answering the step's calls came back without a failure"),
     Rule("moved_on", 0.3, 0.3, "the user's next message is a new request (none of the above)"),
     Rule("abandoned_call", -0.3, 0.3, "the conversation went idle with the step's tool call never answered"),
@@ -57,11 +71,19 @@ RULES = {r.name: r for r in SIGNALS}
 _CORRECTION = re.compile(
     r"^\s*(no\b|nope\b|wrong\b|incorrect\b|that'?s not\b|that is not\b|not what i\b|try again\b|actually,?\s)"
     r"|\b(not what i (asked|meant|wanted)|that'?s (wrong|incorrect)|you (misunderstood|got it wrong)|"
-    r"doesn'?t work|did not work|didn'?t work|is wrong|are wrong)\b", re.I)
-_THANKS = re.compile(r"\b(thanks?|thank you|thx|great|perfect|awesome|excellent|that works|works now|exactly|"
-                     r"well done|nice one)\b", re.I)
-_FAILURE = re.compile(r"\b(error|exception|traceback|not found|invalid|failed|failure|denied|cannot|can'?t|"
-                      r"unknown (function|command|tool)|no such)\b", re.I)
+    r"doesn'?t work|did not work|didn'?t work|is wrong|are wrong)\b",
+    re.I,
+)
+_THANKS = re.compile(
+    r"\b(thanks?|thank you|thx|great|perfect|awesome|excellent|that works|works now|exactly|"
+    r"well done|nice one)\b",
+    re.I,
+)
+_FAILURE = re.compile(
+    r"\b(error|exception|traceback|not found|invalid|failed|failure|denied|cannot|can'?t|"
+    r"unknown (function|command|tool)|no such)\b",
+    re.I,
+)
 _WORD = re.compile(r"[a-z0-9]+")
 
 
@@ -93,7 +115,7 @@ def parent_key(it: Interaction) -> str | None:
     """The key of the interaction this request extends, if it carries an earlier answer: its messages up to and
     including the last assistant one."""
     last = max((i for i, m in enumerate(it.messages) if m.role == "assistant"), default=None)
-    return None if last is None else _key(scope_of(it), list(it.messages[:last + 1]))
+    return None if last is None else _key(scope_of(it), list(it.messages[: last + 1]))
 
 
 def _words(text: str) -> set[str]:
@@ -177,7 +199,7 @@ class ConversationBook:
             self.by_key[step_key(it)] = conv.conversation_id
         over = [conv.conversation_id] if len(conv.steps) >= self.max_steps else []
         rest = sorted((c for c in self.open.values() if c.conversation_id not in over), key=lambda c: c.last_at)
-        over += [c.conversation_id for c in rest[:max(0, len(self.open) - len(over) - self.max_open)]]
+        over += [c.conversation_id for c in rest[: max(0, len(self.open) - len(over) - self.max_open)]]
         return conv, over
 
     @staticmethod

@@ -13,6 +13,7 @@ verdict-shaped text aimed at the judge) are screened before any judge sees a ste
 content is only such text, or which addresses the judge, is BAD whatever the judge says
 (`hollow_reason`).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,12 +24,25 @@ from actors.events import ChatMessage, Sample
 from policies.judge.stats import Agreement, Budget, env_labels  # noqa: F401  (part of the judge's interface)
 
 MASTER_KEYS = (
-    "thought process:", "let's solve this step by step", "let's solve this problem step by step",
-    "let's think step by step", "let us think step by step", "solution:", "answer:", "step 1:", "sure!", "sure,",
-    "okay.", "i will", "i'll",
+    "thought process:",
+    "let's solve this step by step",
+    "let's solve this problem step by step",
+    "let's think step by step",
+    "let us think step by step",
+    "solution:",
+    "answer:",
+    "step 1:",
+    "sure!",
+    "sure,",
+    "okay.",
+    "i will",
+    "i'll",
 )
-_VERDICT_RE = re.compile(r"\b(step\s*\d+\s*[:=\-]\s*(good|bad)|verdict\s*[:=]|score\s*[:=]\s*\d+|"
-                         r"ignore (all |the )?(previous|above) instructions)", re.I)
+_VERDICT_RE = re.compile(
+    r"\b(step\s*\d+\s*[:=\-]\s*(good|bad)|verdict\s*[:=]|score\s*[:=]\s*\d+|"
+    r"ignore (all |the )?(previous|above) instructions)",
+    re.I,
+)
 _LINE_RE = re.compile(r"^\s*step\s*(\d+)\s*[:=\-]\s*\**\s*(GOOD|BAD)\b", re.I | re.M)
 _SCORE_RE = re.compile(r"^\s*score\s*[:=]\s*(\d{1,3})", re.I | re.M)
 MAX_OBS_CHARS = 300
@@ -82,7 +96,7 @@ def steps_of(sample: Sample) -> list[tuple[str, str]]:
     for k, idx in enumerate(sample.step_indices):
         action = sample.messages[idx]
         end = sample.step_indices[k + 1] if k + 1 < len(sample.step_indices) else len(sample.messages)
-        obs = " | ".join(m.content for m in sample.messages[idx + 1:end] if m.role == "tool")
+        obs = " | ".join(m.content for m in sample.messages[idx + 1 : end] if m.role == "tool")
         out.append((_action_text(action), obs[:MAX_OBS_CHARS]))
     return out
 
@@ -93,9 +107,13 @@ def _task_text(sample: Sample) -> str:
 
 
 def context(sample: Sample, reference: list[str] | None) -> str:
-    lines = ["You judge each step an assistant took on a task. A step is GOOD when it moves the task toward "
-             "completion (a correct call, or a correct final answer); BAD when it is wrong, useless, empty, or "
-             "only talks.", "", f"Task: {_task_text(sample)}"]
+    lines = [
+        "You judge each step an assistant took on a task. A step is GOOD when it moves the task toward "
+        "completion (a correct call, or a correct final answer); BAD when it is wrong, useless, empty, or "
+        "only talks.",
+        "",
+        f"Task: {_task_text(sample)}",
+    ]
     if reference:
         lines.append("Reference solution: " + "; ".join(reference))
     lines.append("")
@@ -109,9 +127,13 @@ def context(sample: Sample, reference: list[str] | None) -> str:
 def text_prompt(sample: Sample, reference: list[str] | None) -> str:
     n = len(sample.step_indices)
     fmt = "\n".join(f"Step {k}: GOOD or BAD" for k in range(1, n + 1))
-    return (context(sample, reference) + "\n\nThen score the whole trajectory against the task"
-            + (" and the reference" if reference else "") + ": 60-100 if the task was completed, 0-40 if not.\n"
-            f"Reply with exactly these lines and nothing else:\n{fmt}\nScore: <0-100>")
+    return (
+        context(sample, reference)
+        + "\n\nThen score the whole trajectory against the task"
+        + (" and the reference" if reference else "")
+        + ": 60-100 if the task was completed, 0-40 if not.\n"
+        f"Reply with exactly these lines and nothing else:\n{fmt}\nScore: <0-100>"
+    )
 
 
 def parse_verdict(text: str, n_steps: int) -> tuple[list[str], float]:
@@ -179,10 +201,8 @@ class PolicyJudge:
         # each prompt is scored once: a step's on GOOD/BAD, the trajectory's last one on YES/NO
         outcome_at = {start + n - 1 for start, n in spans}
         steps = [i for i in range(len(prompts)) if i not in outcome_at]
-        lp = dict(zip(steps, self.engine.choice_logprobs([prompts[i] for i in steps], [" GOOD", " BAD"])
-                      if steps else []))
-        lp.update(zip(sorted(outcome_at), self.engine.choice_logprobs([prompts[i] for i in sorted(outcome_at)],
-                                                                      [" YES", " NO"])))
+        lp = dict(zip(steps, self.engine.choice_logprobs([prompts[i] for i in steps], [" GOOD", " BAD"]) if steps else []))
+        lp.update(zip(sorted(outcome_at), self.engine.choice_logprobs([prompts[i] for i in sorted(outcome_at)], [" YES", " NO"])))
         verdicts = []
         for s, (start, n) in zip(samples, spans):
             labels = ["GOOD" if lp[i][0] > lp[i][1] else "BAD" for i in range(start, start + n - 1)]
@@ -196,8 +216,9 @@ class PolicyJudge:
 class EndpointJudge:
     """An OpenAI-compatible judge endpoint; malformed answers are retried `retries` times."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, retries: int = 2,
-                 timeout_s: float = 60.0, client=None):
+    def __init__(
+        self, base_url: str, model: str, api_key: str | None = None, retries: int = 2, timeout_s: float = 60.0, client=None
+    ):
         from openai import OpenAI
 
         self.name = f"endpoint:{model}"
@@ -214,8 +235,11 @@ class EndpointJudge:
         for attempt in range(self.retries + 1):
             try:
                 r = self.client.chat.completions.create(
-                    model=self.model, messages=[{"role": "user", "content": prompt}],
-                    temperature=0.0 if attempt == 0 else 0.7, max_tokens=16 + 8 * n)
+                    model=self.model,
+                    messages=[{"role": "user", "content": prompt}],
+                    temperature=0.0 if attempt == 0 else 0.7,
+                    max_tokens=16 + 8 * n,
+                )
                 labels, score = parse_verdict(r.choices[0].message.content or "", n)
             except MalformedVerdict:
                 self.malformed += 1

@@ -1,6 +1,7 @@
 """Bookkeeping around the judge: its call budget (a token bucket) and how often it agrees with the
 environment's verifiable step labels (confusion counts, accuracy, Cohen's kappa).
 """
+
 from __future__ import annotations
 
 import json
@@ -73,9 +74,17 @@ class Agreement:
 
     def as_dict(self) -> dict:
         acc, k = self.accuracy(), self.kappa()
-        return {"steps": self.n, "accuracy": None if acc is None else round(acc, 4),
-                "kappa": None if k is None else round(k, 4), "confusion": {"judge_good_env_good": self.gg,
-                "judge_good_env_bad": self.gb, "judge_bad_env_good": self.bg, "judge_bad_env_bad": self.bb}}
+        return {
+            "steps": self.n,
+            "accuracy": None if acc is None else round(acc, 4),
+            "kappa": None if k is None else round(k, 4),
+            "confusion": {
+                "judge_good_env_good": self.gg,
+                "judge_good_env_bad": self.gb,
+                "judge_bad_env_good": self.bg,
+                "judge_bad_env_bad": self.bb,
+            },
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict())

@@ -14,6 +14,7 @@ ADPO: with self-consistency p (share of a task's samples agreeing with the major
   eps_high(p) = 0.2 + 0.1 * clip((0.8 - p) / (0.8 - 0.3), 0, 1)              upper clip, 0.2 .. 0.3
 so ambiguous tasks (low p) get smaller advantages and more room to raise unlikely tokens.
 """
+
 from __future__ import annotations
 
 import math

@@ -8,6 +8,7 @@ crash at any instant therefore leaves at least one complete checkpoint whose man
 loading checks the sha256 and falls back to the previous checkpoint when the newest one does not
 verify. Files no manifest names (a save cut off before its manifest) are removed on the next save.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,14 @@ class CheckpointStore:
             os.fsync(f.fileno())
         os.replace(tmp, final)
         fsync_dir(self.dir)
-        man = {"step": step, "version": version, "file": final.name, "sha256": sha256_file(final),
-               "bytes": final.stat().st_size, "created": time.time()}
+        man = {
+            "step": step,
+            "version": version,
+            "file": final.name,
+            "sha256": sha256_file(final),
+            "bytes": final.stat().st_size,
+            "created": time.time(),
+        }
         current = self.dir / MANIFEST
         if current.exists():
             os.replace(current, self.dir / PREVIOUS)

@@ -7,6 +7,7 @@
 - `floor_scales`: how much a failure's negative advantage counts in a group only a reference solved;
 - `fair_step`: the groups of one step, where one user's burst of live traffic cannot crowd out other users'.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -21,8 +22,7 @@ def informative(j: Judgement, alpha: float, hints: bool = False) -> bool:
     a live step that hindsight teaches)"""
     if len(set(j.outcomes)) > 1 or (hints and any(s.hint for s in j.samples)):
         return True
-    return alpha > 0 and any(abs(a) > 1e-9 for adv in adca.step_advantages(j.step_labels, j.outcomes, alpha)
-                             for a in adv)
+    return alpha > 0 and any(abs(a) > 1e-9 for adv in adca.step_advantages(j.step_labels, j.outcomes, alpha) for a in adv)
 
 
 def live_kind(j: Judgement) -> str:
@@ -43,8 +43,14 @@ def at_floor(j: Judgement, alpha: float) -> Judgement:
     if len(own) == len(j.samples):
         return j
     pick = lambda xs: [xs[i] for i in own] if xs else xs  # noqa: E731
-    mine = j.model_copy(update={"samples": pick(j.samples), "outcomes": pick(j.outcomes),
-                                "step_labels": pick(j.step_labels), "behaviour_versions": pick(j.behaviour_versions)})
+    mine = j.model_copy(
+        update={
+            "samples": pick(j.samples),
+            "outcomes": pick(j.outcomes),
+            "step_labels": pick(j.step_labels),
+            "behaviour_versions": pick(j.behaviour_versions),
+        }
+    )
     return mine if informative(mine, alpha) else j
 
 

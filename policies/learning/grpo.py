@@ -15,6 +15,7 @@ Pure functions the learner calls:
 - `token_logprobs()`: log p(token_t | prefix) for every position.
 Nothing here re-implements what verl provides.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,12 +45,13 @@ def tokenize_sample(tok, sample: Sample, max_tokens: int, keep_experience: bool 
     # only the sample's own steps are trained (step k = its k-th step index): a live sample of a conversation's
     # second request carries the first request's answer as context, and training that too would give the earlier
     # answer this one's advantage (a rated pair of the same conversation then cancelled exactly)
-    text, spans = assistant_spans(sample.messages, sample.tools, sample.experiences if keep_experience else None,
-                                  only=list(sample.step_indices) or None)
+    text, spans = assistant_spans(
+        sample.messages, sample.tools, sample.experiences if keep_experience else None, only=list(sample.step_indices) or None
+    )
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
     step_ids = []
-    for (s, e) in offsets:
+    for s, e in offsets:
         step = -1
         for k, (a, b) in enumerate(spans):
             if s >= a and e <= b and e > s:
@@ -68,8 +70,7 @@ def sample_clip_high(clip_high: float, guided: bool, advantage: float, boost: fl
     return max(clip_high, boost) if guided and boost > 0 and advantage > 0 else clip_high
 
 
-def advantages(scores: list[float], group_index: list[str], response_mask: torch.Tensor,
-               epsilon: float = 1e-6) -> torch.Tensor:
+def advantages(scores: list[float], group_index: list[str], response_mask: torch.Tensor, epsilon: float = 1e-6) -> torch.Tensor:
     """Outcome advantages per token [B, T] via verl's GRPO estimator (score on the last valid token)."""
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
@@ -78,8 +79,9 @@ def advantages(scores: list[float], group_index: list[str], response_mask: torch
         valid = response_mask[i].nonzero()
         if len(valid):
             rewards[i, valid[-1]] = float(s)
-    adv, _ = compute_grpo_outcome_advantage(rewards, response_mask.float(), np.array(group_index, dtype=object),
-                                            epsilon=epsilon, norm_adv_by_std_in_grpo=True)
+    adv, _ = compute_grpo_outcome_advantage(
+        rewards, response_mask.float(), np.array(group_index, dtype=object), epsilon=epsilon, norm_adv_by_std_in_grpo=True
+    )
     return adv
 
 
@@ -87,37 +89,55 @@ def advantages(scores: list[float], group_index: list[str], response_mask: torch
 def _actor_config(clip_low: float, clip_high: float, loss_agg_mode: str):
     from verl.workers.config import ActorConfig
 
-    return ActorConfig(strategy="fsdp", rollout_n=1, clip_ratio=clip_low, clip_ratio_low=clip_low,
-                       clip_ratio_high=clip_high, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=loss_agg_mode)
+    return ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        clip_ratio=clip_low,
+        clip_ratio_low=clip_low,
+        clip_ratio_high=clip_high,
+        ppo_micro_batch_size_per_gpu=1,
+        loss_agg_mode=loss_agg_mode,
+    )
 
 
-def policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, adv: torch.Tensor, response_mask: torch.Tensor,
-                clip_low: float = 0.2, clip_high: float = 0.28, loss_agg_mode: str = "token-mean",
-                is_weights: torch.Tensor | None = None):
+def policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    adv: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    loss_agg_mode: str = "token-mean",
+    is_weights: torch.Tensor | None = None,
+):
     """verl's vanilla PPO-clip loss (ratio to `old_log_prob` = pi_prox), each token's term scaled by its
     importance weight when given; returns (loss, metrics)."""
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     fn = get_policy_loss_fn("vanilla")
     cfg = _actor_config(clip_low, clip_high, loss_agg_mode)
-    loss, metrics = fn(old_log_prob, log_prob, adv, response_mask.float(), loss_agg_mode=loss_agg_mode, config=cfg,
-                       rollout_is_weights=is_weights)
+    loss, metrics = fn(
+        old_log_prob, log_prob, adv, response_mask.float(), loss_agg_mode=loss_agg_mode, config=cfg, rollout_is_weights=is_weights
+    )
     return loss, {k: float(v) for k, v in metrics.items()}
 
 
-def is_weights(prox_log_prob: torch.Tensor, behav_log_prob: torch.Tensor, response_mask: torch.Tensor,
-               threshold: float = 2.0) -> tuple[torch.Tensor, dict]:
+def is_weights(
+    prox_log_prob: torch.Tensor, behav_log_prob: torch.Tensor, response_mask: torch.Tensor, threshold: float = 2.0
+) -> tuple[torch.Tensor, dict]:
     """Decoupled-PPO correction (AReaL) with verl's token-level truncated IS: w = min(pi_prox / pi_behav, C),
     zero on padding. Equal log-probs (on-policy samples) give w = 1."""
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
 
-    w, metrics = compute_rollout_correction_weights(prox_log_prob - behav_log_prob, response_mask.float(),
-                                                    rollout_is="token", rollout_is_threshold=threshold)
+    w, metrics = compute_rollout_correction_weights(
+        prox_log_prob - behav_log_prob, response_mask.float(), rollout_is="token", rollout_is_threshold=threshold
+    )
     return w.detach(), {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
 
 
-def off_policy_loss(log_prob: torch.Tensor, adv: torch.Tensor, response_mask: torch.Tensor, gamma: float = 0.1,
-                    loss_agg_mode: str = "token-mean") -> torch.Tensor:
+def off_policy_loss(
+    log_prob: torch.Tensor, adv: torch.Tensor, response_mask: torch.Tensor, gamma: float = 0.1, loss_agg_mode: str = "token-mean"
+) -> torch.Tensor:
     """Mixed-policy GRPO for off-policy reference tokens (LUFFY, arXiv 2504.14945, eq. 6):
         loss_t = -A_t * f(pi_theta(y_t)),   f(x) = x / (x + gamma)
     The reference came from no policy we can score, so its behaviour probability is taken as 1 and the
@@ -131,16 +151,18 @@ def off_policy_loss(log_prob: torch.Tensor, adv: torch.Tensor, response_mask: to
     return agg_loss(-adv * p / (p + gamma), response_mask.float(), loss_agg_mode)
 
 
-def kl_loss(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor,
-            kind: str = "low_var_kl") -> torch.Tensor:
+def kl_loss(
+    log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor, kind: str = "low_var_kl"
+) -> torch.Tensor:
     """Token-mean KL(pi || pi_ref) estimate (verl's `kl_penalty`; low_var_kl is Schulman's k3)."""
     from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
 
     return agg_loss(kl_penalty(log_prob, ref_log_prob, kind), response_mask.float(), "token-mean")
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, bf16: bool = False,
-                   shared: int = 0, start: int = 1) -> torch.Tensor:
+def token_logprobs(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, bf16: bool = False, shared: int = 0, start: int = 1
+) -> torch.Tensor:
     """[B, T] log-probs of each token given its prefix; positions before `start` get 0 (a prompt needs no
     output projection: at BFCL's ~850-token prompts that is most of the head's cost). `shared` = the
     length of a prefix every row holds (a group's prompt): the body runs it once and the rows continue
@@ -151,14 +173,13 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     B, T = input_ids.shape
     start = max(1, min(start, T))
     if not (hasattr(inner, "lm_head") and hasattr(inner, "model")):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, start - 1:-1].float()
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, start - 1 : -1].float()
     else:
         with torch.autocast(input_ids.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
             h = _hidden(inner, input_ids, attention_mask, shared, start)
         head = inner.lm_head  # in float32 even when the frozen base is bf16 (LoRA)
         if bf16:
-            logits = torch.nn.functional.linear(h.float(), head.weight.float(),
-                                                None if head.bias is None else head.bias.float())
+            logits = torch.nn.functional.linear(h.float(), head.weight.float(), None if head.bias is None else head.bias.float())
         else:
             logits = head(h).float()
     lp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, start:].unsqueeze(-1)).squeeze(-1)
@@ -171,15 +192,14 @@ def _hidden(inner, ids: torch.Tensor, attn: torch.Tensor, shared: int, start: in
     checkpointing = getattr(inner, "is_gradient_checkpointing", False) and torch.is_grad_enabled()
     shared = min(shared, T - 1)
     if B == 1 or shared < 2 or checkpointing:  # (checkpointing turns the cache off)
-        return inner.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, start - 1:-1]
+        return inner.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, start - 1 : -1]
     pre = inner.model(input_ids=ids[:1, :shared], attention_mask=attn[:1, :shared], use_cache=True)
     cache = pre.past_key_values
     cache.batch_repeat_interleave(B)
-    rest = inner.model(input_ids=ids[:, shared:], attention_mask=attn, past_key_values=cache,
-                       use_cache=True).last_hidden_state
+    rest = inner.model(input_ids=ids[:, shared:], attention_mask=attn, past_key_values=cache, use_cache=True).last_hidden_state
     if start - 1 >= shared:  # rest[:, j] is position shared + j
-        return rest[:, start - 1 - shared:T - 1 - shared]
-    return torch.cat([pre.last_hidden_state[:, start - 1:].expand(B, -1, -1), rest], dim=1)[:, :T - start]
+        return rest[:, start - 1 - shared : T - 1 - shared]
+    return torch.cat([pre.last_hidden_state[:, start - 1 :].expand(B, -1, -1), rest], dim=1)[:, : T - start]
 
 
 def shared_prefix(rows: torch.Tensor, lengths: list[int]) -> int:

@@ -18,14 +18,17 @@ live message (`policies.hygiene.scrub`), and it is cut to `HINT_CHARS`.
 Which scorer to use for unrated live steps, and why this one: `tests/benchmarks/bench_hindsight.py` and
 `tests/benchmarks/LOG.md`.
 """
+
 from __future__ import annotations
 
 from actors.events import ChatMessage, Sample
 
 HINTED = ("correction", "reask", "tool_error")  # next-turn signals whose next turn says what was wrong
 HINT_CHARS = 600
-HINT = ("(Hindsight, for you only: your first answer to this got the reply below. Answer so that it would not "
-        "have happened.)\n<next_turn>\n{next}\n</next_turn>")
+HINT = (
+    "(Hindsight, for you only: your first answer to this got the reply below. Answer so that it would not "
+    "have happened.)\n<next_turn>\n{next}\n</next_turn>"
+)
 
 
 def next_turn(after: list[ChatMessage]) -> str:
@@ -49,7 +52,7 @@ def teacher_messages(messages: list[ChatMessage], step: int, hint: str) -> list[
     if last is None:
         return [*messages[:step], ChatMessage(role="user", content=note), *messages[step:]]
     m = messages[last]
-    return [*messages[:last], m.model_copy(update={"content": f"{m.content or ''}\n\n{note}"}), *messages[last + 1:]]
+    return [*messages[:last], m.model_copy(update={"content": f"{m.content or ''}\n\n{note}"}), *messages[last + 1 :]]
 
 
 def teacher_sample(sample: Sample) -> Sample:
@@ -105,6 +108,6 @@ def apply(adv, hinted: dict, tokenized: list, tokenize, model, bf16: bool, clip:
             a = step_advantages(logprobs, tokenized[i], tokenize(teacher_sample(s)), clip)
             if a is not None:
                 adv[i] = 0.0
-                adv[i, :len(a)] = a[:adv.shape[1]]
+                adv[i, : len(a)] = a[: adv.shape[1]]
                 done += 1
     return done

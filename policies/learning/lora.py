@@ -11,6 +11,7 @@ gradients and optimizer states are megabytes. The rest of the loop is unchanged:
 - after a rejection or rollback the learner continues from the live version: its weights become
   the new base and the adapters start again from zero (B = 0: the model is exactly that version).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager

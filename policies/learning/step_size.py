@@ -17,6 +17,7 @@ The step size stays within [`lr_min`, `lr_max`]. The step size itself is the tra
 with it); this holds only the rule and the smoothed drift, and returns the next step size from the current one.
 Hand-computed cases are in tests/unit/test_step_size.py.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,9 +37,15 @@ class StepSize:
     @classmethod
     def from_settings(cls, learner) -> "StepSize":
         L = learner
-        return cls(kl_target=L.kl_target, lr_min=L.lr_min or 0.0,
-                   lr_max=L.lr_max or float("inf"), kl_ema=L.kl_ema, lr_up=L.lr_up, lr_down=L.lr_down,
-                   lr_reject=L.lr_reject)
+        return cls(
+            kl_target=L.kl_target,
+            lr_min=L.lr_min or 0.0,
+            lr_max=L.lr_max or float("inf"),
+            kl_ema=L.kl_ema,
+            lr_up=L.lr_up,
+            lr_down=L.lr_down,
+            lr_reject=L.lr_reject,
+        )
 
     @property
     def adaptive(self) -> bool:

@@ -20,6 +20,7 @@ counts only the policy's own samples, and in such a floor group the failures' ne
 token advantages from hindsight (`policies/learning/hindsight.py`). The body runs under bf16 autocast (`learner.bf16`);
 weights, gradients, head and log-softmax stay float32. The step size is the learner's (`set_lr`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,9 +52,11 @@ class Trainer:
             self.tok.pad_token = self.tok.eos_token
         L, self.lora = settings.learner, settings.learner.lora_rank > 0
         dtype = getattr(torch, L.base_dtype) if self.lora else torch.float32
+
         def load():
             with device_startup(settings.state, self.device):
                 return AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=dtype).to(self.device)
+
         self._load, self.model = load, load()
         if L.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -83,10 +86,18 @@ class Trainer:
     # ------------------------------------------------------------------ state (checkpoints)
     def state(self) -> dict:
         """What resume needs: under LoRA the adapters and the version the base holds (a stored file), not the base."""
-        weights = {"adapter": lora.adapter_state(self.model), "base_from": list(self.base_from)} if self.lora \
+        weights = (
+            {"adapter": lora.adapter_state(self.model), "base_from": list(self.base_from)}
+            if self.lora
             else {"model": self.model.state_dict()}
-        return {**weights, "optimizer": self.opt.state_dict(), "step": self.step, "version": self.version,
-                "applied": sorted(self.applied)}
+        )
+        return {
+            **weights,
+            "optimizer": self.opt.state_dict(),
+            "step": self.step,
+            "version": self.version,
+            "applied": sorted(self.applied),
+        }
 
     def load_state(self, c: dict) -> None:
         if self.lora:
@@ -143,9 +154,14 @@ class Trainer:
         runs once and the head starts at their first response token."""
         width = max(batch.lens[i] for i in rows)
         ids, attn = batch.ids[rows, :width], batch.attn[rows, :width]
-        return grpo.token_logprobs(model, ids, attn, self.s.learner.bf16,
-                                   shared=grpo.shared_prefix(ids, [batch.lens[i] for i in rows]),
-                                   start=min(batch.first[i] for i in rows))
+        return grpo.token_logprobs(
+            model,
+            ids,
+            attn,
+            self.s.learner.bf16,
+            shared=grpo.shared_prefix(ids, [batch.lens[i] for i in rows]),
+            start=min(batch.first[i] for i in rows),
+        )
 
     def reproducible(self, version: str) -> bool:
         """Can a sample's behaviour be recomputed? Under LoRA only from adapters in memory or the base: a full copy
@@ -216,22 +232,37 @@ class Trainer:
             adv = grpo.advantages(scores, index, mask)
         adv = adv * torch.tensor(scale).unsqueeze(1)  # ADPO: ambiguous tasks count less
         adv = adv * torch.tensor(floor_scales(groups, adv, L.floor_negative_scale)).unsqueeze(1)
-        taught = hindsight.apply(adv, hinted, samples, lambda x: grpo.tokenize_sample(self.tok, x, L.max_seq_tokens),
-                                 self.model, L.bf16, L.hindsight_clip) if hinted else 0
+        taught = (
+            hindsight.apply(
+                adv,
+                hinted,
+                samples,
+                lambda x: grpo.tokenize_sample(self.tok, x, L.max_seq_tokens),
+                self.model,
+                L.bf16,
+                L.hindsight_clip,
+            )
+            if hinted
+            else 0
+        )
         ids = grpo.pad([t.input_ids for t in samples], self.tok.pad_token_id).to(self.device)
         attn = grpo.pad([[1] * len(t.input_ids) for t in samples], 0).to(self.device)
         mask, adv = mask.to(self.device), adv.to(self.device)
         total_tokens = int(mask.sum())
         t0, n, mb = time.monotonic(), len(samples), max(1, L.micro_batch_size)
-        batch = Batch(ids, attn, [len(t.input_ids) for t in samples],
-                      [t.response_mask.index(1) if 1 in t.response_mask else len(t.input_ids) for t in samples])
+        batch = Batch(
+            ids,
+            attn,
+            [len(t.input_ids) for t in samples],
+            [t.response_mask.index(1) if 1 in t.response_mask else len(t.input_ids) for t in samples],
+        )
         # micro-batches within a group, of similar length, each cut to its own longest sample: the group's
         # prompt runs once, and a short code sample beside a BFCL prompt four times its length does not pay
         # for the padding (the loss is a token-mean over the whole step: order is free)
         batches = []
         for gi in range(len(groups)):
             rows = sorted((i for i in range(n) if member[i] == gi), key=lambda i: batch.lens[i])
-            batches += [rows[j:j + mb] for j in range(0, len(rows), mb)]
+            batches += [rows[j : j + mb] for j in range(0, len(rows), mb)]
         stale = {i for i in range(n) if versions[i] != self.version and not off[i]}
         # a sample the last step trained too (`learner.replay_groups`): its pi_behav and pi_ref are kept from then
         known = {i: self._memo[keys[i]] for i in stale if keys[i] in self._memo}
@@ -267,15 +298,20 @@ class Trainer:
             for r, i in enumerate(live):  # per-sample clip ranges (ADPO, selective boosting)
                 n_i = int(mask[i].sum())
                 if off[i]:
-                    loss = grpo.off_policy_loss(lp[r:r + 1], a_[i:i + 1], m_[i:i + 1], L.off_policy_gamma,
-                                                L.loss_agg_mode)
+                    loss = grpo.off_policy_loss(lp[r : r + 1], a_[i : i + 1], m_[i : i + 1], L.off_policy_gamma, L.loss_agg_mode)
                 else:
-                    loss, metrics = grpo.policy_loss(prox[r:r + 1], lp[r:r + 1], a_[i:i + 1], m_[i:i + 1],
-                                                     L.clip_ratio_low,
-                                                     self._clip_high(clip_high[i], guided[i], adv[i], mask[i]),
-                                                     L.loss_agg_mode, is_weights=w[r:r + 1])
+                    loss, metrics = grpo.policy_loss(
+                        prox[r : r + 1],
+                        lp[r : r + 1],
+                        a_[i : i + 1],
+                        m_[i : i + 1],
+                        L.clip_ratio_low,
+                        self._clip_high(clip_high[i], guided[i], adv[i], mask[i]),
+                        L.loss_agg_mode,
+                        is_weights=w[r : r + 1],
+                    )
                 if ref:
-                    kl = grpo.kl_loss(lp[r:r + 1], grpo.fit_width(ref[i], W).unsqueeze(0), m_[i:i + 1], L.kl_type)
+                    kl = grpo.kl_loss(lp[r : r + 1], grpo.fit_width(ref[i], W).unsqueeze(0), m_[i : i + 1], L.kl_type)
                     loss = loss + L.kl_coef * kl
                     kl_sum += float(kl.detach()) * n_i / total_tokens
                 total = total + loss * n_i / total_tokens  # token-mean over the whole batch
@@ -286,11 +322,24 @@ class Trainer:
             # momentum and weight decay
             self.opt.step()
         self.step, self._memo = self.step + 1, memo
-        return {"loss": loss_sum, "kl": kl_sum, "grad_norm": grad_norm, "samples": n, "tokens": total_tokens,
-                "mean_reward": sum(scores) / len(scores), "seconds": time.monotonic() - t0, "hindsight_samples": taught,
-                "guided_samples": sum(guided), "off_policy_samples": sum(off), "boosted_samples": self.boosted - boosted0,
-                "stale_samples": len(stale), "reused_logprobs": len(known), "micro_batches": len(batches),
-                **grpo.is_stats(weights), **metrics}
+        return {
+            "loss": loss_sum,
+            "kl": kl_sum,
+            "grad_norm": grad_norm,
+            "samples": n,
+            "tokens": total_tokens,
+            "mean_reward": sum(scores) / len(scores),
+            "seconds": time.monotonic() - t0,
+            "hindsight_samples": taught,
+            "guided_samples": sum(guided),
+            "off_policy_samples": sum(off),
+            "boosted_samples": self.boosted - boosted0,
+            "stale_samples": len(stale),
+            "reused_logprobs": len(known),
+            "micro_batches": len(batches),
+            **grpo.is_stats(weights),
+            **metrics,
+        }
 
     def _clip_high(self, base: float, guided: bool, adv, mask) -> float:
         n = float(mask.sum())

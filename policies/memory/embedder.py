@@ -7,6 +7,7 @@ one-sentence query takes 6.5 ms instead of 11.7 ms (2 threads); on an AVX2-only 
 emulated and twice as slow, so float32 runs there. bf16 vectors agree with float32 ones to
 cosine >= 0.99995, so pools written with either dtype stay comparable. Vectors are returned as float32.
 """
+
 from __future__ import annotations
 
 import importlib.util

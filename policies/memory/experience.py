@@ -8,6 +8,7 @@
 - `to_row` / `from_row`: an experience as a Milvus Lite row and back (the pool keeps what a later change
   of the experience needs).
 """
+
 from __future__ import annotations
 
 import json
@@ -54,23 +55,35 @@ def distil(j: Judgement) -> list[Experience]:
         when = scrub(raw)[:200]  # personal data never reaches memory
         calls = _calls(s)
         if success:
-            how = (f"calling {', '.join(_call_texts(s)[:4])} in that order worked" if calls
-                   else "a direct text answer worked")
-            text = f"For a request like \"{when[:120]}\": {how}."
+            how = f"calling {', '.join(_call_texts(s)[:4])} in that order worked" if calls else "a direct text answer worked"
+            text = f'For a request like "{when[:120]}": {how}.'
         else:
             what = f"calling {', '.join(calls[:6])}" if calls else "answering without calling any function"
             err = f" (error: {s.error[:100]})" if s.error else ""
-            text = f"For a request like \"{when[:120]}\": {what} did not complete it{err}; try a different approach."
+            text = f'For a request like "{when[:120]}": {what} did not complete it{err}; try a different approach.'
         comment = j.comments[i].strip() if i < len(j.comments) else ""
         if comment:  # a user's correction is the most useful part of a live experience
-            text += f" The user said: \"{scrub(comment)[:200]}\""
+            text += f' The user said: "{scrub(comment)[:200]}"'
         eid = derived_id("experience", f"{j.event_id}:{int(success)}")
         state = "quarantined" if looks_like_injection(raw) or looks_like_injection(text) else "active"
         user = j.user_hashes[i] if i < len(j.user_hashes) else None
-        out.append(Experience(event_id=eid, experience_id=eid, text=scrub(text)[:2000], when=when, success=success,
-                              origin=origin, source_event_ids=[j.event_id], trace_id=j.trace_id, state=state,
-                              user_hash=user, reason="new" if state == "active" else "quarantined: instruction-like",
-                              created_at=j.occurred_at, weights_version=j.weights_version))
+        out.append(
+            Experience(
+                event_id=eid,
+                experience_id=eid,
+                text=scrub(text)[:2000],
+                when=when,
+                success=success,
+                origin=origin,
+                source_event_ids=[j.event_id],
+                trace_id=j.trace_id,
+                state=state,
+                user_hash=user,
+                reason="new" if state == "active" else "quarantined: instruction-like",
+                created_at=j.occurred_at,
+                weights_version=j.weights_version,
+            )
+        )
     return out
 
 
@@ -107,16 +120,39 @@ def decay(created_at: str | None, half_life_days: float, now: float | None = Non
 
 
 def to_row(e: Experience, vec: list[float]) -> dict:
-    return {"id": e.experience_id, "vector": vec, "text": e.text, "success": e.success, "state": e.state,
-            "meta": json.dumps({"origin": e.origin, "sources": e.source_event_ids[-20:], "when": e.when,
-                                "weights_version": e.weights_version, "user_hash": e.user_hash,
-                                "support": e.support, "created_at": e.created_at or e.occurred_at})[:4000]}
+    return {
+        "id": e.experience_id,
+        "vector": vec,
+        "text": e.text,
+        "success": e.success,
+        "state": e.state,
+        "meta": json.dumps(
+            {
+                "origin": e.origin,
+                "sources": e.source_event_ids[-20:],
+                "when": e.when,
+                "weights_version": e.weights_version,
+                "user_hash": e.user_hash,
+                "support": e.support,
+                "created_at": e.created_at or e.occurred_at,
+            }
+        )[:4000],
+    }
 
 
 def from_row(exp_id: str, m: dict, event_id: str, **update) -> Experience:
     """A change of a stored experience (its pool metadata `m`) as a new `evo.experience` with the same id."""
-    base = dict(experience_id=exp_id, text=m["text"], when=m.get("when", ""), success=m["success"],
-                origin=m.get("origin", "env"), source_event_ids=m.get("sources", []), state=m["state"],
-                user_hash=m.get("user_hash"), support=m.get("support", 1), created_at=m.get("created_at"),
-                weights_version=m.get("weights_version") or "w-000000")
+    base = dict(
+        experience_id=exp_id,
+        text=m["text"],
+        when=m.get("when", ""),
+        success=m["success"],
+        origin=m.get("origin", "env"),
+        source_event_ids=m.get("sources", []),
+        state=m["state"],
+        user_hash=m.get("user_hash"),
+        support=m.get("support", 1),
+        created_at=m.get("created_at"),
+        weights_version=m.get("weights_version") or "w-000000",
+    )
     return Experience(event_id=event_id, **{**base, **update})

@@ -1,5 +1,6 @@
 """The experience pool: Milvus Lite (durable, written first) with an exact in-process index over the
 same rows for reads. Written only by the navigator; one process opens a data dir."""
+
 from __future__ import annotations
 
 import contextlib
@@ -90,8 +91,9 @@ class MemoryPool:
 
     def load_index(self) -> int:
         """Mirror every row of the collection into the in-process index (at start)."""
-        it = self.client.query_iterator(COLLECTION, batch_size=4096, filter="",
-                                        output_fields=["id", "vector", "text", "state", "success", "meta"])
+        it = self.client.query_iterator(
+            COLLECTION, batch_size=4096, filter="", output_fields=["id", "vector", "text", "state", "success", "meta"]
+        )
         n = 0
         try:
             while True:
@@ -118,16 +120,28 @@ class MemoryPool:
                 meta = json.loads(r.get("meta") or "{}")
             except ValueError:
                 meta = {}
-            self.meta[r["id"]] = {**meta, "success": bool(r.get("success")), "state": r.get("state", "active"),
-                                  "text": r.get("text", "")}
+            self.meta[r["id"]] = {
+                **meta,
+                "success": bool(r.get("success")),
+                "state": r.get("state", "active"),
+                "text": r.get("text", ""),
+            }
 
     def rows(self) -> list[dict]:
         """Every row as stored (vectors from the in-process mirror)."""
         out = []
         for exp_id, m in self.meta.items():
             meta = {k: v for k, v in m.items() if k not in ("success", "state", "text")}
-            out.append({"id": exp_id, "vector": self.vector(exp_id), "text": m["text"], "success": m["success"],
-                        "state": m["state"], "meta": json.dumps(meta)[:4000]})
+            out.append(
+                {
+                    "id": exp_id,
+                    "vector": self.vector(exp_id),
+                    "text": m["text"],
+                    "success": m["success"],
+                    "state": m["state"],
+                    "meta": json.dumps(meta)[:4000],
+                }
+            )
         return out
 
     def snapshot(self, path, seq: int) -> int:
@@ -150,7 +164,7 @@ class MemoryPool:
         if head.get("rows") != len(rows):  # cut short: not a snapshot
             return None
         for i in range(0, len(rows), 1024):
-            self.upsert(rows[i:i + 1024])
+            self.upsert(rows[i : i + 1024])
         return int(head["seq"])
 
     def vector(self, exp_id: str) -> list[float] | None:
@@ -158,16 +172,24 @@ class MemoryPool:
         return None if i is None else self.index.mat[i].float().tolist()
 
     def search(self, vector: list[float], k: int, min_score: float = MIN_SCORE) -> list[RetrievedExperience]:
-        return [RetrievedExperience(experience_id=i, text=t, score=s)
-                for i, t, s in self.index.search(vector, k, min_score)]
+        return [RetrievedExperience(experience_id=i, text=t, score=s) for i, t, s in self.index.search(vector, k, min_score)]
 
     def search_milvus(self, vector: list[float], k: int, min_score: float = MIN_SCORE) -> list[RetrievedExperience]:
         """The same query answered by Milvus Lite itself (consistency checks, benchmarks)."""
         with self.lock:
-            hits = self.client.search(COLLECTION, [vector], limit=k, filter='state == "active"',
-                                      output_fields=["text"], search_params={"metric_type": "COSINE"})
-        return [RetrievedExperience(experience_id=h["id"], text=h["entity"]["text"], score=float(h["distance"]))
-                for h in hits[0] if float(h["distance"]) >= min_score]
+            hits = self.client.search(
+                COLLECTION,
+                [vector],
+                limit=k,
+                filter='state == "active"',
+                output_fields=["text"],
+                search_params={"metric_type": "COSINE"},
+            )
+        return [
+            RetrievedExperience(experience_id=h["id"], text=h["entity"]["text"], score=float(h["distance"]))
+            for h in hits[0]
+            if float(h["distance"]) >= min_score
+        ]
 
     def count(self) -> int:
         with self.lock:

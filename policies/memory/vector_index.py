@@ -7,6 +7,7 @@ few milliseconds on one core, exact (no approximation, so no recall to trade). M
 N x dim x 2 bytes; past a few hundred thousand rows a partitioned index or a Milvus server is
 the better tool. Upserts by id overwrite in place; the state (active / quarantined) is a mask.
 """
+
 from __future__ import annotations
 
 import threading

@@ -7,6 +7,7 @@ change is also an `evo.weights_status` event, so the stream holds the history. `
 action of `policies/promotion/plan.py` changes it: the plan simulates a tick on a copy with it, the broadcaster
 records what it carried out with it.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,21 @@ from actors.events import WeightsRef, WeightsStatus, derived_id
 from actors.lifecycles import IllegalTransition, WeightsState as S, transition
 from policies.promotion.guard import anchor
 from policies.weights.model_store import BASE_VERSION, WeightsStore, atomic_write_bytes, sha256_file, version_number
-from policies.promotion.models import (Action, Canary, GoLive, Pass, Passed, Reject, Restage, RollBack, Stage,
-                                       StartCanary, StartGate, Supersede, gate_metrics)
+from policies.promotion.models import (
+    Action,
+    Canary,
+    GoLive,
+    Pass,
+    Passed,
+    Reject,
+    Restage,
+    RollBack,
+    Stage,
+    StartCanary,
+    StartGate,
+    Supersede,
+    gate_metrics,
+)
 
 FEEDBACK_KEPT = 500  # ratings kept per version
 HISTORY_KEPT = 50
@@ -62,11 +76,23 @@ class PromotionBook:
         return book
 
     def save(self) -> None:
-        atomic_write_bytes(self.path, json.dumps({
-            "status": self.status, "refs": {v: r.model_dump() for v, r in self.refs.items()},
-            "history": self.history[-HISTORY_KEPT:], "canary": self.canary and self.canary.model_dump(),
-            "passed": self.passed and self.passed.model_dump(), "feedback": self.feedback, "replicas": self.replicas,
-            "counts": self.counts, "checks": self.checks, "hold": self.hold}).encode())
+        atomic_write_bytes(
+            self.path,
+            json.dumps(
+                {
+                    "status": self.status,
+                    "refs": {v: r.model_dump() for v, r in self.refs.items()},
+                    "history": self.history[-HISTORY_KEPT:],
+                    "canary": self.canary and self.canary.model_dump(),
+                    "passed": self.passed and self.passed.model_dump(),
+                    "feedback": self.feedback,
+                    "replicas": self.replicas,
+                    "counts": self.counts,
+                    "checks": self.checks,
+                    "hold": self.hold,
+                }
+            ).encode(),
+        )
 
     def copy(self) -> PromotionBook:
         """What `apply` changes copied, the rest shared: the plan's simulation of a tick (never saved)."""
@@ -80,9 +106,14 @@ class PromotionBook:
         if self.passed and self.passed.version == version and new != S.PASSED:
             self.passed = None  # the passed successor moved on: canary, live or superseded
         n = len(self.history)  # distinguishes a version going live a second time
-        return WeightsStatus(event_id=derived_id("weights_status", f"{version}:{new}:{old}:{n}"),
-                             version=version, status=new, previous_status=old, reason=reason[:1000],
-                             metrics={k: float(v) for k, v in (metrics or {}).items()})
+        return WeightsStatus(
+            event_id=derived_id("weights_status", f"{version}:{new}:{old}:{n}"),
+            version=version,
+            status=new,
+            previous_status=old,
+            reason=reason[:1000],
+            metrics={k: float(v) for k, v in (metrics or {}).items()},
+        )
 
     def next_comparator(self, live: str) -> str:
         """The version the next gate compares its candidate with: the passed successor, else the canary, else live."""
@@ -98,25 +129,37 @@ class PromotionBook:
 
     def swapped(self, ev) -> None:
         """A replica's report of what it serves (`WeightsSwapped`)."""
-        self.replicas[ev.replica] = {"version": ev.version, "canary": ev.canary, "swap_ms": round(ev.swap_ms, 1),
-                                     "reason": ev.reason, "at": event_time(ev.occurred_at)}
+        self.replicas[ev.replica] = {
+            "version": ev.version,
+            "canary": ev.canary,
+            "swap_ms": round(ev.swap_ms, 1),
+            "reason": ev.reason,
+            "at": event_time(ev.occurred_at),
+        }
 
     def scores(self, version: str, since: float = 0.0) -> list[float]:
         return [s for t, s in self.feedback.get(version, []) if t >= since]
 
     def summary(self) -> dict:
-        return {**self.counts, "canary": self.canary and self.canary.model_dump(),
-                "passed": self.passed and self.passed.version,
-                "history": self.history[-5:], "replicas": self.replicas,
-                "checked": dict(list(self.checks.items())[-5:]), "no_worse_than_base": anchor(self.history, self.checks),
-                "hold": self.hold}
+        return {
+            **self.counts,
+            "canary": self.canary and self.canary.model_dump(),
+            "passed": self.passed and self.passed.version,
+            "history": self.history[-5:],
+            "replicas": self.replicas,
+            "checked": dict(list(self.checks.items())[-5:]),
+            "no_worse_than_base": anchor(self.history, self.checks),
+            "hold": self.hold,
+        }
 
     def protected(self) -> set[str]:
         """Versions whose files must stay: live, recent live ones, every one still moving to users, and the
         newest live one checked no worse than the base (where the guard rolls back to)."""
-        return {*self.history[-3:], *(v for v, st in self.status.items()
-                                       if st in (S.STAGED, S.EVALUATING, S.PASSED, S.CANARY)),
-                *filter(None, [anchor(self.history, self.checks)])}
+        return {
+            *self.history[-3:],
+            *(v for v, st in self.status.items() if st in (S.STAGED, S.EVALUATING, S.PASSED, S.CANARY)),
+            *filter(None, [anchor(self.history, self.checks)]),
+        }
 
     def descends(self, version: str, ancestor: str) -> bool:
         """`version` is `ancestor` or was trained from it, by the parents the learner published (the book keeps
@@ -139,8 +182,13 @@ class PromotionBook:
             store.mark_verified(path)
         else:
             man = store.manifest(version) or {}
-            ref = WeightsRef(version=version, path=man.get("path", ""), sha256=man.get("sha256", ""),
-                             parent=man.get("parent", ""), step=int(man.get("step", 0)))
+            ref = WeightsRef(
+                version=version,
+                path=man.get("path", ""),
+                sha256=man.get("sha256", ""),
+                parent=man.get("parent", ""),
+                step=int(man.get("step", 0)),
+            )
         self.refs[version] = ref
         return ref
 
@@ -221,7 +269,7 @@ class PromotionBook:
         self.canary = None
         if not was_canary:  # what went live after `to` leaves the history with the version rolled back
             h = self.history
-            self.history = h[:len(h) - h[::-1].index(a.to)] if a.to in h else [v for v in h if v != a.version] + [a.to]
+            self.history = h[: len(h) - h[::-1].index(a.to)] if a.to in h else [v for v in h if v != a.version] + [a.to]
             if self.status.get(a.to) != S.LIVE:
                 move(a.to, S.LIVE, f"rollback from {a.version}")
         self.counts["rolled_back"] += 1

@@ -25,6 +25,7 @@ few unlucky ratings do not roll back a good version, while a broken one (all neg
   watch:  the last `watch_feedback` ratings of the live version against the last as many of the
           version it replaced, while that one was live -> rolled back if worse.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -64,8 +65,7 @@ def _references(envs: dict, n: int) -> list[tuple[str, object]]:
 def reference_pairs(envs: dict, n: int) -> list[tuple[str, str]]:
     """(prompt, reference completion) for the first `n` held-out entries of each environment that has
     reference actions."""
-    return [(render(ref.messages, ref.tools), assistant_text(ref.action) + "<|im_end|>")
-            for _, ref in _references(envs, n)]
+    return [(render(ref.messages, ref.tools), assistant_text(ref.action) + "<|im_end|>") for _, ref in _references(envs, n)]
 
 
 def gate_heldout(envs: dict, gate_settings) -> dict[str, list[str]]:
@@ -88,8 +88,9 @@ def reference_nll(engine, pairs: list[tuple[str, str]]) -> float:
     return -sum(lp for lp, _ in scored) / max(1, tokens)
 
 
-def _nll_checks(cand: GateScore, live: GateScore, nll_tolerance: float, base: GateScore | None,
-                base_tolerance: float) -> list[str]:
+def _nll_checks(
+    cand: GateScore, live: GateScore, nll_tolerance: float, base: GateScore | None, base_tolerance: float
+) -> list[str]:
     why, c = [], cand.nll
     if c is not None and live.nll is not None and c > live.nll + nll_tolerance:
         why.append(f"reference NLL {c:.3f} > live {live.nll:.3f} + {nll_tolerance}")
@@ -99,8 +100,9 @@ def _nll_checks(cand: GateScore, live: GateScore, nll_tolerance: float, base: Ga
     return why
 
 
-def clearly_worse(cand: GateScore, live: GateScore, nll_tolerance: float, base: GateScore | None = None,
-                  base_tolerance: float = math.inf) -> str | None:
+def clearly_worse(
+    cand: GateScore, live: GateScore, nll_tolerance: float, base: GateScore | None = None, base_tolerance: float = math.inf
+) -> str | None:
     """Early stop: the likelihood check alone (seconds) already fails the candidate, so the greedy held-out
     episodes (most of a gate's time) need not run. None when the full evaluation must decide."""
     why = _nll_checks(cand, live, nll_tolerance, base, base_tolerance)
@@ -115,8 +117,16 @@ def drop_p(cand: list[float], live: list[float]) -> float:
     return t["p_value"] / 2 if t["mean_diff"] < 0 else 1.0
 
 
-def gate(cand: GateScore, live: GateScore, tolerance: float, nll_tolerance: float, base: GateScore | None = None,
-         base_tolerance: float = math.inf, p: float | None = None, alpha: float = 1.0) -> tuple[bool, str]:
+def gate(
+    cand: GateScore,
+    live: GateScore,
+    tolerance: float,
+    nll_tolerance: float,
+    base: GateScore | None = None,
+    base_tolerance: float = math.inf,
+    p: float | None = None,
+    alpha: float = 1.0,
+) -> tuple[bool, str]:
     """(promote?, reason) from `GateScores` scores of the candidate, live and (its NLL) the base. Falling short of
     live's success by more than `tolerance` rejects when `p` (`drop_p` on the entries both were scored on) is
     below `alpha`, or when no `p` is given (the point rule)."""
@@ -157,8 +167,9 @@ def significant_drop(version: list[float], baseline: list[float], margin: float)
     return Drop(diff >= margin and z >= Z_95, stats)
 
 
-def canary_verdict(canary: list[float], baseline: list[float], *, min_feedback: int, margin: float,
-                   elapsed_s: float, max_s: float) -> tuple[str, str]:
+def canary_verdict(
+    canary: list[float], baseline: list[float], *, min_feedback: int, margin: float, elapsed_s: float, max_s: float
+) -> tuple[str, str]:
     """("wait" | "live" | "rollback", reason) for a running canary."""
     if len(canary) >= min_feedback and len(baseline) >= min_feedback:
         d = significant_drop(canary, baseline, margin)
@@ -168,8 +179,9 @@ def canary_verdict(canary: list[float], baseline: list[float], *, min_feedback: 
     return "wait", ""
 
 
-def handoff_verdict(canary: list[float], baseline: list[float], *, elapsed_s: float, min_s: float | None,
-                    margin: float) -> tuple[bool, str]:
+def handoff_verdict(
+    canary: list[float], baseline: list[float], *, elapsed_s: float, min_s: float | None, margin: float
+) -> tuple[bool, str]:
     """(may it go live now?, reason) for a running canary whose successor has passed its gate against it: after
     `min_s`, unless its feedback so far is `margin` or more below live's (then it runs to its own verdict)."""
     if min_s is None or elapsed_s < min_s:
@@ -187,9 +199,16 @@ def watch_verdict(live: list[float], previous: list[float], *, window: int, marg
     return d.worse, f"live feedback dropped: {d.reason}" if d.worse else d.reason
 
 
-def decide(score: Callable[..., GateScore], cand: str, live: str, g, base: GateScore | None, first: dict[str, int],
-           full: dict[str, int], paired: Callable[[str, str, dict], float] | None = None
-           ) -> tuple[bool, str, GateScore, GateScore]:
+def decide(
+    score: Callable[..., GateScore],
+    cand: str,
+    live: str,
+    g,
+    base: GateScore | None,
+    first: dict[str, int],
+    full: dict[str, int],
+    paired: Callable[[str, str, dict], float] | None = None,
+) -> tuple[bool, str, GateScore, GateScore]:
     """(promote?, reason, candidate's scores, live's scores): the gate on the first `first[env]` held-out
     entries; when the candidate falls short of live's success there, a second look scores both on
     `full[env]` entries of each environment where it fell short, and that decides. Live was promoted
@@ -233,8 +252,17 @@ class GateScores:
     scored so far (`heldout[env]` in order; a first look scores the first `first` of them, a second look
     more). Cached scores hold only for the same suite: entries, reference actions and decoding settings."""
 
-    def __init__(self, path: Path, envs: dict, heldout: dict[str, list[str]], pairs, *, max_new_tokens: int,
-                 call_prefix: bool, first: int | None = None):
+    def __init__(
+        self,
+        path: Path,
+        envs: dict,
+        heldout: dict[str, list[str]],
+        pairs,
+        *,
+        max_new_tokens: int,
+        call_prefix: bool,
+        first: int | None = None,
+    ):
         self.path, self.envs, self.heldout, self.pairs = Path(path), envs, heldout, pairs
         self.opts = {"max_new_tokens": max_new_tokens, "call_prefix": call_prefix}
         full = {e: len(ids) for e, ids in heldout.items()}
@@ -244,8 +272,9 @@ class GateScores:
         fresh = cached.get("_suite") == self.suite
         self.scores: dict[str, dict] = {v: x for v, x in cached.items() if isinstance(x, dict) and fresh}
 
-    def score(self, engine, version: str, weights: Callable[[], str], success: bool = True,
-              counts: dict[str, int] | None = None) -> GateScore:
+    def score(
+        self, engine, version: str, weights: Callable[[], str], success: bool = True, counts: dict[str, int] | None = None
+    ) -> GateScore:
         """The version's scores on the first `counts[env]` entries (the first look by default), loading
         `weights()` into `engine` when something is missing; `success=False` computes only the likelihood part
         (seconds)."""
@@ -254,7 +283,7 @@ class GateScores:
         counts = counts or self.looks[0]
         sc = self.scores.setdefault(version, {})
         done = sc.setdefault("outcomes", {})
-        todo = {e: self.heldout[e][len(done.get(e, [])):n] for e, n in counts.items()} if success else {}
+        todo = {e: self.heldout[e][len(done.get(e, [])) : n] for e, n in counts.items()} if success else {}
         need_nll = bool(self.pairs) and "nll" not in sc
         if need_nll or any(todo.values()):
             if engine.version != version:
@@ -283,8 +312,10 @@ class GateScores:
 
     def drop_p(self, cand: str, live: str, counts: dict[str, int]) -> float:
         """`drop_p` on the cached outcomes of the first `counts[env]` entries of each environment, pooled."""
-        got = {v: [x for e, n in counts.items() for x in self.scores.get(v, {}).get("outcomes", {}).get(e, [])[:n]]
-               for v in (cand, live)}
+        got = {
+            v: [x for e, n in counts.items() for x in self.scores.get(v, {}).get("outcomes", {}).get(e, [])[:n]]
+            for v in (cand, live)
+        }
         if len(got[cand]) != len(got[live]) or not got[cand]:
             raise ValueError(f"gate outcomes of {cand} and {live} are not scored on the same entries: {counts}")
         return drop_p(got[cand], got[live])

@@ -6,6 +6,7 @@ outside world).
 Weights versions are named here; their one reference type is `actors.events.WeightsRef`, kept by the
 book.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ class GateScore(BaseModel):
     @classmethod
     def _from_flat(cls, data):
         if isinstance(data, dict) and "envs" not in data:
-            envs = {k[len("success_"):]: v for k, v in data.items() if k.startswith("success_")}
+            envs = {k[len("success_") :]: v for k, v in data.items() if k.startswith("success_")}
             return {"nll": data.get("nll"), "success": data.get("success"), "envs": envs}
         return data
 
@@ -45,8 +46,7 @@ def gate_metrics(cand: GateScore | None, live: GateScore | None) -> dict[str, fl
     """A gate's scores as the metrics of its `evo.weights_status` event (none without a gate)."""
     if cand is None or live is None:
         return {}
-    return {**{f"candidate_{k}": v for k, v in cand.flat().items()},
-            **{f"live_{k}": v for k, v in live.flat().items()}}
+    return {**{f"candidate_{k}": v for k, v in cand.flat().items()}, **{f"live_{k}": v for k, v in live.flat().items()}}
 
 
 class Canary(BaseModel):
@@ -80,6 +80,7 @@ class GateOutcome:
 @dataclass(frozen=True)
 class Stage:
     """A published version waits for its gate."""
+
     version: str
     reason: str
 
@@ -87,6 +88,7 @@ class Stage:
 @dataclass(frozen=True)
 class Ignore:
     """A published version older than live: not gated (logged only)."""
+
     version: str
     live: str
 
@@ -94,6 +96,7 @@ class Ignore:
 @dataclass(frozen=True)
 class Restage:
     """A gate a crash cut short: evaluated again."""
+
     version: str
     reason: str
 
@@ -107,6 +110,7 @@ class Supersede:
 @dataclass(frozen=True)
 class StartGate:
     """Score `version` against `against` (live or the canary) on the held-out gate; its outcome decides next."""
+
     version: str
     against: str
     reason: str
@@ -123,6 +127,7 @@ class Reject:
 @dataclass(frozen=True)
 class Pass:
     """Passed its gate against the running canary: the canary after it."""
+
     version: str
     against: str
     reason: str
@@ -134,6 +139,7 @@ class Pass:
 class StartCanary:
     """Serve `version` to `gate.canary_share` of the requests, measured against `baseline` (live)
     from `started`."""
+
     version: str
     baseline: str
     reason: str
@@ -162,5 +168,4 @@ class Prune:
     """Remove weights files beyond `gate.keep_versions`, never those the book protects."""
 
 
-Action = (Stage | Ignore | Restage | Supersede | StartGate | Reject | Pass | StartCanary | GoLive | RollBack
-          | Prune)
+Action = Stage | Ignore | Restage | Supersede | StartGate | Reject | Pass | StartCanary | GoLive | RollBack | Prune

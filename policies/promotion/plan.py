@@ -24,6 +24,7 @@ A tick (`plan`), in README's words ("How one improvement cycle flows", items 3 a
 A gate's outcome (`gated`): rejected; passed against the running canary (then 3's handoff is looked
 at again); a canary when `canary_share` > 0; else live. Going live and rejecting prune old files.
 """
+
 from __future__ import annotations
 
 from actors.events import WeightsPublished
@@ -31,8 +32,21 @@ from actors.lifecycles import WeightsState as S
 from policies.promotion.gate import canary_verdict, handoff_verdict, watch_verdict
 from policies.weights.model_store import version_number
 from policies.promotion.book import PromotionBook
-from policies.promotion.models import (Action, GateOutcome, GoLive, Ignore, Pass, Prune, Reject,
-                                       Restage, RollBack, Stage, StartCanary, StartGate, Supersede)
+from policies.promotion.models import (
+    Action,
+    GateOutcome,
+    GoLive,
+    Ignore,
+    Pass,
+    Prune,
+    Reject,
+    Restage,
+    RollBack,
+    Stage,
+    StartCanary,
+    StartGate,
+    Supersede,
+)
 
 
 class _Tick:
@@ -106,14 +120,16 @@ def published(book: PromotionBook, ev: WeightsPublished, live: str) -> list[Acti
 
 def resumed(book: PromotionBook) -> list[Action]:
     """On start: a gate a crash cut short is run again."""
-    return [Restage(v, "the broadcaster restarted during its gate: evaluated again")
-            for v, st in book.status.items() if st == S.EVALUATING]
+    return [
+        Restage(v, "the broadcaster restarted during its gate: evaluated again")
+        for v, st in book.status.items()
+        if st == S.EVALUATING
+    ]
 
 
 def undone(steps: list[tuple[str, str, str | None, str]]) -> list[Action]:
     """The guard's `rollback_plan` as actions."""
-    return [Supersede(v, why) if act == "supersede" else RollBack(v, to, why)
-            for act, v, to, why in steps]
+    return [Supersede(v, why) if act == "supersede" else RollBack(v, to, why) for act, v, to, why in steps]
 
 
 def held(book: PromotionBook, staged: list[str]) -> list[Action]:
@@ -124,8 +140,7 @@ def held(book: PromotionBook, staged: list[str]) -> list[Action]:
     return [Supersede(v, why) for v in staged[:-1]]
 
 
-def comparator_todo(book: PromotionBook, live: str, staged: list[str],
-                    unscored) -> tuple[str, dict[str, int]] | None:
+def comparator_todo(book: PromotionBook, live: str, staged: list[str], unscored) -> tuple[str, dict[str, int]] | None:
     """No gate to run now: (the next gate's comparator, the one environment of its first look to
     score this tick), so that the gate waits for its candidate only. `unscored(version)`: env ->
     entries of its first look not cached yet."""
@@ -138,9 +153,14 @@ def comparator_todo(book: PromotionBook, live: str, staged: list[str],
 # ---------------------------------------------------------------------------- a tick's steps
 def _canary(t: _Tick, now: float, g) -> None:
     b, c = t.book, t.book.canary
-    verdict, why = canary_verdict(b.scores(c.version, c.started), b.scores(c.baseline, c.started),
-                                  min_feedback=g.canary_min_feedback, margin=g.rollback_margin,
-                                  elapsed_s=now - c.started, max_s=g.canary_max_s)
+    verdict, why = canary_verdict(
+        b.scores(c.version, c.started),
+        b.scores(c.baseline, c.started),
+        min_feedback=g.canary_min_feedback,
+        margin=g.rollback_margin,
+        elapsed_s=now - c.started,
+        max_s=g.canary_max_s,
+    )
     if verdict == "live":
         t.do(GoLive(c.version, why), Prune())
     elif verdict == "rollback":
@@ -149,9 +169,13 @@ def _canary(t: _Tick, now: float, g) -> None:
 
 def _handoff(t: _Tick, now: float, g) -> None:
     b, c, p = t.book, t.book.canary, t.book.passed
-    ok, why = handoff_verdict(b.scores(c.version, c.started), b.scores(c.baseline, c.started),
-                              elapsed_s=now - c.started, min_s=g.canary_min_s,
-                              margin=g.rollback_margin)
+    ok, why = handoff_verdict(
+        b.scores(c.version, c.started),
+        b.scores(c.baseline, c.started),
+        elapsed_s=now - c.started,
+        min_s=g.canary_min_s,
+        margin=g.rollback_margin,
+    )
     if ok:
         t.do(GoLive(c.version, f"{p.version} passed its gate against it; {why}"), Prune())
         _start_canary(t, now)
@@ -161,8 +185,7 @@ def _watch(t: _Tick, g) -> bool:
     h = t.book.history
     if len(h) < 2 or h[-1] != t.live:
         return False
-    roll, why = watch_verdict(t.book.scores(h[-1]), t.book.scores(h[-2]), window=g.watch_feedback,
-                              margin=g.rollback_margin)
+    roll, why = watch_verdict(t.book.scores(h[-1]), t.book.scores(h[-2]), window=g.watch_feedback, margin=g.rollback_margin)
     if roll:
         t.do(RollBack(h[-1], h[-2], why))
     return roll

@@ -5,6 +5,7 @@ A record is what the questioner persists between restarts; every status change i
 `evo.task_status` event (`status_event`), so the stream holds the full history and the file only the
 recent one.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,9 @@ def band_decision(outcomes: list[float], low: float, high: float) -> tuple[float
     p = self_consistency(outcomes)
     if p < low or p > high:
         wins = sum(o >= 0.5 for o in outcomes)
-        return p, ("too easy: the group agrees it succeeds" if wins * 2 > len(outcomes)
-                   else "too hard: the group agrees it fails") + f" (consistency {p:.2f})"
+        return p, (
+            "too easy: the group agrees it succeeds" if wins * 2 > len(outcomes) else "too hard: the group agrees it fails"
+        ) + f" (consistency {p:.2f})"
     return p, None
 
 
@@ -62,15 +64,25 @@ class TaskBook:
         rec.status = task_transition(rec.status, new)
         self.tasks[rec.task_id] = rec
         n = rec.issued if new == TaskState.ACTIVE else 0
-        return TaskStatus(event_id=status_event_id(rec.task_id, new, n), task_id=rec.task_id, status=new,
-                          reason=reason, env=rec.env, query=rec.query, reference=rec.reference,
-                          base_entry_id=rec.base, consistency=rec.consistency, synthesizer=rec.synthesizer,
-                          exploration=rec.exploration if new == TaskState.PROPOSED else [])
+        return TaskStatus(
+            event_id=status_event_id(rec.task_id, new, n),
+            task_id=rec.task_id,
+            status=new,
+            reason=reason,
+            env=rec.env,
+            query=rec.query,
+            reference=rec.reference,
+            base_entry_id=rec.base,
+            consistency=rec.consistency,
+            synthesizer=rec.synthesizer,
+            exploration=rec.exploration if new == TaskState.PROPOSED else [],
+        )
 
     def next_due(self) -> str | None:
         """A verified task not issued yet, or an active one due again."""
-        return next((t for t, r in self.tasks.items()
-                     if r.status == TaskState.VERIFIED or (r.status == TaskState.ACTIVE and r.due)), None)
+        return next(
+            (t for t, r in self.tasks.items() if r.status == TaskState.VERIFIED or (r.status == TaskState.ACTIVE and r.due)), None
+        )
 
     def dump(self) -> dict:
         done = [t for t, r in self.tasks.items() if r.status in (TaskState.REJECTED, TaskState.RETIRED)]

@@ -9,6 +9,7 @@ little). The current rung is the lowest one not mastered, so the policy works wh
 sometimes, or, at the floor, where a verified reference still shows it the way (mixed-policy GRPO).
 Environments without levels are a single rung.
 """
+
 from __future__ import annotations
 
 import random
@@ -18,8 +19,9 @@ class Ladder:
     def __init__(self, window: int = 8, min_groups: int = 4, mastery: float = 0.8, state: dict | None = None):
         self.window, self.min_groups, self.mastery = window, min_groups, mastery
         # env -> str(level) -> recent success rates, newest last (str keys: the state is JSON)
-        self.recent: dict[str, dict[str, list[float]]] = {e: {k: list(v) for k, v in lv.items()}
-                                                          for e, lv in (state or {}).items()}
+        self.recent: dict[str, dict[str, list[float]]] = {
+            e: {k: list(v) for k, v in lv.items()} for e, lv in (state or {}).items()
+        }
 
     def record(self, env: str, level: int, outcomes: list[float]) -> None:
         if not outcomes:
@@ -80,7 +82,7 @@ def ordered_pool(entries: list[str], round_: int, seed: int = 0) -> list[str]:
 
 
 def train_pool(envs: dict) -> list[str]:
-    """"env<TAB>entry" for every train entry of every environment (held-out entries never appear)."""
+    """ "env<TAB>entry" for every train entry of every environment (held-out entries never appear)."""
     return [f"{name}\t{e}" for name, env in envs.items() for e in env.entries("train")]
 
 
@@ -94,8 +96,11 @@ class DatasetPools:
         self.pools = {name: pool for name, pool in self.pools.items() if pool}
         self.cursors: dict[str, dict] = st.get("cursors", {})  # env -> {"round", "pos"}
         self.turn = st.get("turn", 0)
-        self.levels = {name: sorted({env.level_of(e) for e in self.pools[name]}) if hasattr(env, "level_of") else [0]
-                       for name, env in envs.items() if name in self.pools}
+        self.levels = {
+            name: sorted({env.level_of(e) for e in self.pools[name]}) if hasattr(env, "level_of") else [0]
+            for name, env in envs.items()
+            if name in self.pools
+        }
 
     def state(self) -> dict:
         return {"cursors": self.cursors, "turn": self.turn}

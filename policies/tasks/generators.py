@@ -1,6 +1,7 @@
 """Who writes synthetic tasks: the served policy (`PolicyGenerator`, constrained decoding of call arguments
 from the tool schemas) or a configured OpenAI-compatible endpoint (`EndpointGenerator`).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,7 @@ class PolicyGenerator:
         self.engine, self.temperature, self.max_new_tokens = engine, temperature, max_new_tokens
 
     def _continue(self, prompt: str, max_new_tokens: int) -> str:
-        return self.engine.generate([prompt], max_new_tokens=max_new_tokens, temperature=self.temperature,
-                                    top_p=0.95)[0].text
+        return self.engine.generate([prompt], max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=0.95)[0].text
 
     def chat(self, messages: list[ChatMessage], tools=None, prefix: str = "") -> str:
         return prefix + self._continue(render(messages, tools) + prefix, self.max_new_tokens)
@@ -73,8 +73,15 @@ def _first_json(raw: str):
 class EndpointGenerator:
     """A configured OpenAI-compatible generator endpoint; a forced prefix becomes an instruction."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, temperature: float = 0.8,
-                 max_new_tokens: int = 128, client=None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        temperature: float = 0.8,
+        max_new_tokens: int = 128,
+        client=None,
+    ):
         from openai import OpenAI
 
         self.name = f"endpoint:{model}"
@@ -87,8 +94,9 @@ class EndpointGenerator:
             msgs[0]["content"] += "\n\n" + tools_block(tools)
         if prefix:
             msgs.append({"role": "user", "content": f"Start your reply with: {prefix}"})
-        r = self.client.chat.completions.create(model=self.model, messages=msgs, temperature=self.temperature,
-                                                max_tokens=self.max_new_tokens)
+        r = self.client.chat.completions.create(
+            model=self.model, messages=msgs, temperature=self.temperature, max_tokens=self.max_new_tokens
+        )
         text = r.choices[0].message.content or ""
         return text if (not prefix or text.startswith(prefix) or "<tool_call>" in text) else prefix + text
 

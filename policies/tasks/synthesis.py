@@ -15,6 +15,7 @@
    hallucinated and dropped.
 4. `TaskIndex`: semantic dedup of task queries in Milvus Lite (cosine >= threshold = duplicate).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,8 +32,10 @@ from envs.tool_calls import CallError, parse_python_call
 from policies.hygiene import looks_like_injection, scrub
 from policies.tasks.generators import EndpointGenerator, PolicyGenerator, make_generator  # noqa: F401
 
-EXPLORE_SYSTEM = ("You are exploring a set of functions to learn what they do. Call the function you are asked to "
-                  "try, with sensible arguments that fit what you have seen so far.")
+EXPLORE_SYSTEM = (
+    "You are exploring a set of functions to learn what they do. Call the function you are asked to "
+    "try, with sensible arguments that fit what you have seen so far."
+)
 
 
 @dataclass
@@ -62,12 +65,13 @@ def explore(generator, env, base_entry_id: str, steps: int, visits: Counter, rng
     names = [t.function.name for t in probe.tools]
     if not names:
         return out
-    msgs = [ChatMessage(role="system", content=EXPLORE_SYSTEM),
-            ChatMessage(role="user", content=f"{probe.description}. Try them one at a time.")]
+    msgs = [
+        ChatMessage(role="system", content=EXPLORE_SYSTEM),
+        ChatMessage(role="user", content=f"{probe.description}. Try them one at a time."),
+    ]
     by_name = {t.function.name: t for t in probe.tools}
     for i in range(steps):
-        fname = min(names, key=lambda n: (visits[n], len(by_name[n].function.parameters.get("required") or []),
-                                          rng.random()))
+        fname = min(names, key=lambda n: (visits[n], len(by_name[n].function.parameters.get("required") or []), rng.random()))
         visits[fname] += 1
         arguments = generator.call_arguments(msgs, by_name[fname])
         tc = ToolCall(id=f"call_{i}", name=fname, arguments=arguments if arguments is not None else "{}")
@@ -150,13 +154,21 @@ def describe(reference: list[str], tools) -> str:
 def write_query(generator, exploration: Exploration, tools, live_examples: list[str]) -> tuple[str, str]:
     """(query, synthesizer) for an exploration's working calls."""
     ref = exploration.reference
-    shown = "\n".join(f"{i}. {s.call} -> {s.result[:150]}" for i, s in enumerate(
-        [s for s in exploration.steps if s.ok], 1))
-    style = ("\nUsers write requests like these:\n" + "\n".join(f"- {scrub(e)[:160]}" for e in live_examples[-5:])
-             if live_examples else "")
-    msgs = [ChatMessage(role="user", content=(
-        f"These function calls were made, with their results:\n{shown}\n{style}\n\nWrite the single request a user "
-        "would send that needs exactly these calls. Mention every value used. Reply with the request only."))]
+    shown = "\n".join(f"{i}. {s.call} -> {s.result[:150]}" for i, s in enumerate([s for s in exploration.steps if s.ok], 1))
+    style = (
+        "\nUsers write requests like these:\n" + "\n".join(f"- {scrub(e)[:160]}" for e in live_examples[-5:])
+        if live_examples
+        else ""
+    )
+    msgs = [
+        ChatMessage(
+            role="user",
+            content=(
+                f"These function calls were made, with their results:\n{shown}\n{style}\n\nWrite the single request a user "
+                "would send that needs exactly these calls. Mention every value used. Reply with the request only."
+            ),
+        )
+    ]
     try:
         text = generator.chat(msgs).strip().split("\n")[0].strip().strip('"')[:400]
     except Exception:  # a failing generator endpoint falls back to the description
@@ -175,16 +187,24 @@ def verify(env, task_entry_id: str, spec: dict) -> tuple[bool, str]:
         calls = [parse_python_call(c) for c in spec["reference"]]
     except CallError as exc:
         return False, f"reference is not a plain call list: {exc}"
-    action = ChatMessage(role="assistant", tool_calls=[
-        ToolCall(id=f"ref{i}", name=c.name, arguments=json.dumps(c.kwargs)) for i, c in enumerate(calls)])
+    action = ChatMessage(
+        role="assistant",
+        tool_calls=[ToolCall(id=f"ref{i}", name=c.name, arguments=json.dumps(c.kwargs)) for i, c in enumerate(calls)],
+    )
     try:
         ep = env.episode(task_entry_id, spec)
         if ep.next_user_message() is None:
             return False, "task has no turn"
         r = ep.step(action)
         if r.errors or r.signal < 1.0:  # every call must run and return a non-error result
-            bad = r.errors[-1] if r.errors else next((o.content for o in r.observations if "rror" in o.content[:60]),
-                                                     r.observations[-1].content if r.observations else "")
+            bad = (
+                r.errors[-1]
+                if r.errors
+                else next(
+                    (o.content for o in r.observations if "rror" in o.content[:60]),
+                    r.observations[-1].content if r.observations else "",
+                )
+            )
             return False, "reference call fails on replay: " + bad[:200]
         if not ep.passed():
             return False, "reference replay does not pass the state/response check (not reproducible)"
@@ -231,8 +251,9 @@ class TaskIndex:
 
     def nearest(self, vector: list[float]) -> tuple[str, float] | None:
         with self.lock:
-            hits = self.client.search(self.COLLECTION, [vector], limit=1, output_fields=["query"],
-                                      search_params={"metric_type": "COSINE"})[0]
+            hits = self.client.search(
+                self.COLLECTION, [vector], limit=1, output_fields=["query"], search_params={"metric_type": "COSINE"}
+            )[0]
         return (hits[0]["id"], float(hits[0]["distance"])) if hits else None
 
     def add(self, task_id: str, vector: list[float], query: str) -> None:

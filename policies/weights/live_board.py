@@ -10,6 +10,7 @@ replica that starts while the bus is down serves the version users were given (D
 The bucket is named after the stream (`<stream>_live`: a deployment's stream and its pointer go together) and has
 the stream's replicas (`nats.replicas`). It keeps the last few values, so `nats kv history` shows recent moves.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,9 +48,16 @@ class LiveBoard:
         self.revision = 0  # of the last value seen
 
     async def open(self, js) -> "LiveBoard":
-        self.kv = await open_bucket(lambda: js.key_value(self.bucket), lambda: js.create_key_value(
-            bucket=self.bucket, history=HISTORY, replicas=self.replicas, storage=api.StorageType.FILE,
-            description="Kaizen: the weights every replica serves (LivePointer JSON)"))
+        self.kv = await open_bucket(
+            lambda: js.key_value(self.bucket),
+            lambda: js.create_key_value(
+                bucket=self.bucket,
+                history=HISTORY,
+                replicas=self.replicas,
+                storage=api.StorageType.FILE,
+                description="Kaizen: the weights every replica serves (LivePointer JSON)",
+            ),
+        )
         return self
 
     async def get(self) -> LivePointer | None:

@@ -11,6 +11,7 @@
   `weights.store: nats`, `remote` (`policies/weights/objects.py`) puts each saved version into the bus's
   object store and removes pruned ones from it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -178,8 +179,14 @@ class WeightsStore:
         digest = sha256_file(tmp)
         os.replace(tmp, path)
         self.mark_verified(path)  # hashed just now; the manifest pins that stat for the other processes of this node
-        manifest = {"version": version, "sha256": digest, "path": str(path), "stat": file_stat(path), "created": time.time(),
-                    **(meta or {})}
+        manifest = {
+            "version": version,
+            "sha256": digest,
+            "path": str(path),
+            "stat": file_stat(path),
+            "created": time.time(),
+            **(meta or {}),
+        }
         if self.remote is not None:  # on the bus before the manifest says the version exists
             self.remote.upload(version, path, manifest)
         atomic_write_bytes(self.dir / f"{version}.json", json.dumps(manifest).encode())
@@ -243,21 +250,30 @@ class WeightsStore:
             self.verify(path, sha256)
         return self._verified.get(str(path))
 
-    def set_live(self, version: str, path: str | None, sha256: str | None, canary: CanaryRef | None = None,
-                 shared: dict | None = None) -> LivePointer:
+    def set_live(
+        self, version: str, path: str | None, sha256: str | None, canary: CanaryRef | None = None, shared: dict | None = None
+    ) -> LivePointer:
         """Write the pointer (`make_live`) as this node's copy."""
         ptr = self.make_live(version, path, sha256, canary, shared)
         self.keep_live(ptr, force=True)
         return ptr
 
-    def make_live(self, version: str, path: str | None, sha256: str | None, canary: CanaryRef | None = None,
-                  shared: dict | None = None) -> LivePointer:
+    def make_live(
+        self, version: str, path: str | None, sha256: str | None, canary: CanaryRef | None = None, shared: dict | None = None
+    ) -> LivePointer:
         """A pointer with the verified files' stat pinned: a replica checks that (a stat call) instead of
         re-hashing gigabytes on every swap; a file changed since verification no longer matches."""
         if canary is not None:
             canary = canary.model_copy(update={"stat": self._pinned(canary.path, canary.sha256)})
-        return LivePointer(version=version, path=path, sha256=sha256, stat=self._pinned(path, sha256), canary=canary,
-                           at=time.time(), shared=shared)
+        return LivePointer(
+            version=version,
+            path=path,
+            sha256=sha256,
+            stat=self._pinned(path, sha256),
+            canary=canary,
+            at=time.time(),
+            shared=shared,
+        )
 
     def keep_live(self, ptr: LivePointer, force: bool = False) -> bool:
         """Make `ptr` this node's copy of the pointer unless the copy is newer (the writer's clock, `at`; the

@@ -15,6 +15,7 @@ No extra copy of the weights exists, so the one copy must not change while a rep
 counter beside it (a seqlock) is odd while the engine writes and even otherwise. A reader checks it before
 and after its copy and raises `SharedChanged` when it moved: the engine then loads the file instead.
 """
+
 from __future__ import annotations
 
 import base64
@@ -45,9 +46,17 @@ def export_storage(t) -> dict:
         import torch
 
         dev, handle, size, off, rc, rc_off, ev, ev_sync = s._share_cuda_()
-        return {"kind": "cuda", "gpu": str(torch.cuda.get_device_properties(dev).uuid), "handle": _b(handle),
-                "size": size, "offset": off, "ref_counter": _b(rc), "ref_counter_offset": rc_off,
-                "event": _b(ev), "event_sync": ev_sync}
+        return {
+            "kind": "cuda",
+            "gpu": str(torch.cuda.get_device_properties(dev).uuid),
+            "handle": _b(handle),
+            "size": size,
+            "offset": off,
+            "ref_counter": _b(rc),
+            "ref_counter_offset": rc_off,
+            "event": _b(ev),
+            "event_sync": ev_sync,
+        }
     if t.device.type != "cpu":
         raise ValueError(f"cannot share a tensor on {t.device}")
     manager, handle, size = s._share_filename_cpu_()  # moves the storage into shared memory, in place
@@ -73,8 +82,16 @@ def open_storage(d: dict):
     if d["kind"] == "cuda":
         torch.cuda._lazy_init()
         dev = local_gpu(d["gpu"])
-        return torch.UntypedStorage._new_shared_cuda(dev, _u(d["handle"]), d["size"], d["offset"], _u(d["ref_counter"]),
-                                                     d["ref_counter_offset"], _u(d["event"]), d["event_sync"])
+        return torch.UntypedStorage._new_shared_cuda(
+            dev,
+            _u(d["handle"]),
+            d["size"],
+            d["offset"],
+            _u(d["ref_counter"]),
+            d["ref_counter_offset"],
+            _u(d["event"]),
+            d["event_sync"],
+        )
     return torch.UntypedStorage._new_shared_filename_cpu(_u(d["manager"]), _u(d["handle"]), d["size"])
 
 
@@ -110,13 +127,21 @@ class SharedWeights:
             key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
             if key not in seen:
                 seen.add(key)
-                tensors.append({"name": name, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                                "stride": list(t.stride()), "offset": t.storage_offset(),
-                                "storage": exports[key[0]]})
+                tensors.append(
+                    {
+                        "name": name,
+                        "dtype": str(t.dtype).removeprefix("torch."),
+                        "shape": list(t.shape),
+                        "stride": list(t.stride()),
+                        "offset": t.storage_offset(),
+                        "storage": exports[key[0]],
+                    }
+                )
         self.seq = torch.zeros(1, dtype=torch.int64, device=next(iter(sd.values())).device)
         self.layout = Path(layout_path)
-        atomic_write_bytes(self.layout, json.dumps({"owner": os.getpid(), "seq_storage": export_storage(self.seq),
-                                                    "tensors": tensors}).encode())
+        atomic_write_bytes(
+            self.layout, json.dumps({"owner": os.getpid(), "seq_storage": export_storage(self.seq), "tensors": tensors}).encode()
+        )
 
     def begin(self) -> None:
         self.seq += 1
@@ -181,15 +206,15 @@ class SharedReader:
     def check(self) -> None:
         seq = int(self._seq.item())
         if seq != self.ref["seq"]:
-            raise SharedChanged(f"shared weights of {self.ref['version']} were rewritten (seq {self.ref['seq']} -> "
-                                f"{seq}): load the file")
+            raise SharedChanged(
+                f"shared weights of {self.ref['version']} were rewritten (seq {self.ref['seq']} -> {seq}): load the file"
+            )
 
     def tensors(self) -> Iterator[tuple[str, object]]:
         import torch
 
         for t in self.layout["tensors"]:
-            yield t["name"], _view(self._open(t["storage"]), getattr(torch, t["dtype"]), t["shape"], t["stride"],
-                                   t["offset"])
+            yield t["name"], _view(self._open(t["storage"]), getattr(torch, t["dtype"]), t["shape"], t["stride"], t["offset"])
 
 
 def read_shared(ref: dict, sink):

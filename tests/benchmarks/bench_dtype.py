@@ -7,6 +7,7 @@ under bf16 autocast or not); one embedding query. Prints the CPU's bf16 flags an
 
     .venv/bin/python tests/benchmarks/bench_dtype.py [--out results/dtype_cpu.json]
 """
+
 import argparse
 import json
 import time
@@ -25,8 +26,7 @@ from policies.weights.model_store import ensure_base_model  # noqa: E402
 def prompt_of(env, entry):
     ep = env.episode(entry)
     u = ep.next_user_message()
-    return render([ChatMessage(role="system", content=ep.system_prompt), ChatMessage(role="user", content=u)],
-                  ep.tools, None)
+    return render([ChatMessage(role="system", content=ep.system_prompt), ChatMessage(role="user", content=u)], ep.tools, None)
 
 
 def timed(fn):
@@ -54,8 +54,12 @@ def main():
     short = render([ChatMessage(role="user", content="What is 17 + 25? Answer briefly.")], [], None)
     code = prompt_of(make_env("code", s.env), make_env("code", s.env).entries("train")[0])
     bfcl = prompt_of(make_env("bfcl", s.env), "multi_turn_base_0")
-    cases = [("chat x1, 32 tokens", short, 1, 32), ("chat x8, 32 tokens", short, 8, 32),
-             ("code group x4, 64 tokens", code, 4, 64), ("BFCL group x4, 32 tokens", bfcl, 4, 32)]
+    cases = [
+        ("chat x1, 32 tokens", short, 1, 32),
+        ("chat x8, 32 tokens", short, 8, 32),
+        ("code group x4, 64 tokens", code, 4, 64),
+        ("BFCL group x4, 32 tokens", bfcl, 4, 32),
+    ]
     res = {"cpu_flags": flags, "auto": resolve_dtype("auto", "cpu"), "generation": {}, "learner": {}, "embedding": {}}
     for dtype in ("bfloat16", "float32"):
         eng = TransformersEngine(base, dtype=dtype)
@@ -64,19 +68,23 @@ def main():
             secs, gens = timed(lambda: eng.generate([p] * n, max_new_tokens=new, temperature=0.9, top_p=0.95))
             toks = sum(g.completion_tokens for g in gens)
             res["generation"].setdefault(name, {"prompt_tokens": eng.count_tokens(p)})[dtype] = {
-                "seconds": round(secs, 2), "tokens_per_s": round(toks / secs, 2)}
-            print(f"{dtype:9s} {name:26s} prompt {eng.count_tokens(p):5d} tok  {secs:7.2f} s  {toks / secs:6.1f} tok/s",
-                  flush=True)
+                "seconds": round(secs, 2),
+                "tokens_per_s": round(toks / secs, 2),
+            }
+            print(
+                f"{dtype:9s} {name:26s} prompt {eng.count_tokens(p):5d} tok  {secs:7.2f} s  {toks / secs:6.1f} tok/s", flush=True
+            )
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
     ids = torch.randint(100, 40000, (4, 256), generator=torch.Generator().manual_seed(0))
     for bf16 in (True, False):
+
         def step():
             grpo.token_logprobs(model, ids, torch.ones_like(ids), bf16).sum().backward()
             model.zero_grad()
+
         secs, _ = timed(step)
         res["learner"]["bfloat16 autocast" if bf16 else "float32"] = round(secs, 2)
-        print(f"learner forward+backward 4 x 256 tokens, {'bf16 autocast' if bf16 else 'float32'}: {secs:.1f} s",
-              flush=True)
+        print(f"learner forward+backward 4 x 256 tokens, {'bf16 autocast' if bf16 else 'float32'}: {secs:.1f} s", flush=True)
     for dtype in ("bfloat16", "float32"):
         emb = Embedder(s.embedding.source, dtype)
         emb.embed(["warm up"])

@@ -21,6 +21,7 @@ rejects it; the hint is what that benchmark's user sends next (the tool's error 
 
     .venv/bin/python tests/benchmarks/bench_hindsight.py [--per-category 30] [--k 4] [--out FILE]
 """
+
 import argparse
 import json
 import random
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -87,16 +89,31 @@ def main():
         rew = answers(hinted, ep.tools, s.rollout.temperature, a.k)
         plain = answers(ctx, ep.tools, s.rollout.temperature, a.k)
         acc = [sum(check(eid, m.tool_calls)[0] for m in ms if m.tool_calls) / a.k for ms in (plain, rew)]
-        samples = [Sample(sample_id=f"{eid}:{i}", messages=[*ctx, m], tools=ep.tools, step_indices=[2],
-                          step_signals=[0.0], outcome=0.0) for i, m in enumerate((wrong, right))]
+        samples = [
+            Sample(sample_id=f"{eid}:{i}", messages=[*ctx, m], tools=ep.tools, step_indices=[2], step_signals=[0.0], outcome=0.0)
+            for i, m in enumerate((wrong, right))
+        ]
         verdicts = PolicyJudge(engine).judge(samples, [None, None])
         labels = [v.labels[0] if v else None for v in verdicts]
-        rows.append({"entry": eid, "greedy_right": False, "why": why[:200], "shift_wrong": round(shift_w, 4),
-                     "shift_right": round(shift_r, 4), "shift_margin": round(shift_r - shift_w, 4),
-                     "shift_margin_per_token": round(per_tok, 4), "plain_acc": acc[0], "rewrite_acc": acc[1],
-                     "judge_wrong": labels[0], "judge_right": labels[1]})
-        print(f"{eid:28s} margin {shift_r - shift_w:+7.2f}  plain {acc[0]:.2f} rewrite {acc[1]:.2f}  judge "
-              f"{labels[1]}/{labels[0]}", flush=True)
+        rows.append(
+            {
+                "entry": eid,
+                "greedy_right": False,
+                "why": why[:200],
+                "shift_wrong": round(shift_w, 4),
+                "shift_right": round(shift_r, 4),
+                "shift_margin": round(shift_r - shift_w, 4),
+                "shift_margin_per_token": round(per_tok, 4),
+                "plain_acc": acc[0],
+                "rewrite_acc": acc[1],
+                "judge_wrong": labels[0],
+                "judge_right": labels[1],
+            }
+        )
+        print(
+            f"{eid:28s} margin {shift_r - shift_w:+7.2f}  plain {acc[0]:.2f} rewrite {acc[1]:.2f}  judge {labels[1]}/{labels[0]}",
+            flush=True,
+        )
 
     wrong = [r for r in rows if not r["greedy_right"] and "shift_margin" in r]
     n = len(wrong)
@@ -105,27 +122,46 @@ def main():
     test = paired_test([0.0] * n, margins) if n else {}
     rewrite = paired_test([r["plain_acc"] for r in wrong], [r["rewrite_acc"] for r in wrong]) if n else {}
     judged = [r for r in wrong if r["judge_right"] and r["judge_wrong"]]
-    out = {"entries": len(rows), "greedy_right": sum(r["greedy_right"] for r in rows), "wrong_steps": n,
-           "k": a.k, "temperature": s.rollout.temperature, "seconds": round(time.monotonic() - t0),
-           "hindsight_shift": {"points_right": sum(m > 0 for m in margins), "points_wrong": sum(m < 0 for m in margins),
-                               "mean_margin": sum(margins) / n if n else None, "p_value": test.get("p_value"),
-                               "points_right_per_token": sum(m > 0 for m in tok)},
-           "rewrite": {"plain_acc": sum(r["plain_acc"] for r in wrong) / n if n else None,
-                       "rewrite_acc": sum(r["rewrite_acc"] for r in wrong) / n if n else None, **rewrite},
-           "judge": {"n": len(judged), "both_right": sum(r["judge_right"] == "GOOD" and r["judge_wrong"] == "BAD"
-                                                         for r in judged),
-                     "good_when_right": sum(r["judge_right"] == "GOOD" for r in judged),
-                     "good_when_wrong": sum(r["judge_wrong"] == "GOOD" for r in judged)},
-           "rows": rows}
+    out = {
+        "entries": len(rows),
+        "greedy_right": sum(r["greedy_right"] for r in rows),
+        "wrong_steps": n,
+        "k": a.k,
+        "temperature": s.rollout.temperature,
+        "seconds": round(time.monotonic() - t0),
+        "hindsight_shift": {
+            "points_right": sum(m > 0 for m in margins),
+            "points_wrong": sum(m < 0 for m in margins),
+            "mean_margin": sum(margins) / n if n else None,
+            "p_value": test.get("p_value"),
+            "points_right_per_token": sum(m > 0 for m in tok),
+        },
+        "rewrite": {
+            "plain_acc": sum(r["plain_acc"] for r in wrong) / n if n else None,
+            "rewrite_acc": sum(r["rewrite_acc"] for r in wrong) / n if n else None,
+            **rewrite,
+        },
+        "judge": {
+            "n": len(judged),
+            "both_right": sum(r["judge_right"] == "GOOD" and r["judge_wrong"] == "BAD" for r in judged),
+            "good_when_right": sum(r["judge_right"] == "GOOD" for r in judged),
+            "good_when_wrong": sum(r["judge_wrong"] == "GOOD" for r in judged),
+        },
+        "rows": rows,
+    }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1))
     h, rw, j = out["hindsight_shift"], out["rewrite"], out["judge"]
     print(f"\n{len(rows)} entries, base greedy right on {out['greedy_right']}; {n} wrong steps scored")
-    print(f"hindsight shift: points right on {h['points_right']}, wrong on {h['points_wrong']} (mean margin "
-          f"{h['mean_margin']}, sign-flip p={h['p_value']}); per token right on {h['points_right_per_token']}")
+    print(
+        f"hindsight shift: points right on {h['points_right']}, wrong on {h['points_wrong']} (mean margin "
+        f"{h['mean_margin']}, sign-flip p={h['p_value']}); per token right on {h['points_right_per_token']}"
+    )
     print(f"rewrite with the hint: {rw['rewrite_acc']} accepted vs {rw['plain_acc']} plain (p={rw.get('p_value')})")
-    print(f"judge: accepted GOOD {j['good_when_right']}/{j['n']}, wrong GOOD {j['good_when_wrong']}/{j['n']}, both "
-          f"right {j['both_right']}/{j['n']}")
+    print(
+        f"judge: accepted GOOD {j['good_when_right']}/{j['n']}, wrong GOOD {j['good_when_wrong']}/{j['n']}, both "
+        f"right {j['both_right']}/{j['n']}"
+    )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ ratings, for reading why hours differ.
     .venv/bin/python tests/benchmarks/bench_learning_curve.py [--minutes 60] [--k 4] [--per-category code=32]
     .venv/bin/python tests/benchmarks/bench_learning_curve.py --repeats 3 --config PRESET --out results/NAME
 """
+
 import argparse
 import asyncio
 import json
@@ -46,9 +47,14 @@ import yaml
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
 from _hours import _p50, learner_detail, repeats, seed_base, suite_args, suite_envs  # noqa: E402
 
-PYTHON_TOOL = {"type": "function", "function": {
-    "name": "python", "description": "Run Python 3 code in a sandbox; returns what it prints, or the value of its last "
-    "expression.", "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}
+PYTHON_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Run Python 3 code in a sandbox; returns what it prints, or the value of its last expression.",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+    },
+}
 
 
 def question(rng: random.Random) -> tuple[str, int]:
@@ -81,8 +87,12 @@ def users(run: dict, stop: threading.Event, stats: dict, pause_s: float, seed: i
     rng = random.Random(seed)
 
     def rate(r, score):
-        httpx.post(run["endpoint"] + "/feedback", headers={"Authorization": f"Bearer {key}"},
-                   json={"interaction_id": r.id, "score": score}, timeout=60)
+        httpx.post(
+            run["endpoint"] + "/feedback",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"interaction_id": r.id, "score": score},
+            timeout=60,
+        )
         stats["rated"] += 1
 
     while not stop.is_set():
@@ -90,8 +100,9 @@ def users(run: dict, stop: threading.Event, stats: dict, pause_s: float, seed: i
         msgs = [{"role": "user", "content": q}]
         try:
             # an agent client that wants its sums run: the first turn must call the tool
-            r = c.chat.completions.create(model=run["model"], messages=msgs, tools=[PYTHON_TOOL], max_tokens=48,
-                                          tool_choice="required")
+            r = c.chat.completions.create(
+                model=run["model"], messages=msgs, tools=[PYTHON_TOOL], max_tokens=48, tool_choice="required"
+            )
             stats["requests"] += 1
             m = r.choices[0].message
             if m.tool_calls:
@@ -103,8 +114,10 @@ def users(run: dict, stop: threading.Event, stats: dict, pause_s: float, seed: i
                 out = run_python(notebook_cell(code)).stdout if isinstance(code, str) and code else ""
                 stats["tool_right"] += right(out, truth)
                 rate(r, 1.0 if right(out, truth) else -1.0)
-                msgs += [m.model_dump(exclude_none=True),
-                         {"role": "tool", "tool_call_id": tc.id, "content": out or "(no output)"}]
+                msgs += [
+                    m.model_dump(exclude_none=True),
+                    {"role": "tool", "tool_call_id": tc.id, "content": out or "(no output)"},
+                ]
                 r = c.chat.completions.create(model=run["model"], messages=msgs, tools=[PYTHON_TOOL], max_tokens=32)
                 stats["requests"] += 1
             ok = right(r.choices[0].message.content, truth)
@@ -121,24 +134,50 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--minutes", type=float, default=60)
     ap.add_argument("--config", default=str(ROOT / "config" / "cpu.yaml"))
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--per-category", default="code=32", help="held-out entries per category: N, or ENV=N,... "
-                    "(BFCL, 0 for the 135M base and every version so far, is left out unless named)")
-    ap.add_argument("--categories", default="code=add,muladd", help="only these categories of an environment's "
-                    "held-out split: ENV=CAT,CAT;ENV=... (empty = all)")
-    ap.add_argument("--max-versions", type=int, default=4, help="score at most this many served versions, evenly "
-                    "spaced, the newest always (0 = all)")
+    ap.add_argument(
+        "--per-category",
+        default="code=32",
+        help="held-out entries per category: N, or ENV=N,... "
+        "(BFCL, 0 for the 135M base and every version so far, is left out unless named)",
+    )
+    ap.add_argument(
+        "--categories",
+        default="code=add,muladd",
+        help="only these categories of an environment's held-out split: ENV=CAT,CAT;ENV=... (empty = all)",
+    )
+    ap.add_argument(
+        "--max-versions",
+        type=int,
+        default=4,
+        help="score at most this many served versions, evenly spaced, the newest always (0 = all)",
+    )
     ap.add_argument("--user-pause-s", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--score-threads", type=int, default=os.cpu_count() or 1,
-                    help="torch threads of the scoring engine (`up` is down by then: every core is free)")
-    ap.add_argument("--score-batch", type=int, default=16, help="held-out episodes generated together (several "
-                    "entries' k samples in one batch)")
+    ap.add_argument(
+        "--score-threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="torch threads of the scoring engine (`up` is down by then: every core is free)",
+    )
+    ap.add_argument(
+        "--score-batch",
+        type=int,
+        default=16,
+        help="held-out episodes generated together (several entries' k samples in one batch)",
+    )
     ap.add_argument("--repeats", type=int, default=1, help="fresh hours back to back; writes <out>_summary.json")
-    ap.add_argument("--keep-weights", action="store_true", help="keep every version's weights file after scoring "
-                    "(by default only the scored ones stay: an hour writes ~50 files)")
+    ap.add_argument(
+        "--keep-weights",
+        action="store_true",
+        help="keep every version's weights file after scoring (by default only the scored ones stay: an hour writes ~50 files)",
+    )
     ap.add_argument("--out", default=str(ROOT / "tests" / "benchmarks" / "results" / "learning_curve_cpu"))
-    ap.add_argument("--from-run", default="", help="score a finished run again: its directory (kz-curve-*), "
-                    "whose stream is read from its stored nats data; the run itself is not repeated")
+    ap.add_argument(
+        "--from-run",
+        default="",
+        help="score a finished run again: its directory (kz-curve-*), "
+        "whose stream is read from its stored nats data; the run itself is not repeated",
+    )
     return ap
 
 
@@ -164,15 +203,20 @@ def one_hour(a, out_path: str) -> dict:
     seed_base(a, root / "config.yaml", state)  # scored once on this machine: the guard and the report find it
     env = {**os.environ, "KAIZEN_STATE_DIR": str(state), "KAIZEN_SERVE_PORT": str(free_port())}
     t_start = time.time()
-    up = subprocess.run([sys.executable, str(ROOT / "main.py"), "up", "--detach", "--config", str(root / "config.yaml")],
-                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    up = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "up", "--detach", "--config", str(root / "config.yaml")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert up.returncode == 0, up.stdout + up.stderr
     run = json.loads((state / "run.json").read_text())
     print(f"up in {time.time() - t_start:.0f}s; state {state}; scripted users for {a.minutes:.0f} min", flush=True)
     stop, stats = threading.Event(), {"requests": 0, "rated": 0, "tool_right": 0, "right": 0, "failed": 0}
     stats_file = root / "users.json"
-    th = threading.Thread(target=getattr(a, "users_fn", users), args=(run, stop, stats, a.user_pause_s, a.seed),
-                          daemon=True)
+    th = threading.Thread(target=getattr(a, "users_fn", users), args=(run, stop, stats, a.user_pause_s, a.seed), daemon=True)
     th.start()
     t0 = time.monotonic()
     try:
@@ -189,13 +233,19 @@ def one_hour(a, out_path: str) -> dict:
         events = asyncio.run(cli.read_events(s, run, KINDS))
         learner = [e for e in events if e.kind == "learner_step"]
     finally:
-        subprocess.run([sys.executable, str(ROOT / "main.py"), "down"], env=env, cwd=ROOT, capture_output=True,
-                       timeout=600)
+        subprocess.run([sys.executable, str(ROOT / "main.py"), "down"], env=env, cwd=ROOT, capture_output=True, timeout=600)
     return report(a, s, state, events, learner, stats, time.time() - t_start, out_path)
 
 
-KINDS = ["judgement", "learner_step", "weights_published", "weights_status", "weights_promoted", "weights_rolled_back",
-         "heldout_scored"]
+KINDS = [
+    "judgement",
+    "learner_step",
+    "weights_published",
+    "weights_status",
+    "weights_promoted",
+    "weights_rolled_back",
+    "heldout_scored",
+]
 
 
 def rescore(a) -> None:
@@ -243,8 +293,11 @@ def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str) -> 
         if cache.get(v) is None:  # scored before on this suite (a rescore): the cache holds it
             engine.load_weights(store.file(v, base), v)
             cache.evaluate(engine, envs, v, batch=a.score_batch)
-        print(f"scored {v} in {time.monotonic() - t0:.0f}s: " + json.dumps(
-            {e: round(x["avg"], 3) for e, x in cache.get(v).items()}), flush=True)
+        print(
+            f"scored {v} in {time.monotonic() - t0:.0f}s: "
+            + json.dumps({e: round(x["avg"], 3) for e, x in cache.get(v).items()}),
+            flush=True,
+        )
     held = {r["version"]: cache.versus(BASE_VERSION, r["version"]) for r in served}
     seen = gate_entries(envs, s.gate)  # the gate chose what was served by these: the same test without them
     unseen = {r["version"]: cache.versus(BASE_VERSION, r["version"], exclude=seen) for r in served}
@@ -252,17 +305,36 @@ def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str) -> 
     print(lineage.table(rows, held, base_scores))
     shares = learner[-1].metrics if learner else {}
     newest = served[-1]["version"] if served else None
-    stages = {key: _p50([r[key] for r in rows if r[key] is not None])
-              for key in ("step_s", "published_after_s", "gate_s", "served_after_s")}
-    out = {"minutes": a.minutes, "k": a.k, "per_category": a.per_category, "categories": cats, "suite": cache.entries,
-           "cycle_p50_s": stages,
-           "wall_s": round(wall_s) if wall_s else None, "users": stats, "learner_steps": len(learner),
-           "informative_own_share": shares.get("informative_own_share"),
-           "informative_share": shares.get("informative_share"), "rollout_groups": shares.get("rollout_groups"),
-           "lineage": rows, "base": base_scores, "scores": {v: cache.get(v) for v in held}, "versus_base": held,
-           "newest_served": newest, "newest_vs_base": held.get(newest, {}), "gate_entries": sorted(seen),
-           "versus_base_unseen_by_gate": unseen, "newest_vs_base_unseen_by_gate": unseen.get(newest, {}),
-           "state_dir": str(state), "score_s": round(time.monotonic() - t0), **learner_detail(events, learner)}
+    stages = {
+        key: _p50([r[key] for r in rows if r[key] is not None])
+        for key in ("step_s", "published_after_s", "gate_s", "served_after_s")
+    }
+    out = {
+        "minutes": a.minutes,
+        "k": a.k,
+        "per_category": a.per_category,
+        "categories": cats,
+        "suite": cache.entries,
+        "cycle_p50_s": stages,
+        "wall_s": round(wall_s) if wall_s else None,
+        "users": stats,
+        "learner_steps": len(learner),
+        "informative_own_share": shares.get("informative_own_share"),
+        "informative_share": shares.get("informative_share"),
+        "rollout_groups": shares.get("rollout_groups"),
+        "lineage": rows,
+        "base": base_scores,
+        "scores": {v: cache.get(v) for v in held},
+        "versus_base": held,
+        "newest_served": newest,
+        "newest_vs_base": held.get(newest, {}),
+        "gate_entries": sorted(seen),
+        "versus_base_unseen_by_gate": unseen,
+        "newest_vs_base_unseen_by_gate": unseen.get(newest, {}),
+        "state_dir": str(state),
+        "score_s": round(time.monotonic() - t0),
+        **learner_detail(events, learner),
+    }
     out_file = Path(out_path).with_suffix(".json")
     out_file.parent.mkdir(parents=True, exist_ok=True)
     out_file.write_text(json.dumps(out, indent=1))
@@ -275,23 +347,33 @@ def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str) -> 
                 f.unlink(missing_ok=True)
         for f in (state / "learner").glob("ckpt-*.pt"):  # 1.6 GB each on the CPU model; a rescore needs none
             f.unlink(missing_ok=True)
-    print(f"cycle p50: published {stages['published_after_s']} s, served {stages['served_after_s']} s after the "
-          f"oldest judged group a version learned from; learner step {stages['step_s']} s, gate (published -> "
-          f"decided) {stages['gate_s']} s")
+    print(
+        f"cycle p50: published {stages['published_after_s']} s, served {stages['served_after_s']} s after the "
+        f"oldest judged group a version learned from; learner step {stages['step_s']} s, gate (published -> "
+        f"decided) {stages['gate_s']} s"
+    )
     for c in out["guard_checks"]:
-        print(f"  guard at {c['minute']:5.1f} min: {c['version']} {c['verdict']} ({100 * c['delta']:+.1f} points, "
-              f"p={c['p_value']:.4f}, {c['entries']} entries, {c['duration_s']} s)")
+        print(
+            f"  guard at {c['minute']:5.1f} min: {c['version']} {c['verdict']} ({100 * c['delta']:+.1f} points, "
+            f"p={c['p_value']:.4f}, {c['entries']} entries, {c['duration_s']} s)"
+        )
     for r in out["rollbacks"]:
         print(f"  rollback at {r['minute']:5.1f} min: {r['from']} -> {r['to']}: {r['reason'][:160]}")
-    print(f"learner steps {len(learner)}; served versions {len(served)}; informative groups own "
-          f"{shares.get('informative_own_share')}, with references {shares.get('informative_share')}")
+    print(
+        f"learner steps {len(learner)}; served versions {len(served)}; informative groups own "
+        f"{shares.get('informative_own_share')}, with references {shares.get('informative_share')}"
+    )
     for env, d in out["newest_vs_base"].items():
-        print(f"newest served {newest} vs base on {env}: {100 * d['base_avg']:.1f}% -> {100 * d['avg']:.1f}% "
-              f"({100 * d['delta']:+.1f} points, paired p={d['p_value']:.4f}, +{d['wins']}/-{d['losses']})")
+        print(
+            f"newest served {newest} vs base on {env}: {100 * d['base_avg']:.1f}% -> {100 * d['avg']:.1f}% "
+            f"({100 * d['delta']:+.1f} points, paired p={d['p_value']:.4f}, +{d['wins']}/-{d['losses']})"
+        )
     for env, d in out["newest_vs_base_unseen_by_gate"].items():
-        print(f"  without the {len(seen)} entries the gate looks at ({d['n']} left): {100 * d['base_avg']:.1f}% -> "
-              f"{100 * d['avg']:.1f}% ({100 * d['delta']:+.1f} points, p={d['p_value']:.4f}, "
-              f"+{d['wins']}/-{d['losses']})")
+        print(
+            f"  without the {len(seen)} entries the gate looks at ({d['n']} left): {100 * d['base_avg']:.1f}% -> "
+            f"{100 * d['avg']:.1f}% ({100 * d['delta']:+.1f} points, p={d['p_value']:.4f}, "
+            f"+{d['wins']}/-{d['losses']})"
+        )
     print(f"written {out_file} and .png", flush=True)
     return out
 

@@ -14,6 +14,7 @@ weights and random weights files of the right names and shapes are written for t
     python tests/benchmarks/bench_vllm_swap.py [--swaps 20] [--clients 8] [--config DIR] [--transports file,shared]
                                                [--warmup-s 10] [--baseline-s 30]   (shorter in scripts/gpu_check.sh)
 """
+
 import argparse
 import json
 import statistics
@@ -116,6 +117,7 @@ def main():
             except Exception as exc:  # noqa: BLE001 - every failure counts
                 records.append((t0, time.perf_counter(), 0, False))
                 print("request failed:", repr(exc)[:200])
+
     threads = [threading.Thread(target=client, daemon=True) for _ in range(a.clients)]
     for t in threads:
         t.start()
@@ -143,11 +145,23 @@ def main():
     def window(t0, t1):
         rs = [r for r in records if t0 <= r[0] < t1]
         lat = [(e - s) * 1000 for s, e, _, ok in rs if ok]
-        return {"requests": len(rs), "failed": sum(not r[3] for r in rs), "tokens_per_s": sum(r[2] for r in rs) / (t1 - t0),
-                "p50_ms": statistics.median(lat), "p99_ms": pct(lat, .99)}
-    res = {"model": str(model_dir), "clients": a.clients, "swaps_each": a.swaps, "engine_start_s": round(engine_start_s, 1),
-           "swap_ms": {t: {"p50": statistics.median(xs), "p99": pct(xs, .99)} for t, xs in swap_ms.items()},
-           "no_swaps": window(t_base, t_swap), "swapping": window(t_swap, t_end)}
+        return {
+            "requests": len(rs),
+            "failed": sum(not r[3] for r in rs),
+            "tokens_per_s": sum(r[2] for r in rs) / (t1 - t0),
+            "p50_ms": statistics.median(lat),
+            "p99_ms": pct(lat, 0.99),
+        }
+
+    res = {
+        "model": str(model_dir),
+        "clients": a.clients,
+        "swaps_each": a.swaps,
+        "engine_start_s": round(engine_start_s, 1),
+        "swap_ms": {t: {"p50": statistics.median(xs), "p99": pct(xs, 0.99)} for t, xs in swap_ms.items()},
+        "no_swaps": window(t_base, t_swap),
+        "swapping": window(t_swap, t_end),
+    }
     if len(swap_ms) == 2 and "shared" in swap_ms:
         res["file_over_shared_p50"] = res["swap_ms"]["file"]["p50"] / res["swap_ms"]["shared"]["p50"]
     print(json.dumps(res, indent=1))

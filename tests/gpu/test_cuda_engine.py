@@ -1,4 +1,5 @@
 """The transformers engine on CUDA: generation and in-place hot swap. Skipped without a GPU."""
+
 import pytest
 import torch
 

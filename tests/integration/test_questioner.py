@@ -1,4 +1,5 @@
 """The questioner's synthetic-task lifecycle on a real nats-server, Milvus Lite and embedder."""
+
 import uuid
 
 from actors.bus import Bus
@@ -69,8 +70,15 @@ async def test_synthetic_task_lifecycle(settings, nats_server):
 
         def judged(outcomes):
             samples = [Sample(sample_id=str(i), messages=[], outcome=o) for i, o in enumerate(outcomes)]
-            return Judgement(group_id="g", source="rollout", task_id=task_id, samples=samples, outcomes=outcomes,
-                             step_labels=[[] for _ in outcomes], origin="synthetic")
+            return Judgement(
+                group_id="g",
+                source="rollout",
+                task_id=task_id,
+                samples=samples,
+                outcomes=outcomes,
+                step_labels=[[] for _ in outcomes],
+                origin="synthetic",
+            )
 
         await q.handle_judgement(judged([1.0, 0.0, 1.0, 0.0]), None)  # consistency 0.5: in band
         assert q.book.get(task_id).status == "active" and q.book.get(task_id).due
@@ -88,8 +96,9 @@ async def test_synthetic_task_lifecycle(settings, nats_server):
         assert [e.status for e in dup] == ["proposed", "rejected"] and "duplicate of " + task_id in dup[1].reason
         assert st[-1] == (task_id, "retired") and "too easy" in [e for e in evs if isinstance(e, TaskStatus)][-1].reason
         tasks = [e for e in evs if e.kind == "task"]
-        assert len(tasks) == 2 and all(t.origin == "synthetic" and t.reference == ["mkdir(dir_name='reports')"]
-                                       and t.base_entry_id == fs[0] for t in tasks)
+        assert len(tasks) == 2 and all(
+            t.origin == "synthetic" and t.reference == ["mkdir(dir_name='reports')"] and t.base_entry_id == fs[0] for t in tasks
+        )
     finally:
         await q.shutdown()
         await bus.close()

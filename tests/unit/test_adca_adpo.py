@@ -1,4 +1,5 @@
 """ADCA and ADPO pinned to hand-computed values."""
+
 import math
 
 
@@ -38,5 +39,6 @@ def test_adpo_scale_and_clip():
 
 def test_self_consistency():
     from policies.learning.adca import self_consistency
+
     assert self_consistency([1, 1, 1, 0]) == 0.75 and self_consistency([0, 0, 1, 1]) == 0.5
     assert self_consistency([0.0, 0.1, 0.2, 0.3]) == 1.0

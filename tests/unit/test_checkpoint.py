@@ -1,4 +1,5 @@
 """Learner checkpoints: the manifest is the commit point, sha256 is checked, the previous one is the fallback."""
+
 import json
 
 import torch

@@ -1,4 +1,5 @@
 """A replica's engines (live, canary, role swap, routing), with stand-in engines."""
+
 import pytest
 import torch
 
@@ -22,8 +23,10 @@ class FakeEngine:
 
 def _set(live, make_canary, tmp_path):
     """An engine set whose base version's file is tmp_path/model.safetensors (as LivePolicy.file resolves it)."""
+
     def file(version, path):
         return path or (str(tmp_path / "model.safetensors") if version == BASE_VERSION else None)
+
     return EngineSet(live, make_canary, file)
 
 
@@ -64,6 +67,7 @@ def test_engine_set_follows_the_live_pointer(tmp_path):
 def test_a_canary_on_another_kind_of_engine_goes_live_in_the_live_engine(tmp_path):
     """On a GPU replica the canary is a transformers engine beside vLLM: when it goes live, users must stay
     on vLLM (loaded in place), not be handed to the canary's engine."""
+
     class VllmLike(FakeEngine):
         pass
 

@@ -22,8 +22,9 @@ def test_every_kind_has_a_subject_and_round_trips():
 def test_an_interaction_has_a_subject_of_its_own_and_every_subject_names_its_kind():
     """`evo.interaction.<id>`: the stream's subject index finds an interaction by id. Filters cover the bare
     subject too (events of earlier releases), and a key that is not one subject token makes no subject."""
-    it = ev.Interaction(interaction_id="chatcmpl-1f0c", user_hash="u", messages=[],
-                        response=ev.ChatMessage(role="assistant", content="hi"))
+    it = ev.Interaction(
+        interaction_id="chatcmpl-1f0c", user_hash="u", messages=[], response=ev.ChatMessage(role="assistant", content="hi")
+    )
     assert ev.subject_for(it) == ev.subject_for("interaction", key="chatcmpl-1f0c") == "evo.interaction.chatcmpl-1f0c"
     assert ev.subjects_of("interaction", "t1") == ["t1.interaction", "t1.interaction.*"]
     assert ev.subjects_of("feedback") == ["evo.feedback"]
@@ -40,8 +41,20 @@ def test_an_interaction_has_a_subject_of_its_own_and_every_subject_names_its_kin
 
 
 def test_design_kinds_are_all_present():
-    required = {"interaction", "feedback", "task", "rollout", "judgement", "experience", "learner_step",
-                "weights_published", "weights_promoted", "weights_rejected", "weights_rolled_back", "dead_letter"}
+    required = {
+        "interaction",
+        "feedback",
+        "task",
+        "rollout",
+        "judgement",
+        "experience",
+        "learner_step",
+        "weights_published",
+        "weights_promoted",
+        "weights_rejected",
+        "weights_rolled_back",
+        "dead_letter",
+    }
     assert required <= set(ev.KINDS)
 
 
@@ -77,6 +90,10 @@ def test_derived_ids_keep_their_values_and_are_made_in_one_place():
 
     assert derived_id("judgement", "e1") == str(uuid.uuid5(uuid.NAMESPACE_URL, "kaizen:judgement:e1"))
     root = Path(__file__).resolve().parents[2]
-    makers = [str(p.relative_to(root)) for d in ("actors", "policies", "serve", "deploy", "envs")
-              for p in (root / d).rglob("*.py") if "uuid5" in p.read_text()]
+    makers = [
+        str(p.relative_to(root))
+        for d in ("actors", "policies", "serve", "deploy", "envs")
+        for p in (root / d).rglob("*.py")
+        if "uuid5" in p.read_text()
+    ]
     assert makers == ["actors/messages.py"]

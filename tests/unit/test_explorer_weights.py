@@ -1,4 +1,5 @@
 """Which weights the explorer samples training rollouts with (handlers called directly, no bus)."""
+
 import asyncio
 
 import pytest

@@ -1,4 +1,5 @@
 """LivePolicy (the one follower of the live policy) and the broadcaster keeping LIVE a projection of the lifecycle."""
+
 from pathlib import Path
 
 import torch
@@ -100,8 +101,9 @@ def test_the_broadcaster_rewrites_a_pointer_that_ran_ahead_of_the_lifecycle(tmp_
     r1, r2 = _version(p, 1, "w-000000"), _version(p, 2, "w-000001")
     b = Broadcaster(p.settings, bus=object())
     b.policy, b.store, b.base_path = p, p.store, p.base
-    b.book = PromotionBook(tmp_path / "state.json", {"w-000000": S.RETIRED, "w-000001": S.LIVE,
-                                                      "w-000002": S.EVALUATING}, ["w-000000", "w-000001"])
+    b.book = PromotionBook(
+        tmp_path / "state.json", {"w-000000": S.RETIRED, "w-000001": S.LIVE, "w-000002": S.EVALUATING}, ["w-000000", "w-000001"]
+    )
     p.publish_live(r2)  # written, then the crash: w-000002 never became live on the stream
     b._repair_pointer()
     assert p.pointer().version == "w-000001" and p.pointer().canary is None
@@ -125,6 +127,7 @@ def test_a_version_is_hashed_once_on_its_node(tmp_path, monkeypatch):
     def counted(path):
         hashed.append(str(path))
         return model_store.hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
     p = _policy(tmp_path)
     r1, r2 = _version(p, 1, "w-000000"), _version(p, 2, "w-000001")
     monkeypatch.setattr(model_store, "sha256_file", counted)

@@ -1,5 +1,6 @@
 """A base model that ships in shards (7B models do): the store, the engines, the trainer and vLLM's worker loader
 read it through its shard index, and the gate and a rollback can use it like a single file."""
+
 import torch
 
 

@@ -1,6 +1,7 @@
 """Swaps from memory (policies/weights/shared.py): the gate engine's weights exported once and copied by other
 processes, and the seqlock that sends a reader racing a rewrite to the file. Shared memory on a CPU here (the
 same protocol as CUDA IPC: tests/gpu/test_shared_cuda.py runs that one)."""
+
 import json
 import multiprocessing as mp
 from types import SimpleNamespace
@@ -109,8 +110,9 @@ def test_a_serving_engine_copies_the_gate_engines_weights_without_reading_the_fi
     served = serve.model.state_dict()
     assert all(torch.equal(served[k], v) for k, v in want.items())
     serve.load_weights(files[2], "w-000002", shared=ref)  # a ref of another version is not even tried
-    assert serve.last_load == "file" and torch.equal(serve.model.state_dict()["lm_head.weight"],
-                                                     load_file(str(files[2]))["lm_head.weight"])
+    assert serve.last_load == "file" and torch.equal(
+        serve.model.state_dict()["lm_head.weight"], load_file(str(files[2]))["lm_head.weight"]
+    )
     with pytest.raises(ValueError, match="standby"):
         serve.share(tmp_path / "other.json")
 

@@ -1,4 +1,5 @@
 """The learner's step size tied to measured drift (policies/learning/step_size.py), on hand-computed values."""
+
 import pytest
 
 from policies.learning.step_size import StepSize
@@ -50,8 +51,9 @@ def test_settings_refuse_a_drift_target_without_the_kl_term():
 
     with pytest.raises(ValidationError, match="kl_coef"):
         load_settings(None, **{"learner.kl_target": 0.1, "learner.kl_coef": 0.0})
-    s = StepSize.from_settings(load_settings(None, **{"learner.kl_target": 0.2, "learner.lr_min": 3e-6,
-                                                      "learner.lr_max": 4e-5}).learner)
+    s = StepSize.from_settings(
+        load_settings(None, **{"learner.kl_target": 0.2, "learner.lr_min": 3e-6, "learner.lr_max": 4e-5}).learner
+    )
     assert (s.kl_target, s.lr_min, s.lr_max) == (0.2, 3e-6, 4e-5)
 
 

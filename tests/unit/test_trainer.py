@@ -1,5 +1,6 @@
 """The learner's step on a tiny random model (SmolLM2's tokenizer): off-policy correction from the weights
 that generated each sample, the KL term, gradient accumulation over micro-batches, and staleness."""
+
 import pytest
 import torch
 
@@ -17,18 +18,25 @@ def _settings(tmp_path, **learner):
 
 
 def _sample(i: int) -> Sample:
-    msgs = [ChatMessage(role="system", content="You call functions."),
-            ChatMessage(role="user", content=f"Please make a folder number {i} and list it" + " now" * i),
-            ChatMessage(role="assistant", tool_calls=[ToolCall(id="c", name="mkdir", arguments=f'{{"dir_name": "d{i}"}}')]),
-            ChatMessage(role="tool", content="ok"),
-            ChatMessage(role="assistant", content=f"Done with folder {i}.")]
+    msgs = [
+        ChatMessage(role="system", content="You call functions."),
+        ChatMessage(role="user", content=f"Please make a folder number {i} and list it" + " now" * i),
+        ChatMessage(role="assistant", tool_calls=[ToolCall(id="c", name="mkdir", arguments=f'{{"dir_name": "d{i}"}}')]),
+        ChatMessage(role="tool", content="ok"),
+        ChatMessage(role="assistant", content=f"Done with folder {i}."),
+    ]
     return Sample(sample_id=f"s{i}", messages=msgs, step_indices=[2, 4])
 
 
 def _group(n=4) -> Judgement:
-    return Judgement(group_id="g", source="rollout", task_id="t", samples=[_sample(i) for i in range(n)],
-                     outcomes=[1.0, 0.0, 0.5, 0.0][:n],
-                     step_labels=[["GOOD", "GOOD"], ["BAD", "BAD"], ["GOOD", "BAD"], ["BAD", "GOOD"]][:n])
+    return Judgement(
+        group_id="g",
+        source="rollout",
+        task_id="t",
+        samples=[_sample(i) for i in range(n)],
+        outcomes=[1.0, 0.0, 0.5, 0.0][:n],
+        step_labels=[["GOOD", "GOOD"], ["BAD", "BAD"], ["GOOD", "BAD"], ["BAD", "GOOD"]][:n],
+    )
 
 
 def _perturb(trainer, scale=0.05):
@@ -69,9 +77,19 @@ def test_micro_batches_accumulate_the_same_gradient(tmp_path, tiny_dir):
     from policies.learning.trainer import Trainer
 
     grads = []
-    long = _group().model_copy(update={"group_id": "long", "samples": [
-        s.model_copy(update={"messages": [s.messages[0].model_copy(update={"content": "You call functions. " * 40}),
-                                          *s.messages[1:]]}) for s in _group().samples]})
+    long = _group().model_copy(
+        update={
+            "group_id": "long",
+            "samples": [
+                s.model_copy(
+                    update={
+                        "messages": [s.messages[0].model_copy(update={"content": "You call functions. " * 40}), *s.messages[1:]]
+                    }
+                )
+                for s in _group().samples
+            ],
+        }
+    )
     for mb in (1, 3, 8):  # one sample at a time; a group in two parts; each group at once, its prompt run once
         s = _settings(tmp_path / str(mb), lr=0.0, grad_clip=1e9, micro_batch_size=mb, kl_coef=0.01, bf16=False)
         store = WeightsStore(s.state)
@@ -116,12 +134,28 @@ def test_reference_samples_train_off_policy_without_behaviour_weights(tmp_path, 
 
     s = _settings(tmp_path, lr=1e-3, kl_coef=0.0, adca_alpha=0.0, bf16=False)
     t = Trainer(s, tiny_dir)
-    failed = [Sample(sample_id=f"f{i}", step_indices=[2], messages=[
-        ChatMessage(role="system", content="You call functions."), ChatMessage(role="user", content="Make a folder."),
-        ChatMessage(role="assistant", content="I cannot do that" + "!" * i)]) for i in range(3)]
+    failed = [
+        Sample(
+            sample_id=f"f{i}",
+            step_indices=[2],
+            messages=[
+                ChatMessage(role="system", content="You call functions."),
+                ChatMessage(role="user", content="Make a folder."),
+                ChatMessage(role="assistant", content="I cannot do that" + "!" * i),
+            ],
+        )
+        for i in range(3)
+    ]
     ref = _sample(9).model_copy(update={"off_policy": True})
-    g = Judgement(group_id="g", source="rollout", task_id="t", samples=failed + [ref], outcomes=[0.0, 0.0, 0.0, 1.0],
-                  step_labels=[["BAD"]] * 3 + [["GOOD", "GOOD"]], weights_version="w-000123")
+    g = Judgement(
+        group_id="g",
+        source="rollout",
+        task_id="t",
+        samples=failed + [ref],
+        outcomes=[0.0, 0.0, 0.0, 1.0],
+        step_labels=[["BAD"]] * 3 + [["GOOD", "GOOD"]],
+        weights_version="w-000123",
+    )
     versions = behaviour_of(g)
     assert versions == ["w-000123"] * 3 + [REFERENCE]  # w-000123 has no file: only on-policy rows may name it
 
@@ -144,8 +178,9 @@ def test_floor_groups_teach_by_the_reference_alone():
     fail = [Sample(sample_id=str(i), messages=[], outcome=0.0) for i in range(3)]
     ref = Sample(sample_id="r", messages=[], outcome=1.0, off_policy=True)
     solved = [Sample(sample_id="s", messages=[], outcome=1.0), Sample(sample_id="t", messages=[], outcome=0.0)]
-    floor = Judgement(group_id="f", source="rollout", task_id="t", samples=fail + [ref], outcomes=[0, 0, 0, 1],
-                      step_labels=[[]] * 4)
+    floor = Judgement(
+        group_id="f", source="rollout", task_id="t", samples=fail + [ref], outcomes=[0, 0, 0, 1], step_labels=[[]] * 4
+    )
     band = Judgement(group_id="b", source="rollout", task_id="t", samples=solved, outcomes=[1, 0], step_labels=[[]] * 2)
     adv = torch.tensor([[-0.5], [-0.5], [-0.5], [2.0], [1.0], [-1.0]])
     assert floor_scales([floor, band], adv, 0.0) == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
@@ -157,8 +192,14 @@ def test_reference_is_kept_only_where_the_policy_alone_teaches_nothing():
 
     ref = Sample(sample_id="r", messages=[], outcome=1.0, off_policy=True)
     own = [Sample(sample_id=str(i), messages=[], outcome=0.0) for i in range(3)]
-    flat = Judgement(group_id="f", source="rollout", task_id="t", samples=own + [ref], outcomes=[0.2, 0.2, 0.2, 1.5],
-                     step_labels=[["BAD"]] * 3 + [["GOOD"]])
+    flat = Judgement(
+        group_id="f",
+        source="rollout",
+        task_id="t",
+        samples=own + [ref],
+        outcomes=[0.2, 0.2, 0.2, 1.5],
+        step_labels=[["BAD"]] * 3 + [["GOOD"]],
+    )
     assert at_floor(flat, 0.0) is flat  # nothing to learn from the policy alone: the reference stays
     spread = flat.model_copy(update={"outcomes": [0.2, -0.3, 0.2, 1.5]})
     kept = at_floor(spread, 0.0)
@@ -272,8 +313,14 @@ def test_a_step_without_signal_leaves_the_weights_alone(tmp_path, tiny_dir):
     first = t.train_step([_group()])  # momentum from a real step
     assert first["grad_norm"] > 0
     before = {k: v.clone() for k, v in t.model.state_dict().items()}
-    twin = Judgement(group_id="live", source="live", task_id="live", samples=[_sample(1), _sample(1)],
-                     outcomes=[1.0, -1.0], step_labels=[["GOOD", "GOOD"], ["GOOD", "GOOD"]])
+    twin = Judgement(
+        group_id="live",
+        source="live",
+        task_id="live",
+        samples=[_sample(1), _sample(1)],
+        outcomes=[1.0, -1.0],
+        step_labels=[["GOOD", "GOOD"], ["GOOD", "GOOD"]],
+    )
     twin.samples[1] = twin.samples[1].model_copy(update={"sample_id": "s1b"})
     stats = t.train_step([twin])
     assert stats["grad_norm"] < 1e-6  # float rounding of two equal and opposite sums

@@ -1,5 +1,6 @@
 """The LoRA learner at 7B scale, on a tiny model: export memory bounded to one layer's delta, and no full copy of
 the model for a behaviour policy it cannot recompute."""
+
 import pytest
 
 from policies.weights.model_store import WeightsStore
@@ -24,6 +25,7 @@ def test_lora_export_holds_one_layers_delta_at_a_time(tmp_path, tiny_dir, monkey
         alive.add(d)
         most[0] = max(most[0], len(alive))
         return d
+
     for _, layer in lora._layers(t.model):
         monkeypatch.setattr(layer, "get_delta_weight", lambda adapter, orig=layer.get_delta_weight: tracked(orig, adapter))
     sd = t.export("float32")

@@ -1,5 +1,6 @@
 """The vLLM adapter's weight-update protocol (pause in keep mode, load, reset the prefix cache, resume) with a
 stand-in AsyncLLM, its worker extension, and the standby engine (the real vLLM path runs in tests/gpu)."""
+
 import asyncio
 import threading
 import time
@@ -7,7 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 
 
 # ---------------------------------------------------------------------------- the vLLM adapter
@@ -28,13 +28,22 @@ class FakeAsyncLLM:
             ids = prompt["prompt_token_ids"]
             lps = [None] + [{t: SimpleNamespace(logprob=-0.5)} for t in ids[1:]]
             allowed = params.get("allowed_token_ids") or [7]
-            yield SimpleNamespace(prompt_token_ids=ids, prompt_logprobs=lps,
-                                  outputs=[SimpleNamespace(text="", token_ids=[allowed[-1]], finish_reason="length")])
+            yield SimpleNamespace(
+                prompt_token_ids=ids,
+                prompt_logprobs=lps,
+                outputs=[SimpleNamespace(text="", token_ids=[allowed[-1]], finish_reason="length")],
+            )
             return
-        yield SimpleNamespace(prompt_token_ids=[1, 2, 3], prompt_logprobs=None,
-                              outputs=[SimpleNamespace(text="hel", token_ids=[4], finish_reason=None)])
-        yield SimpleNamespace(prompt_token_ids=[1, 2, 3], prompt_logprobs=None,
-                              outputs=[SimpleNamespace(text="hello", token_ids=[4, 5], finish_reason="stop")])
+        yield SimpleNamespace(
+            prompt_token_ids=[1, 2, 3],
+            prompt_logprobs=None,
+            outputs=[SimpleNamespace(text="hel", token_ids=[4], finish_reason=None)],
+        )
+        yield SimpleNamespace(
+            prompt_token_ids=[1, 2, 3],
+            prompt_logprobs=None,
+            outputs=[SimpleNamespace(text="hello", token_ids=[4, 5], finish_reason="stop")],
+        )
 
     async def pause_generation(self, mode="abort", clear_cache=True):
         self.calls.append(("pause", mode, clear_cache))
@@ -105,6 +114,7 @@ def test_vllm_update_from_shared_weights_reads_no_file_unless_the_copy_fails():
     async def rpc(method, args=()):
         eng.llm.calls.append(("rpc", method, args))
         return replies.get(method, [1])
+
     eng.llm.collective_rpc = rpc
     ref = {"version": "w-000001", "seq": 2, "layout": "/state/weights/shared-layout.json", "owner": 7}
     eng.load_weights("/weights/w-000001.safetensors", "w-000001", shared=ref)
@@ -125,7 +135,7 @@ def test_vllm_update_from_shared_weights_reads_no_file_unless_the_copy_fails():
 
 def test_vllm_scoring_choice_and_streaming():
     eng = _engine(delay=0.0)
-    (lp, n), = eng.sequence_logprobs([("ab", "cd")])
+    ((lp, n),) = eng.sequence_logprobs([("ab", "cd")])
     assert n == 2 and lp == pytest.approx(-1.0)
     assert eng.choose("q", ["x", "y"]) in ("x", "y")
     pieces = []
