@@ -31,9 +31,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from actors.actor import EventActor
+from actors.actor import HOLD, EventActor
 from actors.bus import Poison
-from actors.actor import HOLD
 from actors.events import (
     MIXED_WEIGHTS,
     Feedback,
@@ -46,8 +45,8 @@ from actors.events import (
     derived_id,
 )
 from envs.live import trajectory
-from policies.judge.conversations import ConversationBook
 from policies.hygiene import scrub
+from policies.judge.conversations import ConversationBook
 from policies.judge.judge import Agreement, Budget, Verdict, env_labels, make_judge
 
 STEP_SHAPING = 0.1  # weight of the mean step signal added to the environment outcome

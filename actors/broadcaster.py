@@ -31,11 +31,10 @@ from actors.events import (
 )
 from actors.lifecycles import IllegalTransition
 from envs.registry import make_envs
+from policies.engines.live_policy import LivePolicy
+from policies.promotion.book import PromotionBook, event_time
 from policies.promotion.gate import GateScores, clearly_worse, decide, gate_heldout, reference_pairs
 from policies.promotion.guard import Guard
-from policies.engines.live_policy import LivePolicy
-from policies.weights.model_store import BASE_VERSION
-from policies.promotion.book import PromotionBook, event_time
 from policies.promotion.models import (
     Action,
     GateOutcome,
@@ -49,6 +48,7 @@ from policies.promotion.models import (
     StartGate,
 )
 from policies.promotion.plan import comparator_todo, gated, held, plan, published, resumed, undone
+from policies.weights.model_store import BASE_VERSION
 
 
 class Broadcaster(EventActor):

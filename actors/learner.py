@@ -30,6 +30,8 @@ import asyncio
 import time
 from datetime import datetime
 
+from opentelemetry import trace
+
 from actors.actor import HOLD, EventActor, heartbeat
 from actors.events import (
     MIXED_WEIGHTS,
@@ -43,11 +45,10 @@ from actors.events import (
     derived_id,
 )
 from config import telemetry
-from opentelemetry import trace
-from policies.learning.checkpoint import CheckpointStore
 from policies.engines.live_policy import LivePolicy
-from policies.learning.step_size import StepSize
+from policies.learning.checkpoint import CheckpointStore
 from policies.learning.groups import at_floor, behaviour_of, fair_step, informative, live_kind
+from policies.learning.step_size import StepSize
 from policies.weights.model_store import BASE_VERSION, staleness, version_name  # noqa: F401 (staleness: re-export)
 
 

@@ -31,10 +31,9 @@ from actors.actor import EventActor
 from actors.events import Interaction, Judgement, Task, derived_id
 from actors.lifecycles import TaskState as T
 from envs.registry import make_envs
+from policies.tasks.book import SyntheticTask, TaskBook, band_decision, record_exploration
 from policies.tasks.curriculum import DatasetPools, Ladder, train_pool
 from policies.weights.model_store import atomic_write_bytes
-from policies.tasks.book import SyntheticTask, TaskBook, band_decision, record_exploration
-
 
 SYNTHETIC = "synthetic"  # the ladder of self-written tasks: rung n asks for n + 1 calls
 
@@ -79,8 +78,8 @@ class Questioner(EventActor):
 
     def _load_models(self) -> None:
         from policies.memory.embedder import Embedder
-        from policies.tasks.synthesis import TaskIndex
         from policies.tasks.generators import make_generator
+        from policies.tasks.synthesis import TaskIndex
 
         s = self.settings
         self._embedder = Embedder(s.embedding.source, s.embedding.dtype)

@@ -16,7 +16,6 @@ from deploy.launch import pid_alive, say
 from deploy.reports import heldout_cache
 from deploy.stream_view import connect
 
-
 STATUS_BUDGET_S = 45.0  # every part is asked at once; one that has not answered by then is reported as such
 
 
@@ -180,9 +179,9 @@ async def _bus_status(s: Settings, run: dict) -> dict:
 
 
 def _actor_health(run: dict, state: Path) -> dict:
-    from deploy import ray_local
-
     import ray
+
+    from deploy import ray_local
 
     out = {}
     try:

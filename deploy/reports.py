@@ -99,8 +99,8 @@ def report(s: Settings, run: dict, args) -> int:
 def evaluate(s: Settings, args) -> int:
     """Held-out evaluation: avg@k / best@k per environment and category (AgentEvolver's table)."""
     from envs.registry import make_envs
-    from policies.evaluation import report
     from policies.engines.engine import make_engine
+    from policies.evaluation import report
     from policies.weights.model_store import BASE_VERSION, WeightsStore, ensure_base_model
 
     store = WeightsStore(s.state)

@@ -19,7 +19,6 @@ from pathlib import Path
 from actors.events import ToolSpec
 from envs.tool_calls import CallError, ParsedCall
 
-
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 CLASSES = (
     "GorillaFileSystem",

@@ -44,10 +44,10 @@ from actors.events import (
     kind_of,
     parse_event,
 )
-from policies.memory.experience import guided_helped
 from policies.evaluation.lineage import lineage
-from policies.weights.model_store import BASE_VERSION
+from policies.memory.experience import guided_helped
 from policies.stats import wilson
+from policies.weights.model_store import BASE_VERSION
 
 KINDS = (
     "interaction",

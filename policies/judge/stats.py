@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from actors.events import Sample
 
-
 # ----------------------------------------------------------------------------- budget
 
 

@@ -29,8 +29,8 @@ from collections import namedtuple
 from pathlib import Path
 
 from actors.events import Judgement
-from policies.learning import adca, grpo, hindsight, lora
 from policies.device_lock import device_startup
+from policies.learning import adca, grpo, hindsight, lora
 from policies.learning.groups import floor_scales
 from policies.weights.model_store import BASE_VERSION, REFERENCE, WeightsStore, aliases
 

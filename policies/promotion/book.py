@@ -17,9 +17,9 @@ from datetime import datetime
 from pathlib import Path
 
 from actors.events import WeightsRef, WeightsStatus, derived_id
-from actors.lifecycles import IllegalTransition, WeightsState as S, transition
+from actors.lifecycles import IllegalTransition, transition
+from actors.lifecycles import WeightsState as S
 from policies.promotion.guard import anchor
-from policies.weights.model_store import BASE_VERSION, WeightsStore, atomic_write_bytes, sha256_file, version_number
 from policies.promotion.models import (
     Action,
     Canary,
@@ -35,6 +35,7 @@ from policies.promotion.models import (
     Supersede,
     gate_metrics,
 )
+from policies.weights.model_store import BASE_VERSION, WeightsStore, atomic_write_bytes, sha256_file, version_number
 
 FEEDBACK_KEPT = 500  # ratings kept per version
 HISTORY_KEPT = 50

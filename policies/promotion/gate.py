@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Callable
 
 from policies.chat import assistant_text, render
-from policies.weights.model_store import atomic_write_bytes
 from policies.promotion.models import GateScore
 from policies.stats import paired_test
+from policies.weights.model_store import atomic_write_bytes
 
 Z_95 = 1.645
 

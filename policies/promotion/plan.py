@@ -29,9 +29,8 @@ from __future__ import annotations
 
 from actors.events import WeightsPublished
 from actors.lifecycles import WeightsState as S
-from policies.promotion.gate import canary_verdict, handoff_verdict, watch_verdict
-from policies.weights.model_store import version_number
 from policies.promotion.book import PromotionBook
+from policies.promotion.gate import canary_verdict, handoff_verdict, watch_verdict
 from policies.promotion.models import (
     Action,
     GateOutcome,
@@ -47,6 +46,7 @@ from policies.promotion.models import (
     StartGate,
     Supersede,
 )
+from policies.weights.model_store import version_number
 
 
 class _Tick:

@@ -10,7 +10,6 @@ import re
 from actors.events import ChatMessage
 from policies.chat import parse_assistant, render, tools_block
 
-
 _NUM = re.compile(r"-?\d+(?:\.\d+)?")
 
 

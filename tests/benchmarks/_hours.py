@@ -156,8 +156,8 @@ def _caches(a, config: Path, state: Path):
     """(settings, envs, [held-out caches of the base]): the bench's suite at --k, and the guard's at guard.base_k."""
     from config.settings import load_settings
     from deploy import reports
-    from policies.promotion.guard import guard_suite
     from policies.evaluation.heldout import HeldoutCache
+    from policies.promotion.guard import guard_suite
 
     s = load_settings(config)
     s.state_dir = str(state)

@@ -96,8 +96,8 @@ def learner_worker(state, a, steps: int, inq: mp.Queue, stop: mp.Event, result: 
 
     from actors.events import Judgement
     from actors.learner import staleness
-    from policies.weights.model_store import WeightsStore, version_name
     from policies.learning.trainer import Trainer
+    from policies.weights.model_store import WeightsStore, version_name
 
     torch.manual_seed(0)
     s = _settings(state, a)

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
-
 from actors.events import ChatMessage  # noqa: E402
 from config.hardware import NATIVE_BF16_FLAGS, cpu_flags, resolve_dtype  # noqa: E402
 from config.settings import load_settings  # noqa: E402
@@ -42,9 +41,9 @@ def main():
     import torch
     from transformers import AutoModelForCausalLM
 
+    from policies.engines.engine import TransformersEngine
     from policies.learning import grpo
     from policies.memory.embedder import Embedder
-    from policies.engines.engine import TransformersEngine
 
     torch.set_num_threads(1)
     flags = sorted(cpu_flags(Path("/proc/cpuinfo").read_text()) & (NATIVE_BF16_FLAGS | {"avx2", "avx512f"}))

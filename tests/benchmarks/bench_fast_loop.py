@@ -20,11 +20,10 @@ import threading
 import time
 from pathlib import Path
 
-from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
-
 import httpx  # noqa: E402
 import openai  # noqa: E402
 
+from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
 from config.settings import load_settings  # noqa: E402
 from envs.bfcl import func_docs, to_tool_spec  # noqa: E402
 

@@ -45,10 +45,10 @@ def main():
     from envs.bfcl_single import CATEGORIES, SingleTurnEnvironment, check, reference_calls
     from policies.chat import CALL_PREFIX, assistant_text, call_opening, parse_forced, render
     from policies.engines.engine import make_engine
-    from policies.learning.hindsight import next_turn, teacher_messages
     from policies.judge.judge import PolicyJudge
-    from policies.weights.model_store import ensure_base_model
+    from policies.learning.hindsight import next_turn, teacher_messages
     from policies.stats import paired_test
+    from policies.weights.model_store import ensure_base_model
 
     s = load_settings(ROOT / "config" / "cpu.yaml")
     s.state_dir, s.model.torch_threads = str(ROOT / ".kaizen"), a.threads

@@ -17,14 +17,13 @@ import time
 from pathlib import Path
 
 from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
-
 from actors.events import ChatMessage, Sample  # noqa: E402
 from config.settings import load_settings  # noqa: E402
 from envs.registry import make_env  # noqa: E402
 from policies.engines.engine import TransformersEngine  # noqa: E402
 from policies.judge.judge import Agreement, PolicyJudge, env_labels  # noqa: E402
-from policies.weights.model_store import ensure_base_model  # noqa: E402
 from policies.rollout import run_group  # noqa: E402
+from policies.weights.model_store import ensure_base_model  # noqa: E402
 
 MASTER_KEYS = [
     ":",

@@ -271,8 +271,8 @@ def rescore(a) -> None:
 
 def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str) -> dict:
     from deploy import reports as cli
-    from policies.evaluation import lineage
     from policies.engines.engine import make_engine
+    from policies.evaluation import lineage
     from policies.promotion.gate import gate_entries
     from policies.weights.model_store import BASE_VERSION, WeightsStore, ensure_base_model
 
@@ -368,7 +368,7 @@ def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str) -> 
             f"newest served {newest} vs base on {env}: {100 * d['base_avg']:.1f}% -> {100 * d['avg']:.1f}% "
             f"({100 * d['delta']:+.1f} points, paired p={d['p_value']:.4f}, +{d['wins']}/-{d['losses']})"
         )
-    for env, d in out["newest_vs_base_unseen_by_gate"].items():
+    for d in out["newest_vs_base_unseen_by_gate"].values():
         print(
             f"  without the {len(seen)} entries the gate looks at ({d['n']} left): {100 * d['base_avg']:.1f}% -> "
             f"{100 * d['avg']:.1f}% ({100 * d['delta']:+.1f} points, p={d['p_value']:.4f}, "

@@ -21,16 +21,15 @@ from collections import Counter
 from pathlib import Path
 
 from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
-
 from actors.attributor import score_rollout  # noqa: E402
 from actors.events import Judgement  # noqa: E402
-from policies.learning.trainer import Trainer  # noqa: E402
 from config.settings import load_settings  # noqa: E402
 from envs.registry import make_env  # noqa: E402
-from policies.tasks import synthesis as syn  # noqa: E402
 from policies.engines.engine import TransformersEngine  # noqa: E402
-from policies.weights.model_store import ensure_base_model  # noqa: E402
+from policies.learning.trainer import Trainer  # noqa: E402
 from policies.rollout import evaluate, run_group  # noqa: E402
+from policies.tasks import synthesis as syn  # noqa: E402
+from policies.weights.model_store import ensure_base_model  # noqa: E402
 
 
 def make_tasks(env, base_engine, n, seed):

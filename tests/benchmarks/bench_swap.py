@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from _common import pct  # noqa: E402  (also puts the repository on sys.path)
-
 from actors.events import ChatMessage  # noqa: E402
 from policies.chat import render  # noqa: E402
 from policies.engines.engine import TransformersEngine  # noqa: E402

@@ -7,8 +7,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 def test_cuda_generate_and_swap(model_dir, tmp_path):
-    from policies.chat import render
     from actors.events import ChatMessage
+    from policies.chat import render
     from policies.engines.engine import TransformersEngine
     from policies.weights.model_store import WeightsStore
 

@@ -4,6 +4,7 @@ import asyncio
 import uuid
 
 import pytest
+from nats.js.errors import NoStreamResponseError
 
 from actors.actor import HOLD, EventActor
 from actors.bus import Bus, Poison, Transient
@@ -226,7 +227,7 @@ async def test_stream_takes_only_known_kinds_and_keeps_its_limits(nats_server):
         max_bytes=64 * 1024,
     ).connect()
     for bogus in (f"{p}.bogus_kind", f"{p}.a.b.c", f"{p}.interaction.a.b", f"{p}.task.x"):
-        with pytest.raises(Exception):  # no stream listens there: nothing is stored
+        with pytest.raises(NoStreamResponseError):  # no stream listens there: nothing is stored
             await bus.js.publish(bogus, b"{}", timeout=1)
     big = "x" * 4000
     for i in range(40):  # ~160 KB into a 64 KB stream: the oldest go

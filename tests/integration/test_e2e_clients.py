@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from test_e2e import _cli, system  # noqa: F401  (the same running system: its own `up` for this module)
 
 pytestmark = pytest.mark.e2e

@@ -7,10 +7,10 @@ import time
 import uuid
 
 import torch
+from test_broadcaster import _wait  # noqa: E402  (tests/integration is on sys.path)
 
 from actors.bus import Bus
 from actors.events import WeightsPublished, WeightsRef
-from test_broadcaster import _wait  # noqa: E402  (tests/integration is on sys.path)
 
 
 async def test_the_canary_is_scored_against_the_base_in_the_background(settings, nats_server, model_dir):

@@ -3,8 +3,8 @@
 import pytest
 
 from actors.events import ChatMessage, Judgement, Sample
-from policies.memory.pool import MemoryPool
 from policies.memory.embedder import Embedder
+from policies.memory.pool import MemoryPool
 
 
 @pytest.fixture(scope="module")

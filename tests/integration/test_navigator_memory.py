@@ -92,9 +92,7 @@ async def test_merge_cap_utility_and_replay(nav_env):
         assert only["support"] == 2 and len(only["sources"]) == 2
         assert "mkdir" in only["text"] and "dir_name" in only["text"]  # the call itself, not just its name
 
-        for i, q in enumerate(
-            ["Book a flight to Paris for tomorrow", "What is the weather in Oslo", "Send a message to Bob about lunch"]
-        ):
+        for q in ["Book a flight to Paris for tomorrow", "What is the weather in Oslo", "Send a message to Bob about lunch"]:
             await nav.handle_judgement(_judgement(q, user="u1"), None)
             await asyncio.sleep(0.01)
         mine = [m for m in nav.pool.meta.values() if m.get("user_hash") == "u1"]

@@ -2,8 +2,8 @@
 
 from actors.attributor import score_rollout
 from actors.events import ChatMessage, Judgement, Sample
-from policies.memory.experience import distil
 from actors.questioner import task_event_id
+from policies.memory.experience import distil
 from policies.tasks.curriculum import ordered_pool
 
 

@@ -2,7 +2,6 @@
 
 import math
 
-
 from policies.learning.adca import adpo_clip_high, adpo_scale, step_advantages, step_rewards, token_advantages
 
 

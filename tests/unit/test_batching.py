@@ -3,7 +3,6 @@ stream, and the tokenizer is safe to share between threads."""
 
 import threading
 
-
 from policies.engines.batching import Batcher
 from policies.engines.generation import Generation
 

@@ -9,12 +9,13 @@ import asyncio
 import time
 from types import SimpleNamespace
 
+from test_live_policy import _policy, _version  # noqa: E402  (tests/unit is on sys.path)
+
 from actors.events import WeightsPromoted, WeightsStatus
 from actors.lifecycles import WeightsState as S
-from policies.promotion.gate import handoff_verdict
 from policies.promotion.book import PromotionBook
+from policies.promotion.gate import handoff_verdict
 from policies.promotion.models import GateScore
-from test_live_policy import _policy, _version  # noqa: E402  (tests/unit is on sys.path)
 
 
 class FakeBus:

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from actors.events import (
+    ChatMessage,
     Experience,
     Feedback,
     HeldoutScored,
@@ -21,7 +22,6 @@ from actors.events import (
     WeightsRef,
     WeightsRolledBack,
     WeightsStatus,
-    ChatMessage,
     subject_for,
 )
 from policies.evaluation.evolution import Evolution, catch_up

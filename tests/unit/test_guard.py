@@ -4,12 +4,12 @@ below the base rolls back. Decisions on tables; the broadcaster's hands on a fak
 import asyncio
 
 import pytest
+from test_canary_pipeline import _broadcaster, _publish  # noqa: E402  (tests/unit is on sys.path)
+from test_live_policy import _version  # noqa: E402
 
 from actors.events import HeldoutScored, WeightsRolledBack, WeightsStatus
 from actors.lifecycles import WeightsState as S
 from policies.promotion.guard import Check, Guard, anchor, look, rollback_plan
-from test_canary_pipeline import _broadcaster, _publish  # noqa: E402  (tests/unit is on sys.path)
-from test_live_policy import _version  # noqa: E402
 
 
 def _check(version, base, n=None):

@@ -7,10 +7,10 @@ import pytest
 from actors.bus import Poison
 from actors.events import Task
 from actors.explorer import Explorer
-from policies.tasks.curriculum import train_pool
-from policies.tasks.book import TaskBook
 from config.settings import load_settings
 from envs.registry import make_envs
+from policies.tasks.book import TaskBook
+from policies.tasks.curriculum import train_pool
 
 
 @pytest.fixture(scope="module")

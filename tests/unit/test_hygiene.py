@@ -1,8 +1,8 @@
 import pytest
 
 from actors.events import ChatMessage, Judgement, Sample
-from policies.memory.experience import distil
 from policies.hygiene import looks_like_injection, scrub
+from policies.memory.experience import distil
 
 
 def test_scrub_replaces_personal_data():

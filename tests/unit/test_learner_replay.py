@@ -56,11 +56,11 @@ def _group(i: int, version: str) -> Judgement:
 def _learner(tmp_path, tiny_dir, **learner):
     from actors.learner import Learner
     from config.settings import load_settings
-    from policies.learning.checkpoint import CheckpointStore
     from policies.engines.live_policy import LivePolicy
-    from policies.weights.model_store import BASE_VERSION
+    from policies.learning.checkpoint import CheckpointStore
     from policies.learning.step_size import StepSize
     from policies.learning.trainer import Trainer
+    from policies.weights.model_store import BASE_VERSION
 
     pinned = {"groups_per_step": 1, "replay_groups": 0, "lr": 1e-3, **learner}  # not the preset's
     s = load_settings(None, **{f"learner.{k}": v for k, v in pinned.items()})

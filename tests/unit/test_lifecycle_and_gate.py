@@ -4,7 +4,9 @@ import math
 
 import pytest
 
-from actors.lifecycles import IllegalTransition, TaskState as T, WeightsState as S, task_transition, transition
+from actors.lifecycles import IllegalTransition, task_transition, transition
+from actors.lifecycles import TaskState as T
+from actors.lifecycles import WeightsState as S
 from policies.promotion.gate import canary_verdict, gate, significant_drop, watch_verdict
 from policies.promotion.models import GateScore as G
 

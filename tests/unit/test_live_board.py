@@ -6,9 +6,10 @@ import asyncio
 import os
 import shutil
 
+from bus_nodes import connect, node, replica_of, save, stream_name, until  # noqa: E402  (tests/unit is on sys.path)
+
 from actors.events import WeightsRef
 from policies.weights.model_store import file_stat, sha256_file
-from bus_nodes import connect, node, replica_of, save, stream_name, until  # noqa: E402  (tests/unit is on sys.path)
 
 
 def test_the_kv_watch_wakes_a_replica_and_its_engines_follow_the_pointer(tmp_path, nats_server):

@@ -119,8 +119,8 @@ def test_the_broadcaster_rewrites_a_pointer_that_ran_ahead_of_the_lifecycle(tmp_
 def test_a_version_is_hashed_once_on_its_node(tmp_path, monkeypatch):
     """The learner hashes what it saves; another process of the node (the broadcaster) accepts the file by the stat
     its manifest pins, and hashes it again only when the file changed since. The base is hashed once too."""
-    import policies.weights.model_store as model_store
     import policies.promotion.book as promotion
+    import policies.weights.model_store as model_store
 
     hashed = []
 

@@ -8,11 +8,11 @@ import json
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
+from test_evolution import _stored, history
 
 from policies.evaluation.evolution import Evolution
 from serve import page as P
 from serve.wire import answer_errors
-from test_evolution import _stored, history
 
 
 class _Sub:

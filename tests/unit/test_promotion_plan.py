@@ -7,9 +7,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from test_guard import _lineage
 
 from actors.events import WeightsPublished, WeightsRef, WeightsStatus
-from actors.lifecycles import IllegalTransition, WeightsState as S
+from actors.lifecycles import IllegalTransition
+from actors.lifecycles import WeightsState as S
 from policies.promotion.book import PromotionBook
 from policies.promotion.models import (
     Canary,
@@ -25,7 +27,6 @@ from policies.promotion.models import (
     Supersede,
 )
 from policies.promotion.plan import comparator_todo, gated, held, plan, published, resumed, undone
-from test_guard import _lineage
 
 NOW = 100_000.0
 GATE = SimpleNamespace(

@@ -36,9 +36,9 @@ def test_a_base_in_shards_is_read_through_its_index(tmp_path, tiny_dir):
 
 def test_the_trainer_and_the_vllm_worker_loader_take_a_shard_index(tmp_path, tiny_dir):
     from config.settings import load_settings
-    from policies.weights.model_store import BASE_VERSION, WeightsStore
-    from policies.learning.trainer import Trainer
     from policies.engines.vllm_worker import WeightLoader
+    from policies.learning.trainer import Trainer
+    from policies.weights.model_store import BASE_VERSION, WeightsStore
 
     folder, want = _sharded(tmp_path, tiny_dir)
     s = load_settings(None)

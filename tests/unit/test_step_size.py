@@ -59,8 +59,8 @@ def test_settings_refuse_a_drift_target_without_the_kl_term():
 
 def test_the_trainer_steps_at_the_set_size_and_keeps_it_across_a_reset_and_a_resume(tmp_path, tiny_dir):
     from config.settings import load_settings
-    from policies.weights.model_store import WeightsStore
     from policies.learning.trainer import Trainer
+    from policies.weights.model_store import WeightsStore
 
     s = load_settings(None, state_dir=str(tmp_path / "state"))
     t = Trainer(s, tiny_dir, WeightsStore(s.state))

@@ -6,9 +6,9 @@ from collections import Counter
 import pytest
 
 from actors.events import ChatMessage, ToolCall
-from policies.tasks.book import band_decision
 from envs.bfcl import BfclEnvironment
 from policies.tasks import synthesis as syn
+from policies.tasks.book import band_decision
 
 
 @pytest.fixture(scope="module")

@@ -127,10 +127,10 @@ def test_staleness_follows_the_lineage(tmp_path):
 def test_reference_samples_train_off_policy_without_behaviour_weights(tmp_path, tiny_dir):
     """A verified reference added to a failed group (mixed-policy GRPO): it needs no behaviour version's
     file, is counted apart, raises its own likelihood, and does not count towards ADPO's consistency."""
-    from policies.learning.groups import behaviour_of
-    from policies.weights.model_store import REFERENCE
     from policies.learning import grpo
+    from policies.learning.groups import behaviour_of
     from policies.learning.trainer import Trainer
+    from policies.weights.model_store import REFERENCE
 
     s = _settings(tmp_path, lr=1e-3, kl_coef=0.0, adca_alpha=0.0, bf16=False)
     t = Trainer(s, tiny_dir)

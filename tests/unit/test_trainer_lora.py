@@ -2,9 +2,9 @@
 the model for a behaviour policy it cannot recompute."""
 
 import pytest
+from test_trainer import _group, _settings
 
 from policies.weights.model_store import WeightsStore
-from test_trainer import _group, _settings
 
 
 def test_lora_export_holds_one_layers_delta_at_a_time(tmp_path, tiny_dir, monkeypatch):

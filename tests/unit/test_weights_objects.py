@@ -6,9 +6,9 @@ import asyncio
 import shutil
 
 import pytest
+from bus_nodes import connect, node, replica_of, save, stream_name, two_nodes, until  # noqa: E402  (tests/unit is on sys.path)
 
 from policies.weights.model_store import file_stat, sha256_file
-from bus_nodes import connect, node, replica_of, save, stream_name, two_nodes, until  # noqa: E402  (tests/unit is on sys.path)
 
 
 def test_a_version_is_fetched_into_an_empty_second_state_dir_verified_once_and_loaded(tmp_path, nats_server, monkeypatch):
