@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime
 
 from opentelemetry import trace
 
@@ -36,24 +35,17 @@ from actors.actor import HOLD, EventActor, heartbeat
 from actors.events import (
     MIXED_WEIGHTS,
     Judgement,
-    LearnerStep,
     WeightsPromoted,
-    WeightsPublished,
-    WeightsRef,
     WeightsRejected,
     WeightsRolledBack,
-    derived_id,
 )
 from config import telemetry
 from policies.engines.live_policy import LivePolicy
 from policies.learning.checkpoint import CheckpointStore
-from policies.learning.groups import at_floor, behaviour_of, fair_step, informative, live_kind
+from policies.learning.groups import at_floor, behaviour_of, fair_step, informative, live_group, live_kind
+from policies.learning.step_events import learner_step, signal_shares, weights_published
 from policies.learning.step_size import StepSize
 from policies.weights.model_store import BASE_VERSION, staleness, version_name  # noqa: F401 (staleness: re-export)
-
-
-def _step_event_id(kind: str, step: int) -> str:
-    return derived_id(kind, str(step))
 
 
 class Learner(EventActor):
@@ -133,18 +125,7 @@ class Learner(EventActor):
             pool.append(j)
             if len(pool) >= self.settings.learner.min_live_group:
                 pooled, self.live[live_kind(j)] = pool, []
-                group = Judgement(
-                    group_id=f"live-{j.event_id[:8]}",
-                    source="live",
-                    task_id="live",
-                    samples=[s for x in pooled for s in x.samples],
-                    outcomes=[o for x in pooled for o in x.outcomes],
-                    step_labels=[lab for x in pooled for lab in x.step_labels],
-                    behaviour_versions=[v for x in pooled for v in behaviour_of(x)],
-                    user_hashes=[u for x in pooled for u in (x.user_hashes or [""] * len(x.samples))],
-                    source_event_ids=[x.event_id for x in pooled],
-                    origin="live",
-                )
+                group = live_group(pooled, f"live-{j.event_id[:8]}")
                 if informative(group, alpha, hints=self.settings.learner.hindsight_clip > 0):
                     self.ready.append(group)
                 else:
@@ -248,31 +229,9 @@ class Learner(EventActor):
                     version,
                     {"parent": self.parent, "step": self.trainer.step},
                 )
-                await self.bus.publish(
-                    LearnerStep(
-                        event_id=_step_event_id("learner_step", self.trainer.step),
-                        step=self.trainer.step,
-                        groups=len(step_groups),
-                        samples=stats["samples"],
-                        loss=stats["loss"],
-                        mean_reward=stats["mean_reward"],
-                        grad_norm=stats["grad_norm"],
-                        duration_s=stats["seconds"],
-                        source_event_ids=ids,
-                        reused_event_ids=sorted({i for g in again for i in g.source_event_ids}),
-                        metrics={
-                            **{k: float(v) for k, v in stats.items() if isinstance(v, (int, float))},
-                            "dropped_stale_groups": float(self.dropped_stale),
-                            "groups_again": float(len(again)),
-                            "learned_from_ts": min(
-                                (datetime.fromisoformat(g.occurred_at).timestamp() for g in groups), default=0.0
-                            ),  # the oldest new group's judgement
-                            **self._signal_shares(),
-                            **{f"groups_{o}": float(sum(g.origin == o for g in groups)) for o in ("env", "synthetic", "live")},
-                        },
-                    ),
-                    weights_version=version,
-                )
+                extra = {"dropped_stale_groups": float(self.dropped_stale), **self._signal_shares()}
+                event = learner_step(self.trainer.step, stats, groups, again, ids, extra)
+                await self.bus.publish(event, weights_version=version)
                 await self._publish_weights(version, self.trainer.step)
         self.ready = [g for g in self.ready if all(g is not x for x in groups)]  # others may have arrived meanwhile
         keep = self.settings.learner.replay_groups
@@ -284,11 +243,7 @@ class Learner(EventActor):
         )
 
     async def _publish_weights(self, version: str, step: int) -> None:
-        man = self.store.manifest(version)
-        ref = WeightsRef(version=version, path=man["path"], sha256=man["sha256"], parent=man.get("parent", ""), step=step)
-        await self.bus.publish(
-            WeightsPublished(event_id=_step_event_id("weights_published", step), weights=ref), weights_version=version
-        )
+        await self.bus.publish(weights_published(self.store.manifest(version), version, step), weights_version=version)
 
     # ------------------------------------------------------------------ the broadcaster's decisions
     async def handle_weights_promoted(self, ev: WeightsPromoted, msg):
@@ -325,14 +280,9 @@ class Learner(EventActor):
         self.log.info("learner.reset", training=version, previous=old, why=why)
 
     def _signal_shares(self) -> dict[str, float]:
-        """Share of rollout groups the policy's own samples made informative (reward variance > 0), and share
-        that taught anything once references joined unsolved groups."""
-        n = max(1, getattr(self, "groups_seen", 0))
-        return {
-            "rollout_groups": float(getattr(self, "groups_seen", 0)),
-            "informative_own_share": getattr(self, "groups_own_signal", 0) / n,
-            "informative_share": 1.0 - getattr(self, "groups_no_signal", 0) / n,
-        }
+        return signal_shares(
+            getattr(self, "groups_seen", 0), getattr(self, "groups_own_signal", 0), getattr(self, "groups_no_signal", 0)
+        )
 
     def health(self) -> dict:
         t = getattr(self, "trainer", None)

@@ -4,6 +4,7 @@
 - `at_floor`: a reference (off-policy) sample stays only where the policy's own samples teach nothing;
 - `behaviour_of`: the version that generated each sample (`REFERENCE` for a reference);
 - `live_kind`: which pool of rated live steps a judgement joins (tool calls and text answers apart);
+- `live_group`: a full pool, made one group;
 - `floor_scales`: how much a failure's negative advantage counts in a group only a reference solved;
 - `fair_step`: the groups of one step, where one user's burst of live traffic cannot crowd out other users'.
 """
@@ -33,6 +34,22 @@ def live_kind(j: Judgement) -> str:
     s = j.samples[0]
     steps = [s.messages[i] for i in s.step_indices if i < len(s.messages)] or s.messages[-1:]
     return "call" if steps and steps[-1].tool_calls else "text"
+
+
+def live_group(pooled: list[Judgement], group_id: str) -> Judgement:
+    """Rated live interactions of one kind (`live_kind`), pooled into one group the learner trains."""
+    return Judgement(
+        group_id=group_id,
+        source="live",
+        task_id="live",
+        samples=[s for x in pooled for s in x.samples],
+        outcomes=[o for x in pooled for o in x.outcomes],
+        step_labels=[lab for x in pooled for lab in x.step_labels],
+        behaviour_versions=[v for x in pooled for v in behaviour_of(x)],
+        user_hashes=[u for x in pooled for u in (x.user_hashes or [""] * len(x.samples))],
+        source_event_ids=[x.event_id for x in pooled],
+        origin="live",
+    )
 
 
 def at_floor(j: Judgement, alpha: float) -> Judgement:
