@@ -58,14 +58,14 @@ async def _questioner(settings, nats_server, share: float):
 async def test_synthetic_task_lifecycle(settings, nats_server):
     q, bus, fs = await _questioner(settings, nats_server, share=1.0)
     try:
-        q._pick_base = lambda env_name, live: fs[0]
-        q._gen = Scripted("Please create a directory named reports for me.")
+        q.writer.pick_base = lambda env_name, live: fs[0]
+        q.writer.gen = Scripted("Please create a directory named reports for me.")
         task_id = await q.synthesize()
         assert task_id and q.book.get(task_id).status == "verified"
         await q.issue_synthetic(task_id)
         # the same request from another start state is a semantic duplicate
-        q._pick_base = lambda env_name, live: fs[1]
-        q._gen = Scripted("Please create a directory named reports for me!")
+        q.writer.pick_base = lambda env_name, live: fs[1]
+        q.writer.gen = Scripted("Please create a directory named reports for me!")
         assert await q.synthesize() is None
 
         def judged(outcomes):
@@ -124,8 +124,8 @@ async def test_dataset_tasks_flow_while_a_synthesis_explores(settings, nats_serv
             return "w-000001"
 
     try:
-        q._pick_base = lambda env_name, live: fs[0]
-        q._gen = Slow("Please create a directory named reports for me.")
+        q.writer.pick_base = lambda env_name, live: fs[0]
+        q.writer.gen = Slow("Please create a directory named reports for me.")
         q.engine, q.policy = object(), Follower()
         await q.tick()
         assert q.synthesizing()
