@@ -38,12 +38,12 @@ from actors.events import (
     Feedback,
     Interaction,
     Judgement,
-    Rollout,
     Sample,
     WeightsPromoted,
     WeightsRolledBack,
     derived_id,
 )
+from actors.task_events import Rollout
 from envs.live import trajectory
 from policies.hygiene import scrub
 from policies.judge.conversations import ConversationBook

@@ -27,7 +27,8 @@ from nats.js import api
 from nats.js.errors import NotFoundError, ServerError
 from pydantic import BaseModel
 
-from actors.events import KINDS, DeadLetter, Event, Interaction, kind_of, parse_event, subject_for, subjects_of
+from actors.events import KINDS, DeadLetter, Interaction, kind_of, parse_event, subject_for, subjects_of
+from actors.messages import Event
 from config import telemetry
 
 M = TypeVar("M", bound=BaseModel)

@@ -1,4 +1,5 @@
-"""Every event on the `evo.>` stream, one pydantic model per kind.
+"""Every event on the `evo.>` stream, one pydantic model per kind (a task's own in actors/task_events.py), and
+their registry: `parse_event` reads any of them.
 
 The subject is derived from the type (`subject_for`), never typed at a call site: `evo.<kind>`, and for an
 interaction `evo.interaction.<interaction_id>`, so the stream's own subject index finds it by id (`Bus.interaction`).
@@ -14,10 +15,11 @@ from typing import Annotated, Literal, Union
 from pydantic import Field, TypeAdapter
 
 from actors import messages
-from actors.lifecycles import TaskState, WeightsState
+from actors.lifecycles import WeightsState
 from actors.messages import (  # noqa: F401  (the shared parts are part of this module's interface)
     DEFAULT_SYSTEM,
     ChatMessage,
+    Event,
     FunctionSpec,
     RetrievedExperience,
     RetrieveReply,
@@ -26,25 +28,10 @@ from actors.messages import (  # noqa: F401  (the shared parts are part of this 
     ToolCall,
     ToolSpec,
     Wire,
-    _now,
     derived_id,
     new_id,
 )
-
-SCHEMA_VERSION = 1
-
-
-# ----------------------------------------------------------------------------- envelope
-
-
-class Event(Wire):
-    event_id: str = Field(default_factory=new_id)
-    kind: str
-    schema_version: int = SCHEMA_VERSION
-    occurred_at: str = Field(default_factory=_now)
-    producer: str = "unknown"
-    weights_version: str = "w-000000"
-    trace_id: str | None = None
+from actors.task_events import Rollout, Task, TaskStatus
 
 
 class Interaction(Event):
@@ -74,44 +61,6 @@ class Feedback(Event):
     score: float = Field(ge=-1.0, le=1.0)
     comment: str | None = None
     interaction: Interaction | None = Field(None, description="the rated interaction (earlier releases; now looked up by id)")
-
-
-class Task(Event):
-    kind: Literal["task"] = "task"
-    task_id: str
-    env: str
-    entry_id: str
-    split: Literal["train", "heldout"] = "train"
-    origin: Literal["env", "synthetic", "live"] = "env"
-    query: str = ""
-    reference: list[str] = Field([], description="reference solution (call strings) of a synthetic task")
-    base_entry_id: str | None = Field(None, description="train entry whose initial state a synthetic task starts from")
-
-
-class TaskStatus(Event):
-    """Lifecycle of a synthetic task: proposed -> verified -> active -> retired, or proposed -> rejected."""
-
-    kind: Literal["task_status"] = "task_status"
-    task_id: str
-    status: TaskState
-    reason: str = ""
-    env: str = ""
-    query: str = ""
-    reference: list[str] = []
-    base_entry_id: str | None = None
-    consistency: float | None = Field(None, description="self-consistency of the last rollout group")
-    synthesizer: str = ""
-    exploration: list[str] = Field([], description="the exploration the task came from: `call -> ok|error: result`")
-
-
-class Rollout(Event):
-    """A whole GRPO group: groups stay intact through the pipeline."""
-
-    kind: Literal["rollout"] = "rollout"
-    task: Task
-    group_id: str
-    samples: list[Sample]
-    duration_s: float = 0.0
 
 
 MIXED_WEIGHTS = "mixed"  # behaviour version of a live answer generated across a weights swap (never trained on)

@@ -23,14 +23,13 @@ from actors.bus import Poison
 from actors.events import (
     RetrieveReply,
     RetrieveRequest,
-    Rollout,
-    Task,
     WeightsPromoted,
     WeightsPublished,
     WeightsRejected,
     WeightsRolledBack,
     derived_id,
 )
+from actors.task_events import Rollout, Task
 from envs.registry import make_envs
 from envs.tool_calls import CallError, parse_python_call
 from policies.engines.live_policy import LivePolicy

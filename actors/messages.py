@@ -1,4 +1,4 @@
-"""The parts events are made of, and the request/reply messages that are not events.
+"""The parts events are made of (their envelope among them), and the request/reply messages that are not events.
 
 Readers are tolerant at run time (unknown fields ignored) and strict in tests (`strict()`).
 """
@@ -48,6 +48,23 @@ def derived_id(kind: str, key: str) -> str:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
+
+
+# ----------------------------------------------------------------------------- envelope
+
+SCHEMA_VERSION = 1
+
+
+class Event(Wire):
+    """Every event's envelope; the kinds are in actors/events.py and actors/task_events.py."""
+
+    event_id: str = Field(default_factory=new_id)
+    kind: str
+    schema_version: int = SCHEMA_VERSION
+    occurred_at: str = Field(default_factory=_now)
+    producer: str = "unknown"
+    weights_version: str = "w-000000"
+    trace_id: str | None = None
 
 
 # ----------------------------------------------------------------------------- shared parts

@@ -28,8 +28,9 @@ import random
 from collections import Counter, deque
 
 from actors.actor import EventActor
-from actors.events import Interaction, Judgement, Task, derived_id
+from actors.events import Interaction, Judgement, derived_id
 from actors.lifecycles import TaskState as T
+from actors.task_events import Task
 from envs.registry import make_envs
 from policies.tasks.book import SyntheticTask, TaskBook, band_decision
 from policies.tasks.curriculum import DatasetPools, Ladder, train_pool

@@ -36,7 +36,6 @@ from actors.events import (
     Interaction,
     Judgement,
     LearnerStep,
-    Rollout,
     WeightsPromoted,
     WeightsPublished,
     WeightsRolledBack,
@@ -44,6 +43,7 @@ from actors.events import (
     kind_of,
     parse_event,
 )
+from actors.task_events import Rollout
 from policies.evaluation.lineage import lineage
 from policies.memory.experience import guided_helped
 from policies.stats import wilson

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from actors.events import Event, Judgement, LearnerStep, WeightsPromoted, WeightsPublished, WeightsRolledBack, WeightsStatus
+from actors.events import Judgement, LearnerStep, WeightsPromoted, WeightsPublished, WeightsRolledBack, WeightsStatus
+from actors.messages import Event
 
 
 def _t(iso: str) -> float:

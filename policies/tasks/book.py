@@ -13,8 +13,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from actors.events import TaskStatus, derived_id
+from actors.events import derived_id
 from actors.lifecycles import TaskState, task_transition
+from actors.task_events import TaskStatus
 from policies.learning.adca import self_consistency
 
 KEEP_DONE = 500  # rejected / retired records kept in the file

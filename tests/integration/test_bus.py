@@ -8,7 +8,8 @@ from nats.js.errors import NoStreamResponseError
 
 from actors.actor import HOLD, EventActor
 from actors.bus import Bus, Poison, Transient
-from actors.events import DeadLetter, Task, parse_event
+from actors.events import DeadLetter, parse_event
+from actors.task_events import Task
 from deploy.nats import EmbeddedNats
 
 

@@ -3,7 +3,8 @@
 import uuid
 
 from actors.bus import Bus
-from actors.events import Judgement, Sample, TaskStatus, parse_event
+from actors.events import Judgement, Sample, parse_event
+from actors.task_events import TaskStatus
 
 
 class Scripted:

@@ -4,11 +4,12 @@ import pytest
 from pydantic import ValidationError
 
 from actors import events as ev
+from actors.task_events import Task
 
 
 def test_every_kind_has_a_subject_and_round_trips():
     samples = {
-        "task": ev.Task(task_id="t", env="bfcl", entry_id="multi_turn_base_1"),
+        "task": Task(task_id="t", env="bfcl", entry_id="multi_turn_base_1"),
         "feedback": ev.Feedback(interaction_id="i", score=0.5),
         "weights_swapped": ev.WeightsSwapped(replica="r", version="w-000001", swap_ms=3.0),
     }
@@ -68,14 +69,14 @@ def test_unknown_kind_and_bad_values_are_rejected():
 
 
 def test_strict_mode_in_tests_forbids_extra_fields():
-    data = json.loads(ev.Task(task_id="t", env="bfcl", entry_id="x").model_dump_json())
+    data = json.loads(Task(task_id="t", env="bfcl", entry_id="x").model_dump_json())
     data["surprise"] = 1
     with pytest.raises(ValidationError):
         ev.parse_event(json.dumps(data))
 
 
 def test_envelope_fields():
-    e = ev.Task(task_id="t", env="bfcl", entry_id="x")
+    e = Task(task_id="t", env="bfcl", entry_id="x")
     for f in ("event_id", "kind", "schema_version", "occurred_at", "producer", "weights_version", "trace_id"):
         assert f in e.model_dump()
 

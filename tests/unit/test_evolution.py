@@ -14,9 +14,7 @@ from actors.events import (
     Interaction,
     Judgement,
     LearnerStep,
-    Rollout,
     Sample,
-    Task,
     WeightsPromoted,
     WeightsPublished,
     WeightsRef,
@@ -24,6 +22,7 @@ from actors.events import (
     WeightsStatus,
     subject_for,
 )
+from actors.task_events import Rollout, Task
 from policies.evaluation.evolution import Evolution, catch_up
 from policies.stats import wilson
 

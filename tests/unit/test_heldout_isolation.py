@@ -5,8 +5,8 @@ import asyncio
 import pytest
 
 from actors.bus import Poison
-from actors.events import Task
 from actors.explorer import Explorer
+from actors.task_events import Task
 from config.settings import load_settings
 from envs.registry import make_envs
 from policies.tasks.book import TaskBook

@@ -1,6 +1,6 @@
 """Packages are layered one way and the module graph has no cycles (imports inside functions count too).
 
-    0  config, and the contracts: actors/events.py, actors/messages.py, actors/lifecycles.py
+    0  config, and the contracts: actors/events.py, actors/task_events.py, actors/messages.py, actors/lifecycles.py
     1  envs
     2  policies
     3  actors/bus.py, actors/actor.py
@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("config", "actors", "envs", "policies", "serve", "deploy")
-CONTRACTS = {"actors.events", "actors.messages", "actors.lifecycles"}
+CONTRACTS = {"actors.events", "actors.task_events", "actors.messages", "actors.lifecycles"}
 ACTORS = {f"actors.{n}" for n in ("explorer", "questioner", "navigator", "attributor", "learner", "broadcaster")}
 
 
