@@ -5,8 +5,9 @@ when it applies) with provenance (origin, hashed user, weights version, source e
 embeds them (all-MiniLM-L6-v2) and upserts them into Milvus Lite with the experience id as
 primary key, so a redelivered judgement is harmless; then emits `evo.experience`. Every later
 change of an experience is another `evo.experience` with the same id (upsert), so replaying the
-stream rebuilds the pool exactly; a watermark (the stream sequence of the last experience
-applied) says where a restarted navigator resumes, and an empty or missing database replays all.
+stream rebuilds the pool exactly; a watermark (the stream sequence of the last experience applied,
+`policies/memory/watermark.py`) says where a restarted navigator resumes, and an empty or missing database
+replays all.
 
 Hygiene: personal data is scrubbed before storage; instruction-like text is stored quarantined
 and never retrieved; a new experience within `memory.merge_threshold` cosine of an active one with
@@ -32,6 +33,7 @@ from actors.actor import EventActor
 from actors.events import Experience, Feedback, Judgement, RetrieveReply, RetrieveRequest, derived_id, parse_event, subject_for
 from policies.memory.experience import decay, distil, from_row, guided_helped, retrieval_key, to_row, utility
 from policies.memory.pool import MemoryPool
+from policies.memory.watermark import Watermark
 from policies.weights.model_store import atomic_write_bytes
 
 
@@ -61,7 +63,8 @@ class Navigator(EventActor):
         )
         if replaced:  # the replay below rebuilds it from the stream
             self.log.warning("memory.unreadable_pool_replaced", error=replaced)
-        self.watermark_file, self.utility_file, self.snapshot_file = d / "applied_seq", d / "utility.json", d / "snapshot.jsonl"
+        self.watermark = Watermark(d / "applied_seq")
+        self.utility_file, self.snapshot_file = d / "utility.json", d / "snapshot.jsonl"
         self._snap_seq, self._last_snap = 0, time.monotonic()
         self.uses: dict[str, list[int]] = json.loads(self.utility_file.read_text()) if self.utility_file.exists() else {}
         self._dirty, self._last_sweep = False, 0.0
@@ -74,20 +77,8 @@ class Navigator(EventActor):
         return await asyncio.get_running_loop().run_in_executor(self._torch, fn, *args)
 
     # ------------------------------------------------------------------ stream <-> pool
-    def _mark(self) -> dict:
-        try:
-            m = json.loads(self.watermark_file.read_text())
-            return m if isinstance(m, dict) else {}
-        except (OSError, ValueError):
-            return {}
-
-    def _watermark(self) -> int:
-        return int(self._mark().get("seq", 0))
-
     def _advance(self, seq: int) -> None:
-        """Stream sequence of the last experience applied, and the pool's row count at that point."""
-        if seq >= self._watermark():
-            atomic_write_bytes(self.watermark_file, json.dumps({"seq": seq, "rows": len(self.pool.meta)}).encode())
+        self.watermark.advance(seq, len(self.pool.meta))
 
     async def rebuild_if_needed(self) -> int:
         """Apply every `evo.experience` after the watermark (all of them when the pool is empty or the
@@ -98,7 +89,7 @@ class Navigator(EventActor):
         info = await self.bus.js.stream_info(self.settings.nats.stream, subjects_filter=subject)
         in_stream = int((info.state.subjects or {}).get(subject, 0))
         last = int(info.state.last_seq)
-        mark = self._mark()
+        mark = self.watermark.read()
         consistent = bool(self.pool.index.ids) and mark.get("rows") == len(self.pool.meta)
         start = int(mark.get("seq", 0)) if consistent else 0  # missing or inconsistent pool: replay everything
         if not consistent and (snap := await self._on_torch(self.pool.restore, self.snapshot_file)) is not None:
@@ -227,7 +218,7 @@ class Navigator(EventActor):
         if self._dirty:
             self._dirty = False
             atomic_write_bytes(self.utility_file, json.dumps(self.uses).encode())
-        if now - self._last_snap > self.settings.memory.snapshot_every_s and self._watermark() > self._snap_seq:
+        if now - self._last_snap > self.settings.memory.snapshot_every_s and self.watermark.seq() > self._snap_seq:
             await self._snapshot()
         if now - self._last_sweep < 30:
             return
@@ -235,7 +226,7 @@ class Navigator(EventActor):
         await self.sweep()
 
     async def _snapshot(self) -> None:
-        seq = self._watermark()
+        seq = self.watermark.seq()
         n = await self._on_torch(self.pool.snapshot, self.snapshot_file, seq)
         self._snap_seq, self._last_snap = seq, time.monotonic()
         self.log.info("memory.snapshot", seq=seq, rows=n)
@@ -303,6 +294,6 @@ class Navigator(EventActor):
             experiences=states,
             merged=getattr(self, "merged", 0),
             retired=getattr(self, "retired", 0),
-            watermark=self._watermark() if pool else 0,
+            watermark=self.watermark.seq() if pool else 0,
         )
         return h

@@ -153,7 +153,7 @@ async def test_snapshot_keeps_memory_that_retention_dropped_from_the_stream(nav_
         for q in ["Create a folder called reports", "What is the weather in Oslo"]:
             await nav.handle_judgement(_judgement(q), None)
         await nav._snapshot()
-        seq = nav._watermark()
+        seq = nav.watermark.seq()
         await bus.js.purge_stream(settings.nats.stream, seq=seq + 1)  # what max_age / max_bytes do to old events
         await nav.handle_judgement(_judgement("Send a message to Bob about lunch"), None)
         before = _pool_state(nav.pool)
