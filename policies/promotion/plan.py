@@ -30,7 +30,7 @@ from __future__ import annotations
 from actors.events import WeightsPublished
 from actors.lifecycles import WeightsState as S
 from policies.promotion.book import PromotionBook
-from policies.promotion.gate import canary_verdict, handoff_verdict, watch_verdict
+from policies.promotion.feedback_checks import canary_verdict, handoff_verdict, watch_verdict
 from policies.promotion.models import (
     Action,
     GateOutcome,

@@ -14,7 +14,7 @@ from test_live_policy import _policy, _version  # noqa: E402  (tests/unit is on 
 from actors.events import WeightsPromoted, WeightsStatus
 from actors.lifecycles import WeightsState as S
 from policies.promotion.book import PromotionBook
-from policies.promotion.gate import handoff_verdict
+from policies.promotion.feedback_checks import handoff_verdict
 from policies.promotion.models import GateScore
 
 

@@ -7,7 +7,8 @@ import pytest
 from actors.lifecycles import IllegalTransition, task_transition, transition
 from actors.lifecycles import TaskState as T
 from actors.lifecycles import WeightsState as S
-from policies.promotion.gate import canary_verdict, gate, significant_drop, watch_verdict
+from policies.promotion.feedback_checks import canary_verdict, significant_drop, watch_verdict
+from policies.promotion.gate import gate
 from policies.promotion.models import GateScore as G
 
 
