@@ -43,9 +43,10 @@ from config import telemetry
 from policies.engines.live_policy import LivePolicy
 from policies.learning.checkpoint import CheckpointStore
 from policies.learning.groups import at_floor, behaviour_of, fair_step, informative, live_group, live_kind
+from policies.learning.staleness import staleness
 from policies.learning.step_events import learner_step, signal_shares, weights_published
 from policies.learning.step_size import StepSize
-from policies.weights.model_store import BASE_VERSION, staleness, version_name  # noqa: F401 (staleness: re-export)
+from policies.weights.model_store import BASE_VERSION, version_name
 
 
 class Learner(EventActor):

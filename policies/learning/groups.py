@@ -15,7 +15,7 @@ from collections import Counter
 
 from actors.events import Judgement
 from policies.learning import adca
-from policies.weights.model_store import REFERENCE
+from policies.learning.staleness import REFERENCE
 
 
 def informative(j: Judgement, alpha: float, hints: bool = False) -> bool:

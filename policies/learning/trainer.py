@@ -29,8 +29,9 @@ from pathlib import Path
 from actors.events import Judgement
 from policies.device_lock import device_startup
 from policies.learning import grpo, hindsight, lora
+from policies.learning.staleness import REFERENCE
 from policies.learning.step_rows import advantages, batch_of, logprobs, micro_batches, rows_of
-from policies.weights.model_store import BASE_VERSION, REFERENCE, WeightsStore, aliases
+from policies.weights.model_store import BASE_VERSION, WeightsStore, aliases
 
 
 class Trainer:

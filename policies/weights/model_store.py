@@ -296,20 +296,3 @@ class WeightsStore:
         if doomed and self.remote is not None:
             self.remote.delete(doomed)
         return doomed
-
-
-REFERENCE = "reference"  # behaviour of an off-policy reference sample: no weights version generated it
-
-
-def staleness(store: WeightsStore, training: str, version: str, max_staleness: int) -> int | None:
-    """Learner steps from `version` to `training` along the manifests' parent links; None when `version` is not
-    an ancestor within `max_staleness` steps, or its weights file is gone (it cannot be corrected then).
-    A reference sample has no behaviour version and never goes stale."""
-    if version == REFERENCE:
-        return 0
-    lineage = store.ancestors(training, max_staleness)
-    if version not in lineage:
-        return None
-    if version != BASE_VERSION and not (store.manifest(version) or {}).get("path"):
-        return None
-    return lineage.index(version)

@@ -95,7 +95,7 @@ def learner_worker(state, a, steps: int, inq: mp.Queue, stop: mp.Event, result: 
     import torch
 
     from actors.events import Judgement
-    from actors.learner import staleness
+    from policies.learning.staleness import staleness
     from policies.learning.trainer import Trainer
     from policies.weights.model_store import WeightsStore, version_name
 

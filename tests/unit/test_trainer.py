@@ -106,7 +106,7 @@ def test_micro_batches_accumulate_the_same_gradient(tmp_path, tiny_dir):
 
 
 def test_staleness_follows_the_lineage(tmp_path):
-    from actors.learner import staleness
+    from policies.learning.staleness import staleness
 
     store = WeightsStore(tmp_path)
     sd = {"w": torch.zeros(1)}
@@ -129,8 +129,8 @@ def test_reference_samples_train_off_policy_without_behaviour_weights(tmp_path, 
     file, is counted apart, raises its own likelihood, and does not count towards ADPO's consistency."""
     from policies.learning import grpo
     from policies.learning.groups import behaviour_of
+    from policies.learning.staleness import REFERENCE
     from policies.learning.trainer import Trainer
-    from policies.weights.model_store import REFERENCE
 
     s = _settings(tmp_path, lr=1e-3, kl_coef=0.0, adca_alpha=0.0, bf16=False)
     t = Trainer(s, tiny_dir)
