@@ -174,7 +174,7 @@ def kill_detached(parent: subprocess.Popen, log: Path) -> None:
 def dry_up(a, cfg: Path) -> int:
     """Everything but the processes: the derived preset validates and fits the planner at 78 GiB / 64 GiB with the
     7B shape, the scripted users and the event reader import, the figures come out of no events."""
-    from bench_learning_curve import users  # noqa: F401  (the scripted client the real run uses)
+    from _users import users  # noqa: F401  (the scripted client the real run uses)
     from config.settings import load_settings
     from deploy.nats import free_port
     from deploy.planner import Shape, plan
@@ -201,7 +201,7 @@ def up(a) -> int:
         return dry_up(a, cfg)
     import openai  # noqa: F401  (fail here, not in a user thread)
 
-    from bench_learning_curve import users
+    from _users import users
     from config.settings import load_settings
     from deploy.nats import free_port
     from deploy.stream_view import read_events
