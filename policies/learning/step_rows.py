@@ -2,10 +2,9 @@
 
 The rows, the padded batch and the log-probs of a micro-batch under a given model: `Trainer.train_step`
 (`policies/learning/trainer.py`) takes them from here, lets hindsight teach the hinted rows, and runs the forwards and
-the update. Off-policy samples
-(`Sample.off_policy`: a verified reference trajectory added to a group no sample solved) share the group's
-normalisation; ADPO's self-consistency counts only the policy's own samples, and in such a floor group the failures'
-negative advantages are scaled by `learner.floor_negative_scale` (`groups.floor_scales`).
+the update. Off-policy samples (`Sample.off_policy`: a verified reference trajectory added to a group no sample
+solved) share the group's normalisation; ADPO's self-consistency counts only the policy's own samples, and in such a
+floor group the failures' negative advantages are scaled by `learner.floor_negative_scale` (`groups.floor_scales`).
 """
 
 from __future__ import annotations
