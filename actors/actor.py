@@ -5,6 +5,7 @@ Acks are the error policy: ack on success, nak(delay) on `Transient`, term + `de
 kept in a small sqlite file per actor in the state dir. A handler returns `HOLD` when it acks the
 message itself later (the learner); `heartbeat` keeps long-held messages from being redelivered.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -72,8 +73,9 @@ class EventActor:
         if self.bus is None:
             self.bus = await Bus.from_settings(self.settings.nats, self.name).connect()
         if self.kinds:
-            self._sub = await self.bus.pull(self.name, list(self.kinds), ack_wait_s=self.settings.nats.ack_wait_s,
-                                            max_deliver=self.settings.nats.max_deliver)
+            self._sub = await self.bus.pull(
+                self.name, list(self.kinds), ack_wait_s=self.settings.nats.ack_wait_s, max_deliver=self.settings.nats.max_deliver
+            )
 
     async def run(self) -> None:
         await self.start()
@@ -127,8 +129,9 @@ class EventActor:
             await msg.ack()
             return
         ctx = telemetry.context_from_headers(msg.headers)
-        with self.tracer.start_as_current_span(f"{self.name}.handle_{event.kind}", context=ctx,
-                                               kind=trace.SpanKind.CONSUMER) as span:
+        with self.tracer.start_as_current_span(
+            f"{self.name}.handle_{event.kind}", context=ctx, kind=trace.SpanKind.CONSUMER
+        ) as span:
             span.set_attribute("kaizen.event_id", event.event_id)
             try:
                 result = await handler(event, msg)
@@ -158,19 +161,26 @@ class EventActor:
         await msg.term()
 
     def health(self) -> dict:
-        return {"actor": self.name, "handled": self.handled, "failures": self.failures,
-                "last_error": self.last_error, "weights_version": self.weights_version}
+        return {
+            "actor": self.name,
+            "handled": self.handled,
+            "failures": self.failures,
+            "last_error": self.last_error,
+            "weights_version": self.weights_version,
+        }
 
 
 @contextlib.asynccontextmanager
 async def heartbeat(msgs, every_s: float = 15.0):
     """Keep long-held messages from being redelivered while work is in progress."""
+
     async def beat():
         while True:
             await asyncio.sleep(every_s)
             for m in list(msgs):
                 with contextlib.suppress(Exception):
                     await m.in_progress()
+
     task = asyncio.create_task(beat())
     try:
         yield

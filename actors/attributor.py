@@ -1,6 +1,6 @@
 """Attributor: step-level credit for rollout groups and rated live interactions.
 
-Each rollout group goes to the judge (`policies/judge.py`: the served policy by default, an
+Each rollout group goes to the judge (`policies/judge/judge.py`: the served policy by default, an
 OpenAI-compatible endpoint when configured) in one batched call, off the event loop, within a
 per-minute prompt budget. The judge labels every step GOOD/BAD and scores the trajectory
 against the task's reference (synthetic tasks) on AgentEvolver's 60-100 / 0-40 bands; steps made
@@ -17,28 +17,37 @@ When the judge is over budget, fails or answers malformed text, the environment'
 feedback's) labels are used and the judgement says so; the actor never crashes on it.
 
 Unrated live traffic (`conversations.enabled`): every `evo.interaction` joins the conversation it extends
-(`policies/conversations.py`: requests stitched by content, per user), and its interaction message is held,
+(`policies/judge/conversations.py`: requests stitched by content, per user), and its interaction message is held,
 unacked, until that conversation closes (idle for `conversations.idle_s`, or past its bounds): after a restart
 the stream hands the open conversations back. On close, each step that no user rated and whose next turn gave
 a signal (a correction, a re-ask, a tool error, thanks, ...) becomes a one-step live judgement with the rule's
 value x confidence as its outcome, and, where that next turn says what was wrong (a correction, a re-ask, a tool's
-error), the next turn as its hindsight hint (`policies/hindsight.py`); its id derives from the step's interaction,
+error), the next turn as its hindsight hint (`policies/learning/hindsight.py`); its id derives from the step's interaction,
 so a redelivery publishes nothing twice. Rated steps keep their rating (the feedback path above).
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
 
-from actors.actor import EventActor
+from actors.actor import HOLD, EventActor
 from actors.bus import Poison
-from actors.actor import HOLD
-from actors.events import (MIXED_WEIGHTS, Feedback, Interaction, Judgement, Rollout, Sample, WeightsPromoted,
-                           WeightsRolledBack, derived_id)
+from actors.events import (
+    MIXED_WEIGHTS,
+    Feedback,
+    Interaction,
+    Judgement,
+    Sample,
+    WeightsPromoted,
+    WeightsRolledBack,
+    derived_id,
+)
+from actors.task_events import Rollout
 from envs.live import trajectory
-from policies.conversations import ConversationBook
 from policies.hygiene import scrub
-from policies.judge import Agreement, Budget, Verdict, env_labels, make_judge
+from policies.judge.conversations import ConversationBook
+from policies.judge.judge import Agreement, Budget, Verdict, env_labels, make_judge
 
 STEP_SHAPING = 0.1  # weight of the mean step signal added to the environment outcome
 
@@ -76,7 +85,7 @@ class Attributor(EventActor):
         s = self.settings
         self.engine = None
         if not s.judge.base_url:  # the served policy judges: follow the live version like a replica does
-            from policies.live_policy import LivePolicy
+            from policies.engines.live_policy import LivePolicy
 
             self.policy = await asyncio.to_thread(LivePolicy, s, "judge")
             self.engine = self.policy.engine
@@ -139,18 +148,34 @@ class Attributor(EventActor):
         self.agreement.bg += group_agree.bg
         self.agreement.bb += group_agree.bb
         judged = all(v is not None for v in verdicts)
-        out = Judgement(event_id=judgement_id(ev.event_id), group_id=ev.group_id, source="rollout",
-                        task_id=ev.task.task_id, env=ev.task.env, entry_id=ev.task.entry_id, samples=ev.samples,
-                        outcomes=[o for o, _ in scored],
-                        step_labels=labels, judge=self.judge.name if judged else "env",
-                        source_event_ids=[ev.event_id], trace_id=ev.trace_id,
-                        judge_labels=[v.labels for v in verdicts] if judged else None,
-                        judge_scores=[v.score for v in verdicts] if judged else [],
-                        agreement=group_agree.accuracy(), origin=ev.task.origin,
-                        screened_steps=sum(len(v.screened) for v in verdicts if v))
+        out = Judgement(
+            event_id=judgement_id(ev.event_id),
+            group_id=ev.group_id,
+            source="rollout",
+            task_id=ev.task.task_id,
+            env=ev.task.env,
+            entry_id=ev.task.entry_id,
+            samples=ev.samples,
+            outcomes=[o for o, _ in scored],
+            step_labels=labels,
+            judge=self.judge.name if judged else "env",
+            source_event_ids=[ev.event_id],
+            trace_id=ev.trace_id,
+            judge_labels=[v.labels for v in verdicts] if judged else None,
+            judge_scores=[v.score for v in verdicts] if judged else [],
+            agreement=group_agree.accuracy(),
+            origin=ev.task.origin,
+            screened_steps=sum(len(v.screened) for v in verdicts if v),
+        )
         await self.bus.publish(out, weights_version=ev.weights_version)
-        self.log.info("judged.rollout", group_id=ev.group_id, outcomes=out.outcomes, judge=out.judge,
-                      agreement=out.agreement, judge_scores=out.judge_scores)
+        self.log.info(
+            "judged.rollout",
+            group_id=ev.group_id,
+            outcomes=out.outcomes,
+            judge=out.judge,
+            agreement=out.agreement,
+            judge_scores=out.judge_scores,
+        )
 
     async def handle_feedback(self, ev: Feedback, msg):
         # serve's outbox publishes an interaction before any feedback on it: missing, it is older than the stream keeps
@@ -165,14 +190,25 @@ class Attributor(EventActor):
         fallback = ["GOOD" if ev.score > 0 else "BAD"]
         # live traffic has no environment to verify steps: the judge's label (screened) is used
         labels = v.labels if v is not None else fallback
-        out = Judgement(event_id=judgement_id(ev.event_id), group_id=f"live:{ev.interaction_id}", source="live",
-                        task_id=f"live:{ev.interaction_id}", samples=[sample], outcomes=[ev.score],
-                        step_labels=[labels], judge=self.judge.name if v else "user-feedback",
-                        source_event_ids=[ev.event_id, it.event_id], trace_id=ev.trace_id,
-                        judge_labels=[v.labels] if v else None, judge_scores=[v.score] if v else [],
-                        screened_steps=len(v.screened) if v else 0, origin="live",
-                        user_hashes=[it.user_hash], comments=[ev.comment or ""],
-                        behaviour_versions=[MIXED_WEIGHTS] if it.mixed_weights else [])
+        out = Judgement(
+            event_id=judgement_id(ev.event_id),
+            group_id=f"live:{ev.interaction_id}",
+            source="live",
+            task_id=f"live:{ev.interaction_id}",
+            samples=[sample],
+            outcomes=[ev.score],
+            step_labels=[labels],
+            judge=self.judge.name if v else "user-feedback",
+            source_event_ids=[ev.event_id, it.event_id],
+            trace_id=ev.trace_id,
+            judge_labels=[v.labels] if v else None,
+            judge_scores=[v.score] if v else [],
+            screened_steps=len(v.screened) if v else 0,
+            origin="live",
+            user_hashes=[it.user_hash],
+            comments=[ev.comment or ""],
+            behaviour_versions=[MIXED_WEIGHTS] if it.mixed_weights else [],
+        )
         await self.bus.publish(out, weights_version=it.weights_version)
         self.log.info("judged.live", interaction_id=ev.interaction_id, score=ev.score, labels=labels)
 
@@ -218,17 +254,30 @@ class Attributor(EventActor):
             rated = st.rated or f"rated:{it.interaction_id}" in self.applied  # also rated before a restart
             if rated or not st.signal or not st.outcome or it.mixed_weights:
                 continue
-            out = Judgement(event_id=derived_id("judgement", f"signal:{it.event_id}"),
-                            group_id=f"live:{it.interaction_id}", source="live", task_id=f"live:{it.interaction_id}",
-                            samples=[trajectory(it, st.outcome, scrub).model_copy(update={"hint": scrub(st.hint)})],
-                            outcomes=[st.outcome],
-                            step_labels=[["GOOD" if st.outcome > 0 else "BAD"]], judge=f"next-turn:{st.signal}",
-                            source_event_ids=[it.event_id], trace_id=it.trace_id, origin="live",
-                            user_hashes=[it.user_hash], signals=[st.signal])
+            out = Judgement(
+                event_id=derived_id("judgement", f"signal:{it.event_id}"),
+                group_id=f"live:{it.interaction_id}",
+                source="live",
+                task_id=f"live:{it.interaction_id}",
+                samples=[trajectory(it, st.outcome, scrub).model_copy(update={"hint": scrub(st.hint)})],
+                outcomes=[st.outcome],
+                step_labels=[["GOOD" if st.outcome > 0 else "BAD"]],
+                judge=f"next-turn:{st.signal}",
+                source_event_ids=[it.event_id],
+                trace_id=it.trace_id,
+                origin="live",
+                user_hashes=[it.user_hash],
+                signals=[st.signal],
+            )
             await self.bus.publish(out, weights_version=it.weights_version)
             self.signalled[st.signal] = self.signalled.get(st.signal, 0) + 1
-            self.log.info("judged.signal", interaction_id=it.interaction_id, signal=st.signal, outcome=st.outcome,
-                          conversation=conv.conversation_id)
+            self.log.info(
+                "judged.signal",
+                interaction_id=it.interaction_id,
+                signal=st.signal,
+                outcome=st.outcome,
+                conversation=conv.conversation_id,
+            )
         for st in conv.steps:
             m = self.held.pop(st.interaction.event_id, None)
             if m is not None:

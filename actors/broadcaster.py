@@ -1,17 +1,18 @@
-"""Weight broadcaster: carries out the promotion lifecycle that `policies/promotion_plan.py` decides.
+"""Weight broadcaster: carries out the promotion lifecycle that `policies/promotion/plan.py` decides.
 
 Each version moves through the lifecycle in `actors/lifecycles.py`, every change an
 `evo.weights_status` event (README, "How one improvement cycle flows", items 3 and 5). Inputs:
 `evo.weights_published` (sha256 verified, else poison; staged, or live at once when forced by an
 operator), users' feedback, replicas' reports. A tick asks the plan what to do (a canary's verdict,
 a gate, a handoff, the live watch, a rollback) and does it here: the held-out gate's scoring
-(`policies/gate.py`), the LIVE pointer (`LivePolicy.announce`: the bus's key-value bucket, then its
+(`policies/promotion/gate.py`), the LIVE pointer (`LivePolicy.announce`: the bus's key-value bucket, then its
 copy; this actor alone moves it, always before the event that announces it), the events, pruning.
-Then the next gate's comparator is scored meanwhile, and the guard's verdicts (`policies/guard.py`)
+Then the next gate's comparator is scored meanwhile, and the guard's verdicts (`policies/promotion/guard.py`)
 are carried out. Files beyond `gate.keep_versions` are pruned (and their objects on the bus), never
 live, canary, staged, recent live ones or the guard's anchor. State: a `PromotionBook`
-(`policies/promotion.py`), written atomically; evaluations cached per version.
+(`policies/promotion/book.py`), written atomically; evaluations cached per version.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,18 +20,35 @@ import time
 
 from actors.actor import EventActor
 from actors.bus import Poison
-from actors.events import (Feedback, WeightsPromoted, WeightsPublished, WeightsRef, WeightsRejected,
-                           WeightsRolledBack, WeightsSwapped)
+from actors.events import (
+    Feedback,
+    WeightsPromoted,
+    WeightsPublished,
+    WeightsRef,
+    WeightsRejected,
+    WeightsRolledBack,
+    WeightsSwapped,
+)
 from actors.lifecycles import IllegalTransition
 from envs.registry import make_envs
-from policies.gate import GateScores, clearly_worse, decide, gate_heldout, reference_pairs
-from policies.guard import Guard
-from policies.live_policy import LivePolicy
-from policies.model_store import BASE_VERSION
-from policies.promotion import PromotionBook, event_time
-from policies.promotion_models import (Action, GateOutcome, GateScore, GoLive, Ignore, Prune, Reject,
-                                       RollBack, StartCanary, StartGate)
-from policies.promotion_plan import comparator_todo, gated, held, plan, published, resumed, undone
+from policies.engines.live_policy import LivePolicy
+from policies.promotion.book import PromotionBook, event_time
+from policies.promotion.gate import GateScores, clearly_worse, decide, gate_heldout, reference_pairs
+from policies.promotion.guard import Guard
+from policies.promotion.models import (
+    Action,
+    GateOutcome,
+    GateScore,
+    GoLive,
+    Ignore,
+    Prune,
+    Reject,
+    RollBack,
+    StartCanary,
+    StartGate,
+)
+from policies.promotion.plan import comparator_todo, gated, held, plan, published, resumed, undone
+from policies.weights.model_store import BASE_VERSION
 
 
 class Broadcaster(EventActor):
@@ -51,9 +69,15 @@ class Broadcaster(EventActor):
         self.heldout = gate_heldout(self.envs, s.gate)
         self.pairs = await asyncio.to_thread(reference_pairs, self.envs, s.gate.nll_entries)
         (d := s.state / "broadcaster").mkdir(parents=True, exist_ok=True)
-        self.scores = GateScores(d / "evals.json", self.envs, self.heldout, self.pairs,
-                                 first=s.gate.heldout_tasks, max_new_tokens=s.rollout.max_new_tokens,
-                                 call_prefix=s.rollout.call_prefix)
+        self.scores = GateScores(
+            d / "evals.json",
+            self.envs,
+            self.heldout,
+            self.pairs,
+            first=s.gate.heldout_tasks,
+            max_new_tokens=s.rollout.max_new_tokens,
+            call_prefix=s.rollout.call_prefix,
+        )
         self.book = PromotionBook.load(d / "state.json", self.policy.live_version)
         self.weights_version, self._dirty = self.policy.live_version, False
         self.guard = Guard(s, self.base_path, self.store, self.envs) if s.guard.enabled else None
@@ -102,8 +126,7 @@ class Broadcaster(EventActor):
 
     # ------------------------------------------------------------------ the lifecycle
     async def tick(self) -> None:
-        await self._carry_out(plan(self.book, time.time(), self.settings.gate, self.live_version(),
-                                   self.policy.descends_from))
+        await self._carry_out(plan(self.book, time.time(), self.settings.gate, self.live_version(), self.policy.descends_from))
         if self._dirty:
             self._save()
         await self._prepare()
@@ -135,14 +158,21 @@ class Broadcaster(EventActor):
     def _score(self, version: str, success: bool = True, counts: dict | None = None) -> GateScore:
         def path() -> str:
             return self._ref(version).path
+
         return self.scores.score(self.engine, version, path, success, counts)
 
     # ------------------------------------------------------------------ carrying actions out
     async def _carry_out(self, actions: list[Action]) -> None:
         for a in actions:
-            do = {StartGate: self._gate, StartCanary: self._start_canary, GoLive: self._go_live,
-                  RollBack: self._rollback, Reject: self._reject, Prune: self._prune,
-                  Ignore: self._stale}.get(type(a), self._record)
+            do = {
+                StartGate: self._gate,
+                StartCanary: self._start_canary,
+                GoLive: self._go_live,
+                RollBack: self._rollback,
+                Reject: self._reject,
+                Prune: self._prune,
+                Ignore: self._stale,
+            }.get(type(a), self._record)
             await do(a)
 
     async def _record(self, a: Action, live: str | None = None) -> None:
@@ -154,8 +184,9 @@ class Broadcaster(EventActor):
                 continue
             await self.bus.publish(ch, weights_version=ch.version)
             self._save()
-            self.log.info("weights.status", version=ch.version, status=str(ch.status),
-                          previous=ch.previous_status, reason=ch.reason[:200])
+            self.log.info(
+                "weights.status", version=ch.version, status=str(ch.status), previous=ch.previous_status, reason=ch.reason[:200]
+            )
 
     async def _gate(self, a: StartGate) -> None:
         """The held-out gate of `a.version` against `a.against`, then what its outcome leads to."""
@@ -167,19 +198,24 @@ class Broadcaster(EventActor):
         early = clearly_worse(cand_s, live_s, g.nll_tolerance, base_s, g.base_nll_tolerance)
         if early is None:  # a second look on more entries decides when the first falls short
             ok, why, cand_s, live_s = await asyncio.to_thread(
-                decide, self._score, newest, against, g, base_s, *self.scores.looks, self.scores.drop_p)
+                decide, self._score, newest, against, g, base_s, *self.scores.looks, self.scores.drop_p
+            )
         else:
             ok, why = False, early
         outcome = GateOutcome(newest, against, ok, why, cand_s, live_s)
-        await self._carry_out(gated(self.book, outcome, time.time(), g, self.live_version(),
-                                    self.policy.descends_from))
+        await self._carry_out(gated(self.book, outcome, time.time(), g, self.live_version(), self.policy.descends_from))
 
     async def _reject(self, a: Reject) -> None:
         live = self.live_version()
         await self._record(a, live)
-        ev = WeightsRejected(weights=self._ref(a.version), candidate_score=a.cand.success_or(),
-                             live_score=a.live.success_or(), reason=a.reason, candidate_nll=a.cand.nll,
-                             live_nll=a.live.nll)
+        ev = WeightsRejected(
+            weights=self._ref(a.version),
+            candidate_score=a.cand.success_or(),
+            live_score=a.live.success_or(),
+            reason=a.reason,
+            candidate_nll=a.cand.nll,
+            live_nll=a.live.nll,
+        )
         await self.bus.publish(ev, weights_version=live)
 
     async def _start_canary(self, a: StartCanary) -> None:
@@ -187,10 +223,17 @@ class Broadcaster(EventActor):
         # the pointer first: whoever reacts to the event reads it
         await self.policy.announce(self._ref(live), canary=ref, share=g.canary_share)
         await self._record(a, live)
-        ev = WeightsPromoted(weights=ref, candidate_score=a.cand.success_or(),
-                             live_score=a.live.success_or(), previous=live, stage="canary",
-                             canary_share=g.canary_share, candidate_nll=a.cand.nll,
-                             live_nll=a.live.nll, reason=a.reason)
+        ev = WeightsPromoted(
+            weights=ref,
+            candidate_score=a.cand.success_or(),
+            live_score=a.live.success_or(),
+            previous=live,
+            stage="canary",
+            canary_share=g.canary_share,
+            candidate_nll=a.cand.nll,
+            live_nll=a.live.nll,
+            reason=a.reason,
+        )
         await self.bus.publish(ev, weights_version=live)
         self._save()
 
@@ -200,9 +243,16 @@ class Broadcaster(EventActor):
         await self.policy.announce(ref)  # the pointer first (see _start_canary)
         await self._record(a, old)
         self.weights_version = a.version
-        ev = WeightsPromoted(weights=ref, candidate_score=cand.success_or(),
-                             live_score=live_s.success_or(), previous=old, stage="live",
-                             candidate_nll=cand.nll, live_nll=live_s.nll, reason=a.reason)
+        ev = WeightsPromoted(
+            weights=ref,
+            candidate_score=cand.success_or(),
+            live_score=live_s.success_or(),
+            previous=old,
+            stage="live",
+            candidate_nll=cand.nll,
+            live_nll=live_s.nll,
+            reason=a.reason,
+        )
         await self.bus.publish(ev, weights_version=a.version)
         self._save()
         self.log.info("weights.live", version=a.version, previous=old, reason=a.reason[:200])
@@ -225,5 +275,9 @@ class Broadcaster(EventActor):
 
     def health(self) -> dict:
         b, g = getattr(self, "book", None), getattr(self, "guard", None)
-        return {**super().health(), **(b.summary() if b else {}),
-                "scores": self.scores.recent() if b else {}, "guard": g and g.health()}
+        return {
+            **super().health(),
+            **(b.summary() if b else {}),
+            "scores": self.scores.recent() if b else {},
+            "guard": g and g.health(),
+        }

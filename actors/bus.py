@@ -14,6 +14,7 @@
   (after which serve's outbox forgets it) is found at once.
 The loop every actor runs on top of it is `actors/actor.py`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,7 +27,8 @@ from nats.js import api
 from nats.js.errors import NotFoundError, ServerError
 from pydantic import BaseModel
 
-from actors.events import KINDS, DeadLetter, Event, Interaction, kind_of, parse_event, subject_for, subjects_of
+from actors.events import KINDS, DeadLetter, Interaction, kind_of, parse_event, subject_for, subjects_of
+from actors.messages import Event
 from config import telemetry
 
 M = TypeVar("M", bound=BaseModel)
@@ -41,9 +43,20 @@ class Poison(Exception):
 
 
 class Bus:
-    def __init__(self, url: str, user: str | None = None, password: str | None = None, *, stream: str = "EVO",
-                 prefix: str = "evo", producer: str = "unknown", dedup_window_s: float = 120.0, max_age_s: float = 0.0,
-                 max_bytes: int = -1, replicas: int = 1):
+    def __init__(
+        self,
+        url: str,
+        user: str | None = None,
+        password: str | None = None,
+        *,
+        stream: str = "EVO",
+        prefix: str = "evo",
+        producer: str = "unknown",
+        dedup_window_s: float = 120.0,
+        max_age_s: float = 0.0,
+        max_bytes: int = -1,
+        replicas: int = 1,
+    ):
         self.url, self.user, self.password = url, user, password
         self.stream, self.prefix, self.producer = stream, prefix, producer
         self.dedup_window_s, self.max_age_s, self.max_bytes, self.replicas = dedup_window_s, max_age_s, max_bytes, replicas
@@ -51,19 +64,35 @@ class Bus:
         self.js = None
 
     @classmethod
-    def from_settings(cls, n, producer: str, url: str | None = None, user: str | None = None,
-                      password: str | None = None) -> "Bus":
+    def from_settings(
+        cls, n, producer: str, url: str | None = None, user: str | None = None, password: str | None = None
+    ) -> "Bus":
         """The deployment's bus as `settings.nats` (`n`) describes it: stream, subjects and limits. A command line
         passes the url, user and password that `up` wrote down."""
-        return cls(url or n.url, user or n.user, n.password if password is None else password, stream=n.stream,
-                   prefix=n.subject_prefix, producer=producer, dedup_window_s=n.dedup_window_s,
-                   max_age_s=n.max_age_days * 86400, max_bytes=n.max_bytes, replicas=n.replicas)
+        return cls(
+            url or n.url,
+            user or n.user,
+            n.password if password is None else password,
+            stream=n.stream,
+            prefix=n.subject_prefix,
+            producer=producer,
+            dedup_window_s=n.dedup_window_s,
+            max_age_s=n.max_age_days * 86400,
+            max_bytes=n.max_bytes,
+            replicas=n.replicas,
+        )
 
     async def connect(self, ensure_stream: bool = True, attempts: int = -1, connect_timeout: float = 2.0) -> "Bus":
         """attempts -1 (actors): never give up, also on the first connect; a command line passes a bound."""
-        self.nc = await nats.connect(self.url, user=self.user, password=self.password, name=self.producer,
-                                     max_reconnect_attempts=attempts, reconnect_time_wait=0.5,
-                                     connect_timeout=connect_timeout)
+        self.nc = await nats.connect(
+            self.url,
+            user=self.user,
+            password=self.password,
+            name=self.producer,
+            max_reconnect_attempts=attempts,
+            reconnect_time_wait=0.5,
+            connect_timeout=connect_timeout,
+        )
         self.js = self.nc.jetstream()
         if ensure_stream:
             await self.ensure_stream()
@@ -78,10 +107,17 @@ class Bus:
         """The subjects of every known event kind (a publish to any other subject finds no stream and fails), and
         retention limits: events older than `max_age_s` or beyond `max_bytes` are discarded oldest first
         (0 / -1 = no limit)."""
-        return api.StreamConfig(name=self.stream, subjects=[s for k in KINDS for s in subjects_of(k, self.prefix)],
-                                storage=api.StorageType.FILE, duplicate_window=self.dedup_window_s,
-                                max_msg_size=8 * 1024 * 1024, max_age=self.max_age_s or None,
-                                max_bytes=self.max_bytes, discard=api.DiscardPolicy.OLD, num_replicas=self.replicas)
+        return api.StreamConfig(
+            name=self.stream,
+            subjects=[s for k in KINDS for s in subjects_of(k, self.prefix)],
+            storage=api.StorageType.FILE,
+            duplicate_window=self.dedup_window_s,
+            max_msg_size=8 * 1024 * 1024,
+            max_age=self.max_age_s or None,
+            max_bytes=self.max_bytes,
+            discard=api.DiscardPolicy.OLD,
+            num_replicas=self.replicas,
+        )
 
     async def ensure_stream(self) -> None:
         """Create the stream, or bring an existing one to this configuration (subjects, limits): a stream made by
@@ -94,19 +130,26 @@ class Bus:
                 await self.js.add_stream(cfg)
                 return
             have = info.config
-            if (sorted(have.subjects or []) != sorted(cfg.subjects) or (have.max_bytes or -1) != cfg.max_bytes
-                    or abs((have.max_age or 0) - (cfg.max_age or 0)) > 1e-3 or (have.num_replicas or 1) != self.replicas):
+            if (
+                sorted(have.subjects or []) != sorted(cfg.subjects)
+                or (have.max_bytes or -1) != cfg.max_bytes
+                or abs((have.max_age or 0) - (cfg.max_age or 0)) > 1e-3
+                or (have.num_replicas or 1) != self.replicas
+            ):
                 await self.js.update_stream(cfg)
         except ServerError as exc:
             if exc.err_code == 10047:  # JetStream reserves max_bytes on the store's disk up front
-                raise RuntimeError(f"nats-server cannot reserve {cfg.max_bytes} bytes for stream {self.stream} on the "
-                                   "disk of its store: free disk space or lower nats.max_bytes") from exc
+                raise RuntimeError(
+                    f"nats-server cannot reserve {cfg.max_bytes} bytes for stream {self.stream} on the "
+                    "disk of its store: free disk space or lower nats.max_bytes"
+                ) from exc
             raise
 
     # ------------------------------------------------------------------ publish
 
-    async def publish(self, event: Event, *, weights_version: str | None = None, trace_headers: dict | None = None,
-                      timeout: float = 10.0) -> api.PubAck:
+    async def publish(
+        self, event: Event, *, weights_version: str | None = None, trace_headers: dict | None = None, timeout: float = 10.0
+    ) -> api.PubAck:
         """Publish one event and wait for JetStream's ack (so it is stored). `trace_headers`: the trace context
         recorded when the event was made (an outbox publishes later, outside that span)."""
         if event.producer == "unknown":
@@ -125,20 +168,30 @@ class Bus:
         return self.nc is not None and self.nc.is_connected
 
     async def dead_letter(self, msg, consumer: str, reason: str, event_id: str | None = None) -> None:
-        dl = DeadLetter(subject=msg.subject, consumer=consumer, reason=reason[:2000], original_event_id=event_id,
-                        payload=msg.data[:65536].decode("utf-8", "replace"),
-                        event_id=f"dl-{consumer}-{msg.metadata.sequence.stream}")
+        dl = DeadLetter(
+            subject=msg.subject,
+            consumer=consumer,
+            reason=reason[:2000],
+            original_event_id=event_id,
+            payload=msg.data[:65536].decode("utf-8", "replace"),
+            event_id=f"dl-{consumer}-{msg.metadata.sequence.stream}",
+        )
         await self.publish(dl)
 
     # ------------------------------------------------------------------ consume
 
-    async def pull(self, durable: str, kinds: list[str], *, ack_wait_s: float = 60.0, max_deliver: int = 5,
-                   deliver_new: bool = False):
+    async def pull(
+        self, durable: str, kinds: list[str], *, ack_wait_s: float = 60.0, max_deliver: int = 5, deliver_new: bool = False
+    ):
         """A durable pull consumer filtered to `kinds`; created once, resumed after restarts."""
         subjects = [s for k in kinds for s in subjects_of(k, self.prefix)]
         cfg = api.ConsumerConfig(
-            durable_name=durable, ack_policy=api.AckPolicy.EXPLICIT, ack_wait=ack_wait_s, max_deliver=max_deliver + 1,
-            filter_subjects=subjects, max_ack_pending=1000,
+            durable_name=durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=ack_wait_s,
+            max_deliver=max_deliver + 1,
+            filter_subjects=subjects,
+            max_ack_pending=1000,
             deliver_policy=api.DeliverPolicy.NEW if deliver_new else api.DeliverPolicy.ALL,
         )
         try:
@@ -207,6 +260,7 @@ class Bus:
                 await msg.respond(reply.model_dump_json().encode())
             except Exception as exc:  # a bad query must not kill the responder
                 await msg.respond(json.dumps({"error": repr(exc)[:300]}).encode())
+
         return await self.nc.subscribe(self.rpc_subject(name), queue=name, cb=_cb)
 
     async def request(self, name: str, req: BaseModel, reply_type: type[M], timeout: float = 1.0) -> M:

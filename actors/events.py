@@ -1,10 +1,12 @@
-"""Every event on the `evo.>` stream, one pydantic model per kind.
+"""Every event on the `evo.>` stream, one pydantic model per kind (a task's own in actors/task_events.py), and
+their registry: `parse_event` reads any of them.
 
 The subject is derived from the type (`subject_for`), never typed at a call site: `evo.<kind>`, and for an
 interaction `evo.interaction.<interaction_id>`, so the stream's own subject index finds it by id (`Bus.interaction`).
 Readers are tolerant at run time (unknown fields ignored), strict in tests (`strict()` forbids extras). Large
 payloads never travel here: weights are referenced by path + sha256.
 """
+
 from __future__ import annotations
 
 import re
@@ -13,25 +15,23 @@ from typing import Annotated, Literal, Union
 from pydantic import Field, TypeAdapter
 
 from actors import messages
-from actors.lifecycles import TaskState, WeightsState
+from actors.lifecycles import WeightsState
 from actors.messages import (  # noqa: F401  (the shared parts are part of this module's interface)
-    DEFAULT_SYSTEM, ChatMessage, FunctionSpec, RetrievedExperience, RetrieveReply, RetrieveRequest, Sample, ToolCall, ToolSpec,
-    Wire, _now, derived_id, new_id)
-
-SCHEMA_VERSION = 1
-
-
-# ----------------------------------------------------------------------------- envelope
-
-
-class Event(Wire):
-    event_id: str = Field(default_factory=new_id)
-    kind: str
-    schema_version: int = SCHEMA_VERSION
-    occurred_at: str = Field(default_factory=_now)
-    producer: str = "unknown"
-    weights_version: str = "w-000000"
-    trace_id: str | None = None
+    DEFAULT_SYSTEM,
+    ChatMessage,
+    Event,
+    FunctionSpec,
+    RetrievedExperience,
+    RetrieveReply,
+    RetrieveRequest,
+    Sample,
+    ToolCall,
+    ToolSpec,
+    Wire,
+    derived_id,
+    new_id,
+)
+from actors.task_events import Rollout, Task, TaskStatus
 
 
 class Interaction(Event):
@@ -45,10 +45,14 @@ class Interaction(Event):
     latency_ms: float = 0.0
     replica: str = ""
     trace_context: dict[str, str] = Field({}, description="W3C trace headers of the HTTP request (for feedback)")
-    mixed_weights: bool = Field(False, description="a weights swap happened while the answer was generated: its "
-                                "first tokens come from `weights_version`, the rest from the next (not trainable)")
-    conversation: str = Field("", description="the client's own conversation key (metadata conversation_id, "
-                              "thread_id or session_id), when it sent one")
+    mixed_weights: bool = Field(
+        False,
+        description="a weights swap happened while the answer was generated: its "
+        "first tokens come from `weights_version`, the rest from the next (not trainable)",
+    )
+    conversation: str = Field(
+        "", description="the client's own conversation key (metadata conversation_id, thread_id or session_id), when it sent one"
+    )
 
 
 class Feedback(Event):
@@ -57,44 +61,6 @@ class Feedback(Event):
     score: float = Field(ge=-1.0, le=1.0)
     comment: str | None = None
     interaction: Interaction | None = Field(None, description="the rated interaction (earlier releases; now looked up by id)")
-
-
-class Task(Event):
-    kind: Literal["task"] = "task"
-    task_id: str
-    env: str
-    entry_id: str
-    split: Literal["train", "heldout"] = "train"
-    origin: Literal["env", "synthetic", "live"] = "env"
-    query: str = ""
-    reference: list[str] = Field([], description="reference solution (call strings) of a synthetic task")
-    base_entry_id: str | None = Field(None, description="train entry whose initial state a synthetic task starts from")
-
-
-class TaskStatus(Event):
-    """Lifecycle of a synthetic task: proposed -> verified -> active -> retired, or proposed -> rejected."""
-
-    kind: Literal["task_status"] = "task_status"
-    task_id: str
-    status: TaskState
-    reason: str = ""
-    env: str = ""
-    query: str = ""
-    reference: list[str] = []
-    base_entry_id: str | None = None
-    consistency: float | None = Field(None, description="self-consistency of the last rollout group")
-    synthesizer: str = ""
-    exploration: list[str] = Field([], description="the exploration the task came from: `call -> ok|error: result`")
-
-
-class Rollout(Event):
-    """A whole GRPO group: groups stay intact through the pipeline."""
-
-    kind: Literal["rollout"] = "rollout"
-    task: Task
-    group_id: str
-    samples: list[Sample]
-    duration_s: float = 0.0
 
 
 MIXED_WEIGHTS = "mixed"  # behaviour version of a live answer generated across a weights swap (never trained on)
@@ -112,8 +78,11 @@ class Judgement(Event):
     step_labels: list[list[Literal["GOOD", "BAD"]]]
     judge: str = "env"
     source_event_ids: list[str] = []
-    behaviour_versions: list[str] = Field([], description="weights version that generated each sample, when they "
-                                          "differ (pooled live groups); empty = the envelope's weights_version")
+    behaviour_versions: list[str] = Field(
+        [],
+        description="weights version that generated each sample, when they "
+        "differ (pooled live groups); empty = the envelope's weights_version",
+    )
     judge_labels: list[list[str]] | None = Field(None, description="the judge's own labels (None: not judged)")
     judge_scores: list[float] = Field([], description="reference-based outcome score per sample, 0..100")
     agreement: float | None = Field(None, description="share of steps where judge and environment agree")
@@ -121,8 +90,11 @@ class Judgement(Event):
     origin: Literal["env", "synthetic", "live"] = "env"
     user_hashes: list[str] = Field([], description="hashed user per sample (live judgements)")
     comments: list[str] = Field([], description="the user's feedback comment per sample (live judgements)")
-    signals: list[str] = Field([], description="per sample, what happened next that gave its outcome (a rule of "
-                               "policies/conversations.SIGNALS) when no user rated it")
+    signals: list[str] = Field(
+        [],
+        description="per sample, what happened next that gave its outcome (a rule of "
+        "policies/judge/conversations.SIGNALS) when no user rated it",
+    )
 
 
 class Experience(Event):
@@ -165,8 +137,9 @@ class WeightsRef(Wire):
 class WeightsPublished(Event):
     kind: Literal["weights_published"] = "weights_published"
     weights: WeightsRef
-    force: bool = Field(False, description="operator-forced: skip the gate and the canary (live monitoring and "
-                        "automatic rollback still apply)")
+    force: bool = Field(
+        False, description="operator-forced: skip the gate and the canary (live monitoring and automatic rollback still apply)"
+    )
     reason: str = ""
 
 
@@ -203,7 +176,7 @@ class WeightsRolledBack(Event):
 
 
 class HeldoutScored(Event):
-    """A served version scored against the base on the guard's held-out suite (policies/guard.py)."""
+    """A served version scored against the base on the guard's held-out suite (policies/promotion/guard.py)."""
 
     kind: Literal["heldout_scored"] = "heldout_scored"
     version: str
@@ -253,8 +226,24 @@ class DeadLetter(Event):
     payload: str = Field("", description="the poison payload, truncated to 64 KiB")
 
 
-_MODELS = (Interaction, Feedback, Task, TaskStatus, Rollout, Judgement, Experience, LearnerStep, WeightsPublished,
-           WeightsPromoted, WeightsRejected, WeightsRolledBack, WeightsStatus, WeightsSwapped, DeadLetter, HeldoutScored)
+_MODELS = (
+    Interaction,
+    Feedback,
+    Task,
+    TaskStatus,
+    Rollout,
+    Judgement,
+    Experience,
+    LearnerStep,
+    WeightsPublished,
+    WeightsPromoted,
+    WeightsRejected,
+    WeightsRolledBack,
+    WeightsStatus,
+    WeightsSwapped,
+    DeadLetter,
+    HeldoutScored,
+)
 AnyEvent = Annotated[Union[_MODELS], Field(discriminator="kind")]
 _ADAPTER: TypeAdapter = TypeAdapter(AnyEvent)
 KINDS: tuple[str, ...] = tuple(m.model_fields["kind"].default for m in _MODELS)
@@ -283,7 +272,7 @@ def subjects_of(kind: str, prefix: str = "evo") -> list[str]:
 
 def kind_of(subject: str, prefix: str = "evo") -> str | None:
     """The kind of an event stored under `subject`; None when it is not one of ours."""
-    parts = subject[len(prefix) + 1:].split(".") if subject.startswith(prefix + ".") else []
+    parts = subject[len(prefix) + 1 :].split(".") if subject.startswith(prefix + ".") else []
     ok = bool(parts) and parts[0] in KINDS and (len(parts) == 1 or (len(parts) == 2 and parts[0] in KEYED))
     return parts[0] if ok else None
 

@@ -12,6 +12,7 @@ With `rollout.weights: published` (default) it samples with the learner's newest
 gate takes; a rejected or rolled-back version sends it back to live, as it does the learner. With `live` it follows
 `evo.weights_promoted` / `_rolled_back` only.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,11 +20,19 @@ import math
 
 from actors.actor import EventActor, heartbeat
 from actors.bus import Poison
-from actors.events import (RetrieveReply, RetrieveRequest, Rollout, Task, WeightsPromoted, WeightsPublished,
-                           WeightsRejected, WeightsRolledBack, derived_id)
+from actors.events import (
+    RetrieveReply,
+    RetrieveRequest,
+    WeightsPromoted,
+    WeightsPublished,
+    WeightsRejected,
+    WeightsRolledBack,
+    derived_id,
+)
+from actors.task_events import Rollout, Task
 from envs.registry import make_envs
 from envs.tool_calls import CallError, parse_python_call
-from policies.live_policy import LivePolicy
+from policies.engines.live_policy import LivePolicy
 from policies.rollout import reference_sample, run_group
 
 
@@ -78,8 +87,10 @@ class Explorer(EventActor):
             if not task.base_entry_id or not task.reference:
                 raise Poison(f"synthetic task {task.task_id} lacks a base entry or a reference solution")
             if task.base_entry_id not in self._train(task.env):
-                raise Poison(f"synthetic task {task.task_id} starts from {task.base_entry_id}, which is not in the "
-                             f"{task.env} train split (held-out entries are never explored)")
+                raise Poison(
+                    f"synthetic task {task.task_id} starts from {task.base_entry_id}, which is not in the "
+                    f"{task.env} train split (held-out entries are never explored)"
+                )
             try:
                 for call in task.reference:
                     parse_python_call(call)
@@ -96,23 +107,45 @@ class Explorer(EventActor):
             await self._follow()
             version = self.engine.version
             res = await asyncio.to_thread(
-                run_group, self.engine, env, task.entry_id, r.group_size, max_new_tokens=r.max_new_tokens,
-                temperature=r.temperature, top_p=r.top_p, experiences=exps, guided=guided,
-                experience_ids=[e.experience_id for e in mem.experiences], call_prefix=r.call_prefix, spec=spec,
-                choose_names=r.choose_name)
+                run_group,
+                self.engine,
+                env,
+                task.entry_id,
+                r.group_size,
+                max_new_tokens=r.max_new_tokens,
+                temperature=r.temperature,
+                top_p=r.top_p,
+                experiences=exps,
+                guided=guided,
+                experience_ids=[e.experience_id for e in mem.experiences],
+                call_prefix=r.call_prefix,
+                spec=spec,
+                choose_names=r.choose_name,
+            )
             samples = list(res.samples)
             if r.reference_on_failure and max(s.outcome for s in samples) < 1.0:  # learning from the floor
                 ref = await asyncio.to_thread(reference_sample, env, task.entry_id, spec)
                 if ref is not None:
                     samples.append(ref)
-        event = Rollout(event_id=derived_id("rollout", task.event_id),
-                        task=task, group_id=task.event_id, samples=samples, duration_s=res.duration_s,
-                        trace_id=task.trace_id)
+        event = Rollout(
+            event_id=derived_id("rollout", task.event_id),
+            task=task,
+            group_id=task.event_id,
+            samples=samples,
+            duration_s=res.duration_s,
+            trace_id=task.trace_id,
+        )
         await self.bus.publish(event, weights_version=version)
         self.groups += 1
-        self.log.info("rollout.done", task_id=task.task_id, outcomes=[round(s.outcome, 2) for s in res.samples],
-                      reference=len(samples) > len(res.samples),
-                      guided=guided, seconds=round(res.duration_s, 1), tokens=res.tokens)
+        self.log.info(
+            "rollout.done",
+            task_id=task.task_id,
+            outcomes=[round(s.outcome, 2) for s in res.samples],
+            reference=len(samples) > len(res.samples),
+            guided=guided,
+            seconds=round(res.duration_s, 1),
+            tokens=res.tokens,
+        )
 
     async def handle_weights_published(self, ev: WeightsPublished, msg):
         if self.settings.rollout.weights == "published" and not ev.force:
@@ -131,5 +164,8 @@ class Explorer(EventActor):
             await self._follow()
 
     def health(self) -> dict:
-        return {**super().health(), "groups": getattr(self, "groups", 0),
-                "sampling_with": getattr(getattr(self, "engine", None), "version", None)}
+        return {
+            **super().health(),
+            "groups": getattr(self, "groups", 0),
+            "sampling_with": getattr(getattr(self, "engine", None), "version", None),
+        }

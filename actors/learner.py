@@ -4,10 +4,10 @@ The explorer keeps generating with the weights it has while the learner trains; 
 the version that generated it. Before a step, samples more than `learner.max_staleness` learner
 steps behind the weights being trained (measured along the lineage in the weights manifests; a
 version outside the lineage, e.g. one that was rolled back, counts as too stale) are dropped with
-their group; the rest are corrected by truncated importance weights (`policies/trainer.py`).
+their group; the rest are corrected by truncated importance weights (`policies/learning/trainer.py`).
 
 Judgement messages are held (not acked) until the step that uses them is committed. The commit
-point is the checkpoint (`policies/checkpoint.py`): it holds the model, the optimizer, the new
+point is the checkpoint (`policies/learning/checkpoint.py`): it holds the model, the optimizer, the new
 version's name and the ids of every judgement applied. Exporting the weights file, publishing
 `evo.learner_step` / `evo.weights_published` (event ids derived from the step) and acking follow
 it and are idempotent, so after a crash at any point the learner resumes from the last verified
@@ -21,28 +21,32 @@ trains from a version
 users get or will get: after a rejection of a version it descends from, from that version's nearest
 ancestor that is the canary or live; after a rollback, from the version rolled back to; and when a
 version goes live that it does not descend from, from that one. With `learner.kl_target` its step size follows the
-measured drift from the base and halves when a version it trained is rejected (`policies/step_size.py`).
+measured drift from the base and halves when a version it trained is rejected (`policies/learning/step_size.py`).
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime
+
+from opentelemetry import trace
 
 from actors.actor import HOLD, EventActor, heartbeat
-from actors.events import (MIXED_WEIGHTS, Judgement, LearnerStep, WeightsPromoted, WeightsPublished, WeightsRef,
-                           WeightsRejected, WeightsRolledBack, derived_id)
+from actors.events import (
+    MIXED_WEIGHTS,
+    Judgement,
+    WeightsPromoted,
+    WeightsRejected,
+    WeightsRolledBack,
+)
 from config import telemetry
-from opentelemetry import trace
-from policies.checkpoint import CheckpointStore
-from policies.live_policy import LivePolicy
-from policies.step_size import StepSize
-from policies.groups import at_floor, behaviour_of, fair_step, informative, live_kind
-from policies.model_store import BASE_VERSION, staleness, version_name  # noqa: F401 (staleness: re-export)
-
-
-def _step_event_id(kind: str, step: int) -> str:
-    return derived_id(kind, str(step))
+from policies.engines.live_policy import LivePolicy
+from policies.learning.checkpoint import CheckpointStore
+from policies.learning.groups import at_floor, behaviour_of, fair_step, informative, live_group, live_kind
+from policies.learning.staleness import staleness
+from policies.learning.step_events import learner_step, signal_shares, weights_published
+from policies.learning.step_size import StepSize
+from policies.weights.model_store import BASE_VERSION, version_name
 
 
 class Learner(EventActor):
@@ -52,7 +56,7 @@ class Learner(EventActor):
 
     async def start(self) -> None:
         await super().start()
-        from policies.trainer import Trainer
+        from policies.learning.trainer import Trainer
 
         s = self.settings
         self.policy = LivePolicy(s)  # the store, the base model and the lineage; the trainer is the learner's engine
@@ -100,8 +104,9 @@ class Learner(EventActor):
         if not t.step:
             return
         if self.store.manifest(t.version) is None:
-            await asyncio.to_thread(self.store.save, t.export(self.settings.model.serve_dtype), t.version,
-                                    {"parent": self.parent, "step": t.step})
+            await asyncio.to_thread(
+                self.store.save, t.export(self.settings.model.serve_dtype), t.version, {"parent": self.parent, "step": t.step}
+            )
         await self._publish_weights(t.version, t.step)
 
     # ------------------------------------------------------------------ inputs
@@ -121,13 +126,7 @@ class Learner(EventActor):
             pool.append(j)
             if len(pool) >= self.settings.learner.min_live_group:
                 pooled, self.live[live_kind(j)] = pool, []
-                group = Judgement(group_id=f"live-{j.event_id[:8]}", source="live", task_id="live",
-                                  samples=[s for x in pooled for s in x.samples],
-                                  outcomes=[o for x in pooled for o in x.outcomes],
-                                  step_labels=[lab for x in pooled for lab in x.step_labels],
-                                  behaviour_versions=[v for x in pooled for v in behaviour_of(x)],
-                                  user_hashes=[u for x in pooled for u in (x.user_hashes or [""] * len(x.samples))],
-                                  source_event_ids=[x.event_id for x in pooled], origin="live")
+                group = live_group(pooled, f"live-{j.event_id[:8]}")
                 if informative(group, alpha, hints=self.settings.learner.hindsight_clip > 0):
                     self.ready.append(group)
                 else:
@@ -141,8 +140,7 @@ class Learner(EventActor):
             self.log.info("group.skipped_no_signal", group_id=j.group_id, outcome=j.outcomes[:1])
             return None
         self.held[j.event_id] = msg
-        self.ready.append(j.model_copy(update={"source_event_ids": [j.event_id],
-                                               "behaviour_versions": behaviour_of(j)}))
+        self.ready.append(j.model_copy(update={"source_event_ids": [j.event_id], "behaviour_versions": behaviour_of(j)}))
         return HOLD
 
     async def _ack(self, event_ids) -> None:
@@ -167,8 +165,13 @@ class Learner(EventActor):
                 fresh.append(g)
                 continue
             self.dropped_stale += 1
-            self.log.info("group.dropped_stale", group_id=g.group_id, behaviour=sorted(set(g.behaviour_versions)),
-                          training=self.trainer.version, max_staleness=self.settings.learner.max_staleness)
+            self.log.info(
+                "group.dropped_stale",
+                group_id=g.group_id,
+                behaviour=sorted(set(g.behaviour_versions)),
+                training=self.trainer.version,
+                max_staleness=self.settings.learner.max_staleness,
+            )
             await self._ack(g.source_event_ids)
         self.ready = fresh
 
@@ -196,15 +199,18 @@ class Learner(EventActor):
         ids = sorted({i for g in groups for i in g.source_event_ids})
         async with heartbeat([self.held[i] for i in ids if i in self.held]):
             # the step links to the trace of every event it learned from: HTTP request -> weights version
-            links = [trace.Link(trace.get_current_span(telemetry.context_from_headers(self.held[i].headers)).get_span_context())
-                     for i in ids if i in self.held and self.held[i].headers]
+            links = [
+                trace.Link(trace.get_current_span(telemetry.context_from_headers(self.held[i].headers)).get_span_context())
+                for i in ids
+                if i in self.held and self.held[i].headers
+            ]
             with self.tracer.start_as_current_span("learner.step", links=links):
-                self.log.info("learner.step_started", step=self.trainer.step + 1, groups=len(groups),
-                              again=len(again))
+                self.log.info("learner.step_started", step=self.trainer.step + 1, groups=len(groups), again=len(again))
                 ages = [self.staleness(v) or 0 for g in step_groups for v in g.behaviour_versions]
                 try:
-                    stats = await asyncio.to_thread(self.trainer.train_step, step_groups,
-                                                    [g.behaviour_versions for g in step_groups])
+                    stats = await asyncio.to_thread(
+                        self.trainer.train_step, step_groups, [g.behaviour_versions for g in step_groups]
+                    )
                     stats["staleness_max"], stats["lr"] = float(max(ages, default=0)), self.trainer.lr
                     self.trainer.set_lr(self.step_size.after_step(self.trainer.lr, stats["kl"]))  # the next step's, checkpointed
                     stats["kl_drift"] = self.step_size.ema or 0.0
@@ -212,40 +218,33 @@ class Learner(EventActor):
                     self.parent = self.trainer.version
                     self.trainer.named(version)
                     self.trainer.applied |= set(ids)
-                    await asyncio.to_thread(self.ckpts.save, {**self.trainer.state(), "parent": self.parent},
-                                            self.trainer.step, version)  # the commit point
+                    await asyncio.to_thread(
+                        self.ckpts.save, {**self.trainer.state(), "parent": self.parent}, self.trainer.step, version
+                    )  # the commit point
                 except BaseException:
                     await asyncio.to_thread(self._restore_committed)  # the retry must not apply the batch twice
                     raise
-                await asyncio.to_thread(self.store.save, self.trainer.export(self.settings.model.serve_dtype), version,
-                                        {"parent": self.parent, "step": self.trainer.step})
-                await self.bus.publish(LearnerStep(
-                    event_id=_step_event_id("learner_step", self.trainer.step), step=self.trainer.step,
-                    groups=len(step_groups), samples=stats["samples"], loss=stats["loss"],
-                    mean_reward=stats["mean_reward"], grad_norm=stats["grad_norm"], duration_s=stats["seconds"],
-                    source_event_ids=ids, reused_event_ids=sorted({i for g in again for i in g.source_event_ids}),
-                    metrics={**{k: float(v) for k, v in stats.items() if isinstance(v, (int, float))},
-                             "dropped_stale_groups": float(self.dropped_stale), "groups_again": float(len(again)),
-                             "learned_from_ts": min((datetime.fromisoformat(g.occurred_at).timestamp() for g in groups),
-                                                    default=0.0),  # the oldest new group's judgement
-                             **self._signal_shares(),
-                             **{f"groups_{o}": float(sum(g.origin == o for g in groups))
-                                for o in ("env", "synthetic", "live")}}),
-                    weights_version=version)
+                await asyncio.to_thread(
+                    self.store.save,
+                    self.trainer.export(self.settings.model.serve_dtype),
+                    version,
+                    {"parent": self.parent, "step": self.trainer.step},
+                )
+                extra = {"dropped_stale_groups": float(self.dropped_stale), **self._signal_shares()}
+                event = learner_step(self.trainer.step, stats, groups, again, ids, extra)
+                await self.bus.publish(event, weights_version=version)
                 await self._publish_weights(version, self.trainer.step)
         self.ready = [g for g in self.ready if all(g is not x for x in groups)]  # others may have arrived meanwhile
         keep = self.settings.learner.replay_groups
         self.replay = (self.replay + groups)[-keep:] if keep else []
         await self._ack(ids)
         self.steps_done += 1
-        self.log.info("learner.step", version=version,
-                      **{k: v if isinstance(v, int) else float(f"{v:.4g}") for k, v in stats.items()})
+        self.log.info(
+            "learner.step", version=version, **{k: v if isinstance(v, int) else float(f"{v:.4g}") for k, v in stats.items()}
+        )
 
     async def _publish_weights(self, version: str, step: int) -> None:
-        man = self.store.manifest(version)
-        ref = WeightsRef(version=version, path=man["path"], sha256=man["sha256"], parent=man.get("parent", ""), step=step)
-        await self.bus.publish(WeightsPublished(event_id=_step_event_id("weights_published", step), weights=ref),
-                               weights_version=version)
+        await self.bus.publish(weights_published(self.store.manifest(version), version, step), weights_version=version)
 
     # ------------------------------------------------------------------ the broadcaster's decisions
     async def handle_weights_promoted(self, ev: WeightsPromoted, msg):
@@ -282,16 +281,19 @@ class Learner(EventActor):
         self.log.info("learner.reset", training=version, previous=old, why=why)
 
     def _signal_shares(self) -> dict[str, float]:
-        """Share of rollout groups the policy's own samples made informative (reward variance > 0), and share
-        that taught anything once references joined unsolved groups."""
-        n = max(1, getattr(self, "groups_seen", 0))
-        return {"rollout_groups": float(getattr(self, "groups_seen", 0)),
-                "informative_own_share": getattr(self, "groups_own_signal", 0) / n,
-                "informative_share": 1.0 - getattr(self, "groups_no_signal", 0) / n}
+        return signal_shares(
+            getattr(self, "groups_seen", 0), getattr(self, "groups_own_signal", 0), getattr(self, "groups_no_signal", 0)
+        )
 
     def health(self) -> dict:
         t = getattr(self, "trainer", None)
-        return {**super().health(), "step": t.step if t else 0, "training": t.version if t else None,
-                "held_groups": len(getattr(self, "ready", [])), "held_live": sum(map(len, getattr(self, "live", {}).values())),
-                "held_messages": len(getattr(self, "held", {})), "dropped_stale": getattr(self, "dropped_stale", 0),
-                **self._signal_shares()}
+        return {
+            **super().health(),
+            "step": t.step if t else 0,
+            "training": t.version if t else None,
+            "held_groups": len(getattr(self, "ready", [])),
+            "held_live": sum(map(len, getattr(self, "live", {}).values())),
+            "held_messages": len(getattr(self, "held", {})),
+            "dropped_stale": getattr(self, "dropped_stale", 0),
+            **self._signal_shares(),
+        }

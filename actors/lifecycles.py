@@ -18,9 +18,10 @@ Synthetic tasks (the questioner; every change is an `evo.task_status` event):
     proposed -> rejected                    (a duplicate, infeasible or unverifiable task)
     active   -> active                      (issued again)
 
-`LivePointer` is the typed LIVE pointer (policies/live_policy.py writes and follows it; on the bus it is a key in
-a JetStream key-value bucket, policies/live_board.py).
+`LivePointer` is the typed LIVE pointer (policies/engines/live_policy.py writes and follows it; on the bus it is a key in
+a JetStream key-value bucket, policies/weights/live_board.py).
 """
+
 from __future__ import annotations
 
 from enum import StrEnum
@@ -121,8 +122,11 @@ class LivePointer(BaseModel):
     stat: list[int] | None = None
     canary: CanaryRef | None = None
     at: float = 0.0
-    shared: dict | None = Field(None, description="a SharedRef (policies/shared_weights.py): where the weights of "
-                                "one version named here can be copied from memory instead of the file")
+    shared: dict | None = Field(
+        None,
+        description="a SharedRef (policies/weights/shared.py): where the weights of "
+        "one version named here can be copied from memory instead of the file",
+    )
 
     def shared_for(self, version: str) -> dict | None:
         """The SharedRef when it holds `version` (else the version comes from its file)."""

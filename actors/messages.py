@@ -1,7 +1,8 @@
-"""The parts events are made of, and the request/reply messages that are not events.
+"""The parts events are made of (their envelope among them), and the request/reply messages that are not events.
 
 Readers are tolerant at run time (unknown fields ignored) and strict in tests (`strict()`).
 """
+
 from __future__ import annotations
 
 import uuid
@@ -9,7 +10,6 @@ from datetime import datetime, timezone
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
 
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"  # the chat template's
 
@@ -48,6 +48,23 @@ def derived_id(kind: str, key: str) -> str:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
+
+
+# ----------------------------------------------------------------------------- envelope
+
+SCHEMA_VERSION = 1
+
+
+class Event(Wire):
+    """Every event's envelope; the kinds are in actors/events.py and actors/task_events.py."""
+
+    event_id: str = Field(default_factory=new_id)
+    kind: str
+    schema_version: int = SCHEMA_VERSION
+    occurred_at: str = Field(default_factory=_now)
+    producer: str = "unknown"
+    weights_version: str = "w-000000"
+    trace_id: str | None = None
 
 
 # ----------------------------------------------------------------------------- shared parts
@@ -92,11 +109,17 @@ class Sample(Wire):
     experience_ids: list[str] = []
     experiences: list[str] = Field([], description="experience text a guided sample saw (not in `messages`)")
     error: str | None = None
-    off_policy: bool = Field(False, description="a verified reference trajectory replayed in the environment, not "
-                             "sampled from any weights version (mixed-policy GRPO); never counts as the policy's own")
-    hint: str = Field("", description="a live step no user rated whose next turn says what was wrong (a tool's "
-                      "error, a correction): that next turn, the hindsight teacher's context (policies/hindsight.py); "
-                      "never trained on")
+    off_policy: bool = Field(
+        False,
+        description="a verified reference trajectory replayed in the environment, not "
+        "sampled from any weights version (mixed-policy GRPO); never counts as the policy's own",
+    )
+    hint: str = Field(
+        "",
+        description="a live step no user rated whose next turn says what was wrong (a tool's "
+        "error, a correction): that next turn, the hindsight teacher's context (policies/learning/hindsight.py); "
+        "never trained on",
+    )
 
 
 # ----------------------------------------------------------------------------- request / reply (not events)

@@ -5,8 +5,9 @@ when it applies) with provenance (origin, hashed user, weights version, source e
 embeds them (all-MiniLM-L6-v2) and upserts them into Milvus Lite with the experience id as
 primary key, so a redelivered judgement is harmless; then emits `evo.experience`. Every later
 change of an experience is another `evo.experience` with the same id (upsert), so replaying the
-stream rebuilds the pool exactly; a watermark (the stream sequence of the last experience
-applied) says where a restarted navigator resumes, and an empty or missing database replays all.
+stream rebuilds the pool exactly; a watermark (the stream sequence of the last experience applied,
+`policies/memory/watermark.py`) says where a restarted navigator resumes, and an empty or missing database
+replays all.
 
 Hygiene: personal data is scrubbed before storage; instruction-like text is stored quarantined
 and never retrieved; a new experience within `memory.merge_threshold` cosine of an active one with
@@ -19,6 +20,7 @@ core NATS request/reply from the in-process index: top-k cosine above a threshol
 ranked by cosine x age decay x utility. Experiences are indexed by the request they apply to
 (`retrieval_key`), so a similar request finds them whatever their advice says.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,11 +30,11 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from actors.actor import EventActor
-from actors.events import (Experience, Feedback, Judgement, RetrieveReply, RetrieveRequest, derived_id, parse_event,
-                           subject_for)
-from policies.experience import decay, distil, from_row, guided_helped, retrieval_key, to_row, utility
-from policies.memory_pool import MemoryPool
-from policies.model_store import atomic_write_bytes
+from actors.events import Experience, Feedback, Judgement, RetrieveReply, RetrieveRequest, derived_id, parse_event, subject_for
+from policies.memory.experience import decay, distil, from_row, guided_helped, retrieval_key, to_row, utility
+from policies.memory.pool import MemoryPool
+from policies.memory.watermark import Watermark
+from policies.weights.model_store import atomic_write_bytes
 
 
 class Navigator(EventActor):
@@ -43,23 +45,26 @@ class Navigator(EventActor):
         await super().start()
         import torch
 
-        from policies.embedder import Embedder
+        from policies.memory.embedder import Embedder
 
         # Every torch call (embeddings, index search and upserts) runs on one dedicated thread: OpenMP
         # keeps a thread team per calling thread, and once a second thread has run torch ops, queries
         # on either slow down for good (measured: 12-13 ms -> 18-21 ms per query embedding).
         threads = max(1, self.settings.memory.search_threads)
-        self._torch = ThreadPoolExecutor(1, thread_name_prefix="navigator-torch",
-                                         initializer=torch.set_num_threads, initargs=(threads,))
+        self._torch = ThreadPoolExecutor(
+            1, thread_name_prefix="navigator-torch", initializer=torch.set_num_threads, initargs=(threads,)
+        )
         d = self.settings.state / "milvus"
         d.mkdir(parents=True, exist_ok=True)
         self.embedder = await self._on_torch(Embedder, self.settings.embedding.source, self.settings.embedding.dtype)
         m = self.settings.memory  # a Milvus server when memory.uri is set, else Milvus Lite in the state dir
-        self.pool, replaced = await self._on_torch(MemoryPool.open, m.uri or str(d / "experiences.db"),
-                                                      self.settings.embedding.dim, m.token)
+        self.pool, replaced = await self._on_torch(
+            MemoryPool.open, m.uri or str(d / "experiences.db"), self.settings.embedding.dim, m.token
+        )
         if replaced:  # the replay below rebuilds it from the stream
             self.log.warning("memory.unreadable_pool_replaced", error=replaced)
-        self.watermark_file, self.utility_file, self.snapshot_file = d / "applied_seq", d / "utility.json", d / "snapshot.jsonl"
+        self.watermark = Watermark(d / "applied_seq")
+        self.utility_file, self.snapshot_file = d / "utility.json", d / "snapshot.jsonl"
         self._snap_seq, self._last_snap = 0, time.monotonic()
         self.uses: dict[str, list[int]] = json.loads(self.utility_file.read_text()) if self.utility_file.exists() else {}
         self._dirty, self._last_sweep = False, 0.0
@@ -72,20 +77,8 @@ class Navigator(EventActor):
         return await asyncio.get_running_loop().run_in_executor(self._torch, fn, *args)
 
     # ------------------------------------------------------------------ stream <-> pool
-    def _mark(self) -> dict:
-        try:
-            m = json.loads(self.watermark_file.read_text())
-            return m if isinstance(m, dict) else {}
-        except (OSError, ValueError):
-            return {}
-
-    def _watermark(self) -> int:
-        return int(self._mark().get("seq", 0))
-
     def _advance(self, seq: int) -> None:
-        """Stream sequence of the last experience applied, and the pool's row count at that point."""
-        if seq >= self._watermark():
-            atomic_write_bytes(self.watermark_file, json.dumps({"seq": seq, "rows": len(self.pool.meta)}).encode())
+        self.watermark.advance(seq, len(self.pool.meta))
 
     async def rebuild_if_needed(self) -> int:
         """Apply every `evo.experience` after the watermark (all of them when the pool is empty or the
@@ -96,7 +89,7 @@ class Navigator(EventActor):
         info = await self.bus.js.stream_info(self.settings.nats.stream, subjects_filter=subject)
         in_stream = int((info.state.subjects or {}).get(subject, 0))
         last = int(info.state.last_seq)
-        mark = self._mark()
+        mark = self.watermark.read()
         consistent = bool(self.pool.index.ids) and mark.get("rows") == len(self.pool.meta)
         start = int(mark.get("seq", 0)) if consistent else 0  # missing or inconsistent pool: replay everything
         if not consistent and (snap := await self._on_torch(self.pool.restore, self.snapshot_file)) is not None:
@@ -104,8 +97,12 @@ class Navigator(EventActor):
             self._advance(snap)
             self.log.warning("memory.restored_snapshot", seq=snap, rows=len(self.pool.meta))
         if int(info.state.first_seq) > start + 1 and in_stream:
-            self.log.warning("memory.replay_gap", after_seq=start, first_in_stream=int(info.state.first_seq),
-                             note="events in between left the stream (retention) before a snapshot held them")
+            self.log.warning(
+                "memory.replay_gap",
+                after_seq=start,
+                first_in_stream=int(info.state.first_seq),
+                note="events in between left the stream (retention) before a snapshot held them",
+            )
         if in_stream == 0 or start >= last:
             return 0
         self.log.warning("memory.replay", from_seq=start + 1, in_pool=len(self.pool.index), in_stream=in_stream)
@@ -154,8 +151,7 @@ class Navigator(EventActor):
         return from_row(exp_id, self.pool.meta[exp_id], event_id, **update)
 
     async def _retire(self, exp_id: str, reason: str, cause: str) -> None:
-        ev = self._changed(exp_id, derived_id("retire", f"{exp_id}:{cause}"),
-                           state="retired", reason=reason)
+        ev = self._changed(exp_id, derived_id("retire", f"{exp_id}:{cause}"), state="retired", reason=reason)
         await self._write([ev], [await self._on_torch(self.pool.vector, exp_id)])
         self.retired += 1
         self.log.info("experience.retired", experience_id=exp_id, reason=reason)
@@ -180,10 +176,13 @@ class Navigator(EventActor):
                 m = self.pool.meta[near[0]]
                 if j.event_id in m.get("sources", []):  # redelivered after the merge was written
                     continue
-                merged = self._changed(near[0], derived_id("merge", e.event_id),
-                                       support=m.get("support", 1) + 1,
-                                       source_event_ids=(m.get("sources", []) + e.source_event_ids)[-20:],
-                                       reason=f"merged a near-duplicate (cosine {near[1]:.3f}) from {j.event_id}")
+                merged = self._changed(
+                    near[0],
+                    derived_id("merge", e.event_id),
+                    support=m.get("support", 1) + 1,
+                    source_event_ids=(m.get("sources", []) + e.source_event_ids)[-20:],
+                    reason=f"merged a near-duplicate (cosine {near[1]:.3f}) from {j.event_id}",
+                )
                 await self._write([merged], [await self._on_torch(self.pool.vector, near[0])])
                 self.merged += 1
                 continue
@@ -193,11 +192,13 @@ class Navigator(EventActor):
         self.log.info("experience.stored", n=len(exps), group_id=j.group_id)
 
     async def _cap_user(self, user: str) -> None:
-        mine = sorted((m.get("created_at") or "", i) for i, m in self.pool.meta.items()
-                      if m.get("user_hash") == user and m["state"] == "active")
+        mine = sorted(
+            (m.get("created_at") or "", i)
+            for i, m in self.pool.meta.items()
+            if m.get("user_hash") == user and m["state"] == "active"
+        )
         for _, exp_id in mine[: max(0, len(mine) - self.settings.memory.per_user_cap)]:
-            await self._retire(exp_id, f"per-user cap of {self.settings.memory.per_user_cap} active experiences",
-                               f"cap:{user}")
+            await self._retire(exp_id, f"per-user cap of {self.settings.memory.per_user_cap} active experiences", f"cap:{user}")
 
     async def handle_feedback(self, fb: Feedback, msg):
         """Count a use of each experience the rated request had in context; the interaction is looked up on the
@@ -217,7 +218,7 @@ class Navigator(EventActor):
         if self._dirty:
             self._dirty = False
             atomic_write_bytes(self.utility_file, json.dumps(self.uses).encode())
-        if now - self._last_snap > self.settings.memory.snapshot_every_s and self._watermark() > self._snap_seq:
+        if now - self._last_snap > self.settings.memory.snapshot_every_s and self.watermark.seq() > self._snap_seq:
             await self._snapshot()
         if now - self._last_sweep < 30:
             return
@@ -225,7 +226,7 @@ class Navigator(EventActor):
         await self.sweep()
 
     async def _snapshot(self) -> None:
-        seq = self._watermark()
+        seq = self.watermark.seq()
         n = await self._on_torch(self.pool.snapshot, self.snapshot_file, seq)
         self._snap_seq, self._last_snap = seq, time.monotonic()
         self.log.info("memory.snapshot", seq=seq, rows=n)
@@ -242,8 +243,7 @@ class Navigator(EventActor):
         if len(active) > mem.max_active:
             worst = sorted(active, key=self._value)[: len(active) - mem.max_active]
             for exp_id in worst:
-                await self._retire(exp_id, f"pool above {mem.max_active} active experiences; least valuable",
-                                   "capacity")
+                await self._retire(exp_id, f"pool above {mem.max_active} active experiences; least valuable", "capacity")
                 n += 1
         return n
 
@@ -268,6 +268,7 @@ class Navigator(EventActor):
             hits = self.pool.search(vec, 4 * k, self.settings.memory.min_score)
             ranked = sorted(hits, key=lambda h: h.score * self._value(h.experience_id), reverse=True)[:k]
             return ranked, (time.perf_counter() - t0) * 1000
+
         found, took_ms = await self._on_torch(work)
         self.retrievals += 1
         return RetrieveReply(experiences=found, took_ms=took_ms)
@@ -286,8 +287,13 @@ class Navigator(EventActor):
         h = super().health()
         pool = getattr(self, "pool", None)
         states: dict[str, int] = {}
-        for m in (pool.meta.values() if pool else []):
+        for m in pool.meta.values() if pool else []:
             states[m["state"]] = states.get(m["state"], 0) + 1
-        h.update(retrievals=getattr(self, "retrievals", 0), experiences=states, merged=getattr(self, "merged", 0),
-                 retired=getattr(self, "retired", 0), watermark=self._watermark() if pool else 0)
+        h.update(
+            retrievals=getattr(self, "retrievals", 0),
+            experiences=states,
+            merged=getattr(self, "merged", 0),
+            retired=getattr(self, "retired", 0),
+            watermark=self.watermark.seq() if pool else 0,
+        )
         return h

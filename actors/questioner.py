@@ -6,12 +6,12 @@ consumer's pending + unacked count) so the stream never floods:
   whose position is persisted, and task event ids derive from (entry, round), so a restart
   republishes nothing new (JetStream drops the duplicate). Held-out entries are never proposed.
   An environment with difficulty levels (the code env) issues only entries of its current rung
-  (`policies/curriculum.py`): the lowest level whose recent groups the policy has not mastered.
-- synthetic tasks (`policies/synthesis.py`): curiosity-guided exploration of a train entry's
-  functions with the served policy (or a configured generator endpoint), a request written for
-  the calls that worked, conditioned on recent live requests (they also steer which entries are
-  explored, by embedding similarity), semantic dedup in Milvus Lite, and a feasibility replay. One
-  synthesis runs at a time, in the background: dataset tasks keep flowing while it explores.
+  (`policies/tasks/curriculum.py`): the lowest level whose recent groups the policy has not mastered.
+- synthetic tasks (`policies/tasks/synthesis.py`, written by `policies/tasks/writer.py`): curiosity-guided
+  exploration of a train entry's functions with the served policy (or a configured generator endpoint), a request
+  written for the calls that worked, conditioned on recent live requests (they also steer which entries are
+  explored, by embedding similarity), semantic dedup in Milvus Lite, and a feasibility replay. One synthesis runs
+  at a time, in the background: dataset tasks keep flowing while it explores.
 
 A synthetic task's lifecycle is data: `evo.task_status` proposed -> verified (or rejected, with
 the reason) -> active (issued to the explorer) -> retired. After each judged group of a
@@ -19,6 +19,7 @@ synthetic task, its self-consistency p (Agent0: share of the group agreeing with
 verdict) decides: inside [band_low, band_high] it stays active and is issued again (up to
 `max_issues`), outside it retires as too easy or too hard.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,13 +28,14 @@ import random
 from collections import Counter, deque
 
 from actors.actor import EventActor
-from actors.events import Interaction, Judgement, Task, derived_id
+from actors.events import Interaction, Judgement, derived_id
 from actors.lifecycles import TaskState as T
+from actors.task_events import Task
 from envs.registry import make_envs
-from policies.curriculum import DatasetPools, Ladder, train_pool
-from policies.model_store import atomic_write_bytes
-from policies.task_book import SyntheticTask, TaskBook, band_decision, record_exploration
-
+from policies.tasks.book import SyntheticTask, TaskBook, band_decision
+from policies.tasks.curriculum import DatasetPools, Ladder, train_pool
+from policies.tasks.writer import TaskWriter
+from policies.weights.model_store import atomic_write_bytes
 
 SYNTHETIC = "synthetic"  # the ladder of self-written tasks: rung n asks for n + 1 calls
 
@@ -63,8 +65,8 @@ class Questioner(EventActor):
         self.proposed = 0
         self.rng = random.Random()
         self.synth_envs = [n for n in s.questioner.synth_envs if n in self.envs and hasattr(self.envs[n], "probe")]
-        self._embedder = self._index = self._gen = self.engine = None
-        self._entry_vecs: dict[str, tuple[list[str], object]] = {}
+        self.writer: TaskWriter | None = None
+        self.engine = None
         self._synth_job: asyncio.Task | None = None
         self._sync_due = False
         if s.questioner.synthetic_share > 0 and self.synth_envs:
@@ -77,21 +79,22 @@ class Questioner(EventActor):
         self.ladder = Ladder(mastery=self.settings.questioner.band_high, state=st.get("ladder"))
 
     def _load_models(self) -> None:
-        from policies.embedder import Embedder
-        from policies.synthesis import TaskIndex
-        from policies.task_generators import make_generator
+        from policies.memory.embedder import Embedder
+        from policies.tasks.generators import make_generator
+        from policies.tasks.synthesis import TaskIndex
 
         s = self.settings
-        self._embedder = Embedder(s.embedding.source, s.embedding.dtype)
+        embedder = Embedder(s.embedding.source, s.embedding.dtype)
         (s.state / "questioner").mkdir(parents=True, exist_ok=True)
-        self._index = TaskIndex(str(s.state / "questioner" / "tasks.db"), s.embedding.dim)
+        index = TaskIndex(str(s.state / "questioner" / "tasks.db"), s.embedding.dim)
         if not s.questioner.generator_base_url:  # the served policy explores: follow the live version
-            from policies.live_policy import LivePolicy
+            from policies.engines.live_policy import LivePolicy
 
             self.policy = LivePolicy(s, "questioner")
             self.engine = self.policy.engine
             self.weights_version = self.policy.sync()
-        self._gen = make_generator(s, self.engine)
+        gen = make_generator(s, self.engine)
+        self.writer = TaskWriter(self.envs, self.synth_envs, embedder, index, gen, self.visits, self.rng, s.questioner)
 
     async def handle_weights_promoted(self, ev, msg):
         # the next tick loads the live version, once no exploration runs: never swap weights under one
@@ -100,9 +103,19 @@ class Questioner(EventActor):
     handle_weights_rolled_back = handle_weights_promoted
 
     def _save(self) -> None:
-        atomic_write_bytes(self.state_file, json.dumps({
-            **self.data.state(), "ladder": self.ladder.state(), "synth": self.book.dump(),
-            "sigs": sorted(self.sigs), "visits": dict(self.visits), "mix": self.mix}).encode())
+        atomic_write_bytes(
+            self.state_file,
+            json.dumps(
+                {
+                    **self.data.state(),
+                    "ladder": self.ladder.state(),
+                    "synth": self.book.dump(),
+                    "sigs": sorted(self.sigs),
+                    "visits": dict(self.visits),
+                    "mix": self.mix,
+                }
+            ).encode(),
+        )
 
     # ------------------------------------------------------------------ inputs
     async def handle_interaction(self, ev: Interaction, msg):
@@ -118,8 +131,11 @@ class Questioner(EventActor):
             return
         # synthetic tasks climb too: rung n = references of n + 1 calls (one explicit call first)
         self.ladder.record(SYNTHETIC, len(rec.reference) - 1, [s.outcome for s in j.samples if not s.off_policy])
-        p, reason = band_decision([s.outcome for s in j.samples if not s.off_policy], self.settings.questioner.band_low,
-                                  self.settings.questioner.band_high)
+        p, reason = band_decision(
+            [s.outcome for s in j.samples if not s.off_policy],
+            self.settings.questioner.band_low,
+            self.settings.questioner.band_high,
+        )
         rec.consistency, rec.judged = p, rec.judged + 1
         if reason is None and rec.issued >= self.settings.questioner.max_issues:
             reason = f"issued {rec.issued} times while in band (consistency {p:.2f}); done"
@@ -155,7 +171,7 @@ class Questioner(EventActor):
 
     def _want_synthetic(self) -> bool:
         share = self.settings.questioner.synthetic_share
-        if share <= 0 or self._gen is None:
+        if share <= 0 or self.writer is None:
             return False
         total = self.mix["env"] + self.mix["synthetic"]
         return self.mix["synthetic"] < share * (total + 1)
@@ -182,8 +198,15 @@ class Questioner(EventActor):
         key, round_ = self.next_entry()
         env_name, entry = key.split("\t")
         env = self.envs[env_name]
-        event = Task(event_id=task_event_id(key, round_), task_id=f"{env_name}:{entry}:{round_}",
-                     env=env_name, entry_id=entry, split="train", origin="env", query=env.query_of(entry))
+        event = Task(
+            event_id=task_event_id(key, round_),
+            task_id=f"{env_name}:{entry}:{round_}",
+            env=env_name,
+            entry_id=entry,
+            split="train",
+            origin="env",
+            query=env.query_of(entry),
+        )
         await self.bus.publish(event, weights_version=self.weights_version)
         self.mix["env"] += 1
         self._save()
@@ -195,9 +218,17 @@ class Questioner(EventActor):
         rec.issued, rec.due = rec.issued + 1, False
         if rec.status == T.VERIFIED:
             await self._status(rec, T.ACTIVE, "issued to the explorer")
-        event = Task(event_id=task_event_id(task_id, rec.issued), task_id=task_id, env=rec.env, entry_id=rec.entry,
-                     split="train", origin="synthetic", query=rec.query, reference=rec.reference,
-                     base_entry_id=rec.base)
+        event = Task(
+            event_id=task_event_id(task_id, rec.issued),
+            task_id=task_id,
+            env=rec.env,
+            entry_id=rec.entry,
+            split="train",
+            origin="synthetic",
+            query=rec.query,
+            reference=rec.reference,
+            base_entry_id=rec.base,
+        )
         await self.bus.publish(event, weights_version=self.weights_version)
         self.mix["synthetic"] += 1
         self._save()
@@ -205,69 +236,15 @@ class Questioner(EventActor):
         self.log.info("task.issued", task_id=task_id, issue=rec.issued)
 
     # ------------------------------------------------------------------ synthesis
-    def _entry_vectors(self, env_name: str):
-        if env_name not in self._entry_vecs:
-            import torch
-
-            env = self.envs[env_name]
-            ids = env.entries("train")
-            vecs = []
-            for i in range(0, len(ids), 64):
-                vecs.extend(self._embedder.embed([env.query_of(e)[:300] for e in ids[i:i + 64]]))
-            self._entry_vecs[env_name] = (ids, torch.tensor(vecs))
-        return self._entry_vecs[env_name]
-
-    def _pick_base(self, env_name: str, live: list[str]) -> str:
-        """Half the time an entry like a recent live request (top 5 by cosine), else any train entry."""
-        env = self.envs[env_name]
-        if live and self.rng.random() < 0.5:
-            import torch
-
-            ids, mat = self._entry_vectors(env_name)
-            q = torch.tensor(self._embedder.embed([live[-1]])[0])
-            top = torch.topk(mat @ q, k=min(5, len(ids))).indices.tolist()
-            return ids[self.rng.choice(top)]
-        return self.rng.choice(env.entries("train"))
-
-    def _synthesize(self, live: list[str]) -> dict | None:
-        """Explore, write, dedup and verify one task (in a worker thread; `live`: recent live requests, copied
-        in the event loop). Returns the record."""
-        from policies import synthesis as syn
-
-        q = self.settings.questioner
-        env_name = self.rng.choice(self.synth_envs)
-        env = self.envs[env_name]
-        base = self._pick_base(env_name, live)
-        exp = syn.explore(self._gen, env, base, q.explore_steps, self.visits, self.rng)
-        trace = [f"{s.call} -> {'ok' if s.ok else 'error'}: {s.result[:160]}" for s in exp.steps]
-        record_exploration(self.settings.state / "questioner" / "explorations.jsonl",
-                           {"env": env_name, "base": base, "steps": trace, "weights_version": self.weights_version})
-        calls = 1 + self.ladder.rung(SYNTHETIC, list(range(q.max_reference_calls)))
-        exp.steps = [s for s in exp.steps if s.ok][:calls]
-        if not exp.reference:
-            return {"outcome": "empty", "base": base, "tried": len(exp.steps)}
-        probe = env.probe(base)
-        query, synthesizer = syn.write_query(self._gen, exp, probe.tools, live)
-        query = syn.normalise(query)
-        sig = syn.signature(env_name, base, exp.reference)
-        entry = syn.task_entry_id(sig)
-        rec = SyntheticTask(task_id=f"syn:{entry}", env=env_name, entry=entry, base=base, query=query,
-                            reference=exp.reference, synthesizer=synthesizer, sig=sig, exploration=trace)
-        if sig in self.sigs:  # the very same task again: nothing new to propose
-            return {"outcome": "empty", "base": base}
-        vec = self._embedder.embed([query])[0]
-        near = self._index.nearest(vec)
-        if near and near[1] >= q.dedup_threshold:
-            return {"task": rec, "outcome": "rejected", "reason": f"duplicate of {near[0]} (cosine {near[1]:.3f})"}
-        ok, why = syn.verify(env, entry, {"base_entry_id": base, "query": query, "reference": exp.reference})
-        if not ok:
-            return {"task": rec, "outcome": "rejected", "reason": why}
-        self._index.add(rec.task_id, vec, query)
-        return {"task": rec, "outcome": "verified", "reason": why}
+    def _calls(self) -> int:
+        """How many calls a synthetic task's reference may have: one explicit call first, then the ladder's rung."""
+        return 1 + self.ladder.rung(SYNTHETIC, list(range(self.settings.questioner.max_reference_calls)))
 
     async def synthesize(self) -> str | None:
         try:  # a failed synthesis (or a status that could not be published) never stops the dataset tasks
-            rec = await asyncio.to_thread(self._synthesize, list(self.live_queries))
+            log = self.settings.state / "questioner" / "explorations.jsonl"
+            live = list(self.live_queries)
+            rec = await asyncio.to_thread(self.writer.write, live, self._calls, self.sigs, log, self.weights_version)
             if rec is None or rec["outcome"] == "empty":
                 self.log.info("synthesis.nothing_new", base=rec and rec.get("base"))
                 return None
@@ -285,9 +262,17 @@ class Questioner(EventActor):
 
     def health(self) -> dict:
         counts = self.book.counts() if hasattr(self, "book") else {}
-        ladder = self.ladder.summary({**self.levels, SYNTHETIC: list(range(self.settings.questioner.max_reference_calls))}
-                                     ) if hasattr(self, "ladder") else {}
-        return {**super().health(), "proposed": self.proposed,
-                "cursors": self.data.cursors if hasattr(self, "data") else None, "ladder": ladder,
-                "synthetic": dict(counts), "mix": getattr(self, "mix", None),
-                "synthesizing": hasattr(self, "_synth_job") and self.synthesizing()}
+        ladder = (
+            self.ladder.summary({**self.levels, SYNTHETIC: list(range(self.settings.questioner.max_reference_calls))})
+            if hasattr(self, "ladder")
+            else {}
+        )
+        return {
+            **super().health(),
+            "proposed": self.proposed,
+            "cursors": self.data.cursors if hasattr(self, "data") else None,
+            "ladder": ladder,
+            "synthetic": dict(counts),
+            "mix": getattr(self, "mix", None),
+            "synthesizing": hasattr(self, "_synth_job") and self.synthesizing(),
+        }

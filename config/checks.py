@@ -43,7 +43,7 @@ class GateSettings(_Section):
 
 class GuardSettings(_Section):
     enabled: bool = Field(True, description="Score every served version against the base model on a held-out suite "
-                          "in the background (policies/guard.py) and publish evo.heldout_scored")
+                          "in the background (policies/promotion/guard.py) and publish evo.heldout_scored")
     suite: dict[str, list[str]] = Field({"code": ["add", "muladd"]}, description="env -> held-out categories the "
                                         "guard scores (empty list = every category); where the base is neither at 0 "
                                         "nor at 1, so a loss can show")

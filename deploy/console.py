@@ -1,6 +1,7 @@
 """`status` (served version, actor health and backlog, stream size, newest held-out delta) and `promote`
 (an operator's forced publish).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,14 +16,16 @@ from deploy.launch import pid_alive, say
 from deploy.reports import heldout_cache
 from deploy.stream_view import connect
 
-
 STATUS_BUDGET_S = 45.0  # every part is asked at once; one that has not answered by then is reported as such
 
 
 def status(s: Settings, run: dict, args) -> int:
     out: dict = {"endpoint": run["endpoint"], "pid": run["pid"], "up": pid_alive(run["pid"])}
-    parts = {"served": lambda: _served_version(s, run), "bus": lambda: asyncio.run(asyncio.wait_for(_bus_status(s, run), 30.0)),
-             "heldout": lambda: _heldout_delta(s)}
+    parts = {
+        "served": lambda: _served_version(s, run),
+        "bus": lambda: asyncio.run(asyncio.wait_for(_bus_status(s, run), 30.0)),
+        "heldout": lambda: _heldout_delta(s),
+    }
     if not args.no_actors:
         parts["actors"] = lambda: _actor_health(run, s.state)
     got, took = _gather(parts, STATUS_BUDGET_S)
@@ -55,30 +58,44 @@ def status(s: Settings, run: dict, args) -> int:
     if b.get("replicas") is not None:
         print(f"canary          {json.dumps(b.get('canary'))}; next {b.get('passed') or '-'}; live history {b.get('history')}")
         gd = b.get("guard") or {}
-        print(f"vs base         checked {json.dumps(b.get('checked'))}; rollback anchor {b.get('no_worse_than_base') or '-'}"
-              + (f"; checking {gd['checking']} ({gd['checked_entries']} entries)" if gd.get("checking") else "")
-              + (f"; base {json.dumps(gd['base'])}" if gd.get("base") else "") + (f"; {gd['error']}" if gd.get("error") else ""))
+        print(
+            f"vs base         checked {json.dumps(b.get('checked'))}; rollback anchor {b.get('no_worse_than_base') or '-'}"
+            + (f"; checking {gd['checking']} ({gd['checked_entries']} entries)" if gd.get("checking") else "")
+            + (f"; base {json.dumps(gd['base'])}" if gd.get("base") else "")
+            + (f"; {gd['error']}" if gd.get("error") else "")
+        )
         for name, r in sorted(b["replicas"].items()):
-            print(f"replica         {name}: serves {r['version']}" + (f" + canary {r['canary']}" if r.get("canary") else "")
-                  + f" (last change: {r.get('reason')}, {r.get('swap_ms')} ms)")
+            print(
+                f"replica         {name}: serves {r['version']}"
+                + (f" + canary {r['canary']}" if r.get("canary") else "")
+                + f" (last change: {r.get('reason')}, {r.get('swap_ms')} ms)"
+            )
     a, q = out.get("actors", {}).get("attributor", {}), out.get("actors", {}).get("questioner", {})
     if a.get("judge_agreement"):
         g = a["judge_agreement"]
-        print(f"judge           {a.get('judge')}: agreement with environment {g['accuracy']} (kappa {g['kappa']}) over "
-              f"{g['steps']} steps; {json.dumps(a.get('judge_stats', {}))}")
+        print(
+            f"judge           {a.get('judge')}: agreement with environment {g['accuracy']} (kappa {g['kappa']}) over "
+            f"{g['steps']} steps; {json.dumps(a.get('judge_stats', {}))}"
+        )
     if q.get("synthetic") is not None:
         print(f"synthetic tasks {json.dumps(q['synthetic'])}; issued {json.dumps(q.get('mix'))}")
     if q.get("ladder"):
         print(f"ladder          {json.dumps(q['ladder'])}")
     ln = out.get("actors", {}).get("learner", {})
     if ln.get("rollout_groups"):
-        print(f"signal          {ln['informative_own_share']:.0%} of {int(ln['rollout_groups'])} rollout groups informative "
-              f"on their own, {ln['informative_share']:.0%} with references")
+        print(
+            f"signal          {ln['informative_own_share']:.0%} of {int(ln['rollout_groups'])} rollout groups informative "
+            f"on their own, {ln['informative_share']:.0%} with references"
+        )
     h = out["heldout"]
     if h.get("version"):
-        print(f"held-out        {h['version']} vs base: " + "; ".join(
-            f"{env} {100 * d['avg']:.1f}% ({100 * d['delta']:+.1f} points, p={d['p_value']:.3f})"
-            for env, d in h["envs"].items()))
+        print(
+            f"held-out        {h['version']} vs base: "
+            + "; ".join(
+                f"{env} {100 * d['avg']:.1f}% ({100 * d['delta']:+.1f} points, p={d['p_value']:.3f})"
+                for env, d in h["envs"].items()
+            )
+        )
     else:
         print("held-out        no version scored yet (main.py report --eval)")
     return 0
@@ -108,8 +125,7 @@ def _gather(parts: dict, budget_s: float) -> tuple[dict, dict]:
     deadline = time.monotonic() + budget_s
     for th in threads:
         th.join(max(0.0, deadline - time.monotonic()))
-    return ({n: got.get(n, NoAnswer(f"no answer within {budget_s:.0f} s")) for n in parts},
-            {n: took.get(n) for n in parts})
+    return ({n: got.get(n, NoAnswer(f"no answer within {budget_s:.0f} s")) for n in parts}, {n: took.get(n) for n in parts})
 
 
 def _served_version(s: Settings, run: dict) -> str:
@@ -123,7 +139,7 @@ def _served_version(s: Settings, run: dict) -> str:
 def _heldout_delta(s: Settings) -> dict:
     """The newest version scored on the held-out suite against the base (paired), from the report's cache."""
     from envs.registry import make_envs
-    from policies.model_store import BASE_VERSION, version_number
+    from policies.weights.model_store import BASE_VERSION, version_number
 
     try:
         cache = heldout_cache(s, make_envs(s.env), 4, 4)
@@ -145,8 +161,7 @@ async def _bus_status(s: Settings, run: dict) -> dict:
         for name in ("questioner", "explorer", "attributor", "navigator", "learner", "broadcaster"):
             try:
                 ci = await bus.consumer_info(name)
-                consumers[name] = {"pending": ci.num_pending, "unacked": ci.num_ack_pending,
-                                   "redelivered": ci.num_redelivered}
+                consumers[name] = {"pending": ci.num_pending, "unacked": ci.num_ack_pending, "redelivered": ci.num_redelivered}
             except Exception:
                 consumers[name] = {}
         last = {}
@@ -158,21 +173,19 @@ async def _bus_status(s: Settings, run: dict) -> dict:
                 last[kind] = f"{version} at {ev['occurred_at']}"
             except Exception:
                 last[kind] = None
-        return {"stream": {"messages": info.state.messages, "bytes": info.state.bytes}, "consumers": consumers,
-                "last": last}
+        return {"stream": {"messages": info.state.messages, "bytes": info.state.bytes}, "consumers": consumers, "last": last}
     finally:
         await bus.close()
 
 
 def _actor_health(run: dict, state: Path) -> dict:
-    from deploy import ray_local
-
     import ray
+
+    from deploy import ray_local
 
     out = {}
     try:
-        ray.init(address=run["gcs_address"], namespace=ray_local.NAMESPACE, log_to_driver=False,
-                 logging_level="ERROR")
+        ray.init(address=run["gcs_address"], namespace=ray_local.NAMESPACE, log_to_driver=False, logging_level="ERROR")
         refs = {}
         for name in ray_local.ACTORS:
             try:
@@ -195,16 +208,24 @@ def promote(s: Settings, run: dict, args) -> int:
     skipping the gate and the canary. Live monitoring still applies: if users' feedback on it drops
     against the version it replaced, it is rolled back automatically."""
     from actors.events import WeightsPublished, WeightsRef
-    from policies.model_store import WeightsStore
+    from policies.weights.model_store import WeightsStore
 
     if not args.force:
         sys.exit("promote skips the gate and the canary: add --force to confirm")
     man = WeightsStore(s.state).manifest(args.version)
     if man is None:
         sys.exit(f"unknown weights version {args.version!r} (see {WeightsStore(s.state).dir})")
-    ev = WeightsPublished(weights=WeightsRef(version=args.version, path=man["path"], sha256=man["sha256"],
-                                             parent=man.get("parent", ""), step=int(man.get("step", 0))),
-                          force=True, reason=args.reason or "main.py promote --force")
+    ev = WeightsPublished(
+        weights=WeightsRef(
+            version=args.version,
+            path=man["path"],
+            sha256=man["sha256"],
+            parent=man.get("parent", ""),
+            step=int(man.get("step", 0)),
+        ),
+        force=True,
+        reason=args.reason or "main.py promote --force",
+    )
 
     async def send():
         bus = await connect(s, run)
@@ -212,6 +233,7 @@ def promote(s: Settings, run: dict, args) -> int:
             await bus.publish(ev, weights_version=args.version)
         finally:
             await bus.close()
+
     asyncio.run(send())
     say(f"published {args.version} with force=True (event {ev.event_id}); watch: python main.py events weights_status")
     return 0

@@ -11,6 +11,7 @@ stats, one thread per worker, token auth from this state dir). It watches the he
 not answered for `--head-grace` seconds (a `down` or a crash there), or on Ctrl-C / SIGTERM here, it stops its
 Ray node (`_stop`: SIGTERM, then SIGKILL to what is left of the processes below it) and returns.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,8 +45,16 @@ def worker_env(s: Settings) -> dict[str, str]:
 
 
 def start_command(s: Settings, address: str, node_ip: str, num_cpus: int, num_gpus: int) -> list[str]:
-    cmd = [ray_binary(), "start", f"--address={address}", f"--node-ip-address={node_ip}", f"--num-cpus={num_cpus}",
-           f"--num-gpus={num_gpus}", "--block", "--disable-usage-stats"]
+    cmd = [
+        ray_binary(),
+        "start",
+        f"--address={address}",
+        f"--node-ip-address={node_ip}",
+        f"--num-cpus={num_cpus}",
+        f"--num-gpus={num_gpus}",
+        "--block",
+        "--disable-usage-stats",
+    ]
     temp = s.state / "ray"
     if len(str(temp)) <= 40:  # unix socket paths are short (as for `up`'s own Ray)
         cmd.append(f"--temp-dir={temp}")
@@ -71,8 +80,9 @@ def join(s: Settings, args) -> int:
     env = {**os.environ, **worker_env(s)}
     cmd = start_command(s, args.address, args.node_ip, args.num_cpus, args.num_gpus)
     with open(s.state / "logs" / "join.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
     say(f"joining {args.address} as {args.node_ip} (ray start pid {proc.pid}, log {s.state / 'logs' / 'join.log'})")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

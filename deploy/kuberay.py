@@ -15,6 +15,7 @@ cluster's own restart and health machinery; a deployment keeps them inside it, i
 Both applications read the same args (a preset, the state dir, the NATS URL, the files the Secret is
 mounted at), parsed once here, so the API and the actors always describe the same system.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -45,8 +46,13 @@ def settings_from_args(args: dict) -> Settings:
     return s
 
 
-@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, health_check_period_s=30,
-                  health_check_timeout_s=120, graceful_shutdown_timeout_s=5)
+@serve.deployment(
+    num_replicas=1,
+    ray_actor_options={"num_cpus": 0},
+    health_check_period_s=30,
+    health_check_timeout_s=120,
+    graceful_shutdown_timeout_s=5,
+)
 class Evolution:
     """Keeps the six named, detached evolution actors running; unhealthy while they cannot be started."""
 
@@ -91,8 +97,7 @@ class Evolution:
 
     async def __call__(self) -> dict:
         """What runs (for a DeploymentHandle; the application has no HTTP route)."""
-        return {"actors": [f"kaizen-{n}" for n in ray_local.ACTORS], "namespace": ray_local.NAMESPACE,
-                "error": self.error}
+        return {"actors": [f"kaizen-{n}" for n in ray_local.ACTORS], "namespace": ray_local.NAMESPACE, "error": self.error}
 
 
 def evolution_app(args: dict):

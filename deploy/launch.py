@@ -6,6 +6,7 @@ restarted on the same port and store), the `EVO` stream, the base model (convert
 other commands read, and stops cleanly on SIGINT/SIGTERM. `down` sends SIGTERM and kills what is left
 after its timeout. The process environment for Ray is set by main.py before `up` runs.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -73,7 +74,7 @@ def up(s: Settings, args) -> int:
         s.nats.url, s.nats.password = nats_server.url, nats_server.password
     try:
         asyncio.run(ensure_stream(s))
-        from policies.model_store import ensure_base_model
+        from policies.weights.model_store import ensure_base_model
 
         say("preparing model")
         base = ensure_base_model(s.state, s.model.source, s.model.path, progress=True)
@@ -91,8 +92,10 @@ def up(s: Settings, args) -> int:
         from ray import serve
 
         if s.ray.node_ip:  # the head of several hosts: they join now, the Serve app may wait for them to place replicas
-            say(f"join:      python main.py join {ray.get_runtime_context().gcs_address} --node-ip <that host's "
-                f"address>   (its state dir holding a copy of {s.state / 'ray_auth_token'})")
+            say(
+                f"join:      python main.py join {ray.get_runtime_context().gcs_address} --node-ip <that host's "
+                f"address>   (its state dir holding a copy of {s.state / 'ray_auth_token'})"
+            )
 
         say("starting actors: " + ", ".join(ray_local.ACTORS))
         handles = ray_local.start_actors(s)
@@ -103,12 +106,27 @@ def up(s: Settings, args) -> int:
         serve.run(build_app(s, s.serve.api_key), name="kaizen", route_prefix="/", blocking=False)
         _wait_ready(s)
         endpoint = f"http://{s.serve.host}:{s.serve.port}/v1"
-        run = {"pid": os.getpid(), "endpoint": endpoint, "model": s.model.name,
-               "api_key_file": str(key_file) if key_file else None,
-               "nats_url": s.nats.url, "nats_user": s.nats.user, "gcs_address": ray.get_runtime_context().gcs_address,
-               "settings": json.loads(s.model_dump_json(exclude={"serve": {"api_key"}, "nats": {"password"}, "judge": {"api_key"},
-                                                                "questioner": {"generator_api_key"}})),
-               "ready_s": round(time.monotonic() - t0, 1), "started_at": time.time()}
+        run = {
+            "pid": os.getpid(),
+            "endpoint": endpoint,
+            "model": s.model.name,
+            "api_key_file": str(key_file) if key_file else None,
+            "nats_url": s.nats.url,
+            "nats_user": s.nats.user,
+            "gcs_address": ray.get_runtime_context().gcs_address,
+            "settings": json.loads(
+                s.model_dump_json(
+                    exclude={
+                        "serve": {"api_key"},
+                        "nats": {"password"},
+                        "judge": {"api_key"},
+                        "questioner": {"generator_api_key"},
+                    }
+                )
+            ),
+            "ready_s": round(time.monotonic() - t0, 1),
+            "started_at": time.time(),
+        }
         _write_private(run_file(s), json.dumps(run, indent=1))
         say(f"ready in {run['ready_s']}s")
         say(f"endpoint:  {endpoint}   (OpenAI-compatible; model {s.model.name!r})")
@@ -150,8 +168,10 @@ async def _supervise_nats(server, stop: asyncio.Event, every_s: float = 0.5) -> 
         t0 = time.monotonic()
         try:
             code = await asyncio.to_thread(server.revive)
-            say(f"nats-server exited ({code}); restarted on {server.url} with the same store in "
-                f"{time.monotonic() - t0:.1f}s (restart {server.restarts})")
+            say(
+                f"nats-server exited ({code}); restarted on {server.url} with the same store in "
+                f"{time.monotonic() - t0:.1f}s (restart {server.restarts})"
+            )
         except Exception as exc:  # try again on the next round
             say(f"nats-server exited and did not restart: {exc}")
 
@@ -162,8 +182,9 @@ def _detach(s: Settings, args) -> int:
     cmd = [sys.executable, str(MAIN), "up"] + (["--config", args.config] if args.config else [])
     env = {**os.environ, "KAIZEN_STATE_DIR": str(s.state)}
     with open(log_dir / "up.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
     say(f"starting in the background (pid {proc.pid}); log: {log_dir / 'up.log'}")
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:

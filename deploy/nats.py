@@ -5,6 +5,7 @@
 for the port, and `stop()` ends it through that handle (never by name). `up` supervises it:
 `revive()` restarts it on the same port and store when it exited.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,15 @@ def secret_file(path: Path, nbytes: int = 24) -> str:
 
 
 class EmbeddedNats:
-    def __init__(self, state_dir: Path, port: int = 0, user: str = "kaizen", password: str | None = None,
-                 sync_always: bool = True, host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        state_dir: Path,
+        port: int = 0,
+        user: str = "kaizen",
+        password: str | None = None,
+        sync_always: bool = True,
+        host: str = "127.0.0.1",
+    ):
         self.dir = Path(state_dir) / "nats"
         self.host = host
         self.port = port or free_port(host)
@@ -66,9 +74,11 @@ class EmbeddedNats:
     def _config(self) -> str:
         store = json.dumps(str(self.dir / "store"))
         sync = "\n  sync_interval: always" if self.sync_always else ""
-        return (f"listen: {self.host}:{self.port}\n"
-                f"jetstream {{\n  store_dir: {store}{sync}\n}}\n"
-                f"authorization {{\n  user: {json.dumps(self.user)}\n  password: {json.dumps(self.password)}\n}}\n")
+        return (
+            f"listen: {self.host}:{self.port}\n"
+            f"jetstream {{\n  store_dir: {store}{sync}\n}}\n"
+            f"authorization {{\n  user: {json.dumps(self.user)}\n  password: {json.dumps(self.password)}\n}}\n"
+        )
 
     def start(self, timeout_s: float = 15.0) -> "EmbeddedNats":
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -77,8 +87,13 @@ class EmbeddedNats:
         with os.fdopen(fd, "w") as f:
             f.write(self._config())
         log = open(self.dir / "nats.log", "ab")
-        self.proc = subprocess.Popen([server_binary(), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [server_binary(), "-c", str(conf)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -20,6 +20,7 @@ not fit, naming the knob to change. Figures are estimates with stated formulas (
   checkpoints (full: fp32 weights + AdamW = 12 bytes a parameter; LoRA: adapters only) and the stream's
   `nats.max_bytes`.
 """
+
 from __future__ import annotations
 
 import json
@@ -113,68 +114,107 @@ def plan(s, shape: Shape, gpu_gib: float, disk_gib: float) -> Plan:
         if m.engine == "vllm" and role in m.vllm_roles:
             share = m.gpu_memory_utilization * gpu_gib
             need = weights + shape.kv_gib(m.max_model_len) + VLLM_OVERHEAD
-            p.gpu.append((f"{role} (vLLM) x{n}", n * (share + CUDA_CONTEXT),
-                          f"{m.gpu_memory_utilization:.2f} of the GPU each; inside: weights {weights:.1f} + KV of "
-                          f"{m.max_model_len} tokens {shape.kv_gib(m.max_model_len):.1f} + {VLLM_OVERHEAD}"))
+            p.gpu.append(
+                (
+                    f"{role} (vLLM) x{n}",
+                    n * (share + CUDA_CONTEXT),
+                    f"{m.gpu_memory_utilization:.2f} of the GPU each; inside: weights {weights:.1f} + KV of "
+                    f"{m.max_model_len} tokens {shape.kv_gib(m.max_model_len):.1f} + {VLLM_OVERHEAD}",
+                )
+            )
             if need > share:
-                p.problems.append(f"a vLLM engine needs {need:.1f} GiB but model.gpu_memory_utilization="
-                                  f"{m.gpu_memory_utilization} gives {share:.1f}: raise it, or lower model.max_model_len")
+                p.problems.append(
+                    f"a vLLM engine needs {need:.1f} GiB but model.gpu_memory_utilization="
+                    f"{m.gpu_memory_utilization} gives {share:.1f}: raise it, or lower model.max_model_len"
+                )
         elif on_gpu:
             copies = 2 if role in ("serve", "canary") else 1  # serving engines keep a standby copy for swaps
-            p.gpu.append((f"{role} (transformers) x{n}", n * (copies * weights + 0.5 + CUDA_CONTEXT),
-                          f"{copies} bf16 cop{'ies' if copies > 1 else 'y'} of the weights"))
+            p.gpu.append(
+                (
+                    f"{role} (transformers) x{n}",
+                    n * (copies * weights + 0.5 + CUDA_CONTEXT),
+                    f"{copies} bf16 cop{'ies' if copies > 1 else 'y'} of the weights",
+                )
+            )
     if L.device.startswith("cuda"):
         tokens = L.micro_batch_size * L.max_seq_tokens
-        act = (shape.layers if not L.gradient_checkpointing else 2) * tokens * shape.hidden * 2 * 17 / GiB \
-            + 3 * tokens * shape.vocab * 4 / GiB
+        act = (
+            shape.layers if not L.gradient_checkpointing else 2
+        ) * tokens * shape.hidden * 2 * 17 / GiB + 3 * tokens * shape.vocab * 4 / GiB
         if L.lora_rank > 0:
             base = shape.gib(2 if L.base_dtype == "bfloat16" else 4)
             adapters = shape.gib(16) * 0.005 * L.lora_rank / 16
-            p.gpu.append(("learner (LoRA)", base + adapters + act + CUDA_CONTEXT,
-                          f"frozen {L.base_dtype} base {base:.1f} + adapters with AdamW {adapters:.1f} + activations "
-                          f"{act:.1f} (reference = adapters off; stale behaviour = older adapters)"))
+            p.gpu.append(
+                (
+                    "learner (LoRA)",
+                    base + adapters + act + CUDA_CONTEXT,
+                    f"frozen {L.base_dtype} base {base:.1f} + adapters with AdamW {adapters:.1f} + activations "
+                    f"{act:.1f} (reference = adapters off; stale behaviour = older adapters)",
+                )
+            )
         else:
             core = shape.gib(16)
             ref = shape.gib(4) if L.kl_coef > 0 else 0.0
             beh = shape.gib(4) if L.max_staleness > 0 else 0.0
-            p.gpu.append(("learner (full)", core + ref + beh + act + CUDA_CONTEXT,
-                          f"fp32 weights+grads+AdamW {core:.1f} + reference {ref:.1f} + behaviour {beh:.1f} + "
-                          f"activations {act:.1f}"))
+            p.gpu.append(
+                (
+                    "learner (full)",
+                    core + ref + beh + act + CUDA_CONTEXT,
+                    f"fp32 weights+grads+AdamW {core:.1f} + reference {ref:.1f} + behaviour {beh:.1f} + activations {act:.1f}",
+                )
+            )
             if core + ref + beh > 0.5 * gpu_gib:
-                p.problems.append(f"full fine-tuning needs {core + ref + beh:.0f} GiB before activations: set "
-                                  "learner.lora_rank (e.g. 16) to train adapters over a frozen bf16 base")
+                p.problems.append(
+                    f"full fine-tuning needs {core + ref + beh:.0f} GiB before activations: set "
+                    "learner.lora_rank (e.g. 16) to train adapters over a frozen bf16 base"
+                )
         if act > 0.25 * gpu_gib:
-            p.problems.append(f"learner activations {act:.0f} GiB: lower learner.max_seq_tokens or "
-                              "learner.micro_batch_size, or set learner.gradient_checkpointing")
+            p.problems.append(
+                f"learner activations {act:.0f} GiB: lower learner.max_seq_tokens or "
+                "learner.micro_batch_size, or set learner.gradient_checkpointing"
+            )
     if s.serve.weights_transport == "shared" and m.engine == "vllm" and not on_gpu:
-        p.problems.append("serve.weights_transport shared copies the gate engine's weights over CUDA IPC, but the "
-                          "gate runs on the CPU: set model.device cuda, or serve.weights_transport file")
+        p.problems.append(
+            "serve.weights_transport shared copies the gate engine's weights over CUDA IPC, but the "
+            "gate runs on the CPU: set model.device cuda, or serve.weights_transport file"
+        )
     if p.gpu_total > gpu_gib:
         biggest = max(p.gpu, key=lambda x: x[1])[0]
-        p.problems.append(f"GPU needs {p.gpu_total:.1f} GiB of {gpu_gib:.1f} (largest: {biggest}); set "
-                          "gate.canary_share 0, judge.base_url / questioner.generator_base_url to 'self', "
-                          "or lower model.gpu_memory_utilization")
+        p.problems.append(
+            f"GPU needs {p.gpu_total:.1f} GiB of {gpu_gib:.1f} (largest: {biggest}); set "
+            "gate.canary_share 0, judge.base_url / questioner.generator_base_url to 'self', "
+            "or lower model.gpu_memory_utilization"
+        )
     p.disk.append(("base model", weights, "bf16 folder"))
     p.disk.append((f"versions x{s.gate.keep_versions}", s.gate.keep_versions * weights, "bf16 safetensors each"))
     ck = shape.gib(16) * 0.005 * max(1, L.lora_rank) / 16 if L.lora_rank > 0 else shape.gib(12)
-    p.disk.append((f"checkpoints x{L.checkpoints_kept}", L.checkpoints_kept * ck,
-                   "adapters + AdamW" if L.lora_rank > 0 else "fp32 weights + AdamW"))
+    p.disk.append(
+        (
+            f"checkpoints x{L.checkpoints_kept}",
+            L.checkpoints_kept * ck,
+            "adapters + AdamW" if L.lora_rank > 0 else "fp32 weights + AdamW",
+        )
+    )
     if s.nats.max_bytes > 0:
         p.disk.append(("event stream", s.nats.max_bytes / GiB, "nats.max_bytes"))
     if p.disk_total > disk_gib:
-        p.problems.append(f"disk needs {p.disk_total:.1f} GiB of {disk_gib:.1f} free: lower gate.keep_versions or "
-                          "learner.checkpoints_kept, or set learner.lora_rank (small checkpoints)")
+        p.problems.append(
+            f"disk needs {p.disk_total:.1f} GiB of {disk_gib:.1f} free: lower gate.keep_versions or "
+            "learner.checkpoints_kept, or set learner.lora_rank (small checkpoints)"
+        )
     return p
 
 
 def refuse_quantized(s, config: dict) -> str | None:
-    """Weights are copied into vLLM's parameters in place (policies/vllm_worker.py), which bypasses vLLM's own
+    """Weights are copied into vLLM's parameters in place (policies/engines/vllm_worker.py), which bypasses vLLM's own
     layerwise reload: right for bf16/fp16 weights, wrong for FP8 or other quantized ones (their scales and packed
     layouts are rebuilt by that reload). Such a checkpoint is refused with the reason, never served wrong."""
     q = config.get("quantization_config")
     if q and s.model.engine == "vllm":
-        return (f"the model is quantized ({q.get('quant_method', q.get('quant_type', 'unknown method'))}): in-place "
-                "weight updates would load its tensors without vLLM's quantized reload; use a bf16 or fp16 checkpoint")
+        return (
+            f"the model is quantized ({q.get('quant_method', q.get('quant_type', 'unknown method'))}): in-place "
+            "weight updates would load its tensors without vLLM's quantized reload; use a bf16 or fp16 checkpoint"
+        )
     return None
 
 

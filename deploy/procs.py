@@ -1,5 +1,6 @@
 """Which processes `up` runs and what they listen on, read from /proc (Linux): `status` and the tests use it
 to check that nothing of ours or Ray's listens on a non-loopback address. And an actor process's priority."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -34,7 +35,7 @@ def _addr(hex_addr: str) -> tuple[str, int]:
     if len(raw) == 4:
         ip = ipaddress.IPv4Address(raw[::-1])
     else:  # four little-endian 32-bit words
-        ip = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+        ip = ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
         if ip.ipv4_mapped:
             ip = ip.ipv4_mapped
     return str(ip), int(port, 16)

@@ -5,6 +5,7 @@ its asyncio loop in a thread, so after a crash Ray restarts the process (`max_re
 `__init__` runs again and the actor resumes from its durable consumer. Ray listens on loopback
 only, with the dashboard off; on `ray.node_ip` instead when other hosts join this one (`deploy/join.py`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,15 @@ def ray_env() -> dict[str, str]:
     # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps every Ray address on loopback (127.0.0.1).
     # RAY_worker_niceness=0: Ray starts every worker process at nice 15 by default, serving replicas included,
     # which would leave `ray.actor_nice` (added on top, capped at 19) no room to put users first.
-    return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TOKENIZERS_PARALLELISM": "false",
-            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "RAY_worker_niceness": "0"}
+    return {
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "RAY_worker_niceness": "0",
+    }
 
 
 def ray_auth_env(state) -> dict[str, str]:
@@ -54,8 +62,10 @@ def process_env(state) -> dict[str, str]:
 
 def init_ray(settings) -> None:
     if os.environ.get("RAY_AUTH_MODE") != "token":
-        raise RuntimeError("the process environment for Ray is not set: os.environ.update(ray_local.process_env("
-                           "state)) before the first `import ray` (main.py does)")
+        raise RuntimeError(
+            "the process environment for Ray is not set: os.environ.update(ray_local.process_env("
+            "state)) before the first `import ray` (main.py does)"
+        )
     import ray
 
     if settings.ray.address:
@@ -65,8 +75,15 @@ def init_ray(settings) -> None:
     extra = {"_temp_dir": str(temp)} if len(str(temp)) <= 40 else {}  # unix socket paths are short
     if settings.ray.node_ip:  # the head of several hosts: they join it at this address
         extra["_node_ip_address"] = settings.ray.node_ip
-    ray.init(num_cpus=settings.ray.num_cpus, include_dashboard=False, dashboard_host="127.0.0.1",
-             namespace=NAMESPACE, log_to_driver=False, runtime_env={"env_vars": ray_env()}, **extra)
+    ray.init(
+        num_cpus=settings.ray.num_cpus,
+        include_dashboard=False,
+        dashboard_host="127.0.0.1",
+        namespace=NAMESPACE,
+        log_to_driver=False,
+        runtime_env={"env_vars": ray_env()},
+        **extra,
+    )
 
 
 class ActorHost:
@@ -79,8 +96,12 @@ class ActorHost:
         name = target.split(":")[1].lower()
         logs = self.settings.state / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        telemetry.setup(name, self.settings.telemetry.log_level, self.settings.telemetry.otlp_endpoint,
-                        stream=open(logs / f"{name}.log", "a", buffering=1))
+        telemetry.setup(
+            name,
+            self.settings.telemetry.log_level,
+            self.settings.telemetry.otlp_endpoint,
+            stream=open(logs / f"{name}.log", "a", buffering=1),
+        )
         nice = self.settings.ray.actor_nice.get(name, 0)
         if nice > 0:  # this process is the actor's own (an actor run in a test's process keeps its priority)
             renice_process(nice)
@@ -105,8 +126,13 @@ class ActorHost:
         await self.actor.run()
 
     def health(self) -> dict:
-        return {**self.actor.health(), "pid": os.getpid(), "alive": self.thread.is_alive(),
-                "uptime_s": round(time.time() - self.started, 1), "error": self.error}
+        return {
+            **self.actor.health(),
+            "pid": os.getpid(),
+            "alive": self.thread.is_alive(),
+            "uptime_s": round(time.time() - self.started, 1),
+            "error": self.error,
+        }
 
     def pid(self) -> int:
         return os.getpid()
@@ -129,18 +155,29 @@ def start_actors(settings, detached: bool = False) -> dict:
     handles = {}
     # `up`'s actors keep their state in this host's state dir (checkpoints, memory, the pointer's copy): when other
     # hosts joined (`main.py join`), a restart must not take one to a node whose state dir is another
-    here = {} if detached else {"scheduling_strategy": NodeAffinitySchedulingStrategy(
-        ray.get_runtime_context().get_node_id(), soft=False)}
+    here = (
+        {}
+        if detached
+        else {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
+    )
     # the navigator answers the live agent's retrieval queries with `memory.search_threads` torch threads;
     # OpenMP reads its thread count when the process starts (everything else runs one thread per worker)
     threads = {"navigator": settings.memory.search_threads}
     for name, target in ACTORS.items():
         env = {**ray_env(), "OMP_NUM_THREADS": str(threads.get(name, 1))}
-        handles[name] = remote.options(name=f"kaizen-{name}", namespace=NAMESPACE, num_cpus=settings.ray.actor_cpus,
-                                       num_gpus=settings.ray.actor_gpus.get(name, 0.0), max_restarts=-1,
-                                       max_task_retries=-1, lifetime="detached" if detached else None,
-                                       get_if_exists=detached, max_concurrency=4,
-                                       runtime_env={"env_vars": env}, **here).remote(target, settings.model_dump_json())
+        handles[name] = remote.options(
+            name=f"kaizen-{name}",
+            namespace=NAMESPACE,
+            num_cpus=settings.ray.actor_cpus,
+            num_gpus=settings.ray.actor_gpus.get(name, 0.0),
+            max_restarts=-1,
+            max_task_retries=-1,
+            lifetime="detached" if detached else None,
+            get_if_exists=detached,
+            max_concurrency=4,
+            runtime_env={"env_vars": env},
+            **here,
+        ).remote(target, settings.model_dump_json())
     return handles
 
 

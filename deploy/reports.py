@@ -2,6 +2,7 @@
 category) and `report` (the lineage of weights versions with held-out scores against the base, and the curve;
 `report --json` prints the document the live page shows, built by the same code).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,17 +16,22 @@ from deploy.stream_view import connect
 
 
 def heldout_cache(s: Settings, envs: dict, per_category, k: int, categories: dict | None = None):
-    from policies.heldout import HeldoutCache, suite
+    from policies.evaluation.heldout import HeldoutCache, suite
 
-    return HeldoutCache(s.state / "evals" / "heldout.json", suite(envs, per_category, categories), k=k,
-                        temperature=s.rollout.temperature, max_new_tokens=s.rollout.max_new_tokens,
-                        call_prefix=s.rollout.call_prefix)
+    return HeldoutCache(
+        s.state / "evals" / "heldout.json",
+        suite(envs, per_category, categories),
+        k=k,
+        temperature=s.rollout.temperature,
+        max_new_tokens=s.rollout.max_new_tokens,
+        call_prefix=s.rollout.call_prefix,
+    )
 
 
 async def evolution(s: Settings, run: dict) -> dict:
     """The document the live page shows (GET /page/state), folded from everything the stream holds by the same
-    code as a replica folds it (`policies/evolution.py`)."""
-    from policies.evolution import Evolution, catch_up
+    code as a replica folds it (`policies/evaluation/evolution.py`)."""
+    from policies.evaluation.evolution import Evolution, catch_up
 
     bus = await connect(s, run)
     try:
@@ -38,14 +44,14 @@ def evaluated(s: Settings, rows: list[dict], args) -> tuple[dict, dict | None]:
     """This command's own held-out scores: version -> env -> paired test against the base, and the base's (None
     before any `--eval`); `--eval` scores the base and every served version not yet in the cache first."""
     from envs.registry import make_envs
-    from policies.model_store import BASE_VERSION, WeightsStore
+    from policies.weights.model_store import BASE_VERSION, WeightsStore
 
     envs = make_envs(s.env)
     cache = heldout_cache(s, envs, args.per_category, args.k)
     served = [r["version"] for r in rows if r["gate"].startswith(("canary", "live"))]
     if args.eval:
-        from policies.engine import make_engine
-        from policies.model_store import ensure_base_model
+        from policies.engines.engine import make_engine
+        from policies.weights.model_store import ensure_base_model
 
         store = WeightsStore(s.state)
         base = ensure_base_model(s.state, s.model.source, s.model.path, progress=True)
@@ -63,7 +69,7 @@ def report(s: Settings, run: dict, args) -> int:
     """The lineage of weights versions with the guard's checks against the base (the live page's document; `--json`
     prints it whole, and only it on stdout), and this command's own scores (`--eval`) with their curve as PNG
     (under "evaluated" in the JSON)."""
-    from policies import lineage
+    from policies.evaluation import lineage
 
     doc = asyncio.run(evolution(s, run))
     rows = doc["rows"]
@@ -93,9 +99,9 @@ def report(s: Settings, run: dict, args) -> int:
 def evaluate(s: Settings, args) -> int:
     """Held-out evaluation: avg@k / best@k per environment and category (AgentEvolver's table)."""
     from envs.registry import make_envs
-    from policies import report
-    from policies.engine import make_engine
-    from policies.model_store import BASE_VERSION, WeightsStore, ensure_base_model
+    from policies.engines.engine import make_engine
+    from policies.evaluation import report
+    from policies.weights.model_store import BASE_VERSION, WeightsStore, ensure_base_model
 
     store = WeightsStore(s.state)
     base = ensure_base_model(s.state, s.model.source, s.model.path, progress=True)
@@ -114,9 +120,17 @@ def evaluate(s: Settings, args) -> int:
 
     def progress(name, i, n, eid, scores):
         print(f"  [{name} {i}/{n}] {eid}: {[round(x, 2) for x in scores]}", file=sys.stderr, flush=True)
-    rows, result = report.heldout(engine, envs, k=args.k, per_category=args.n, max_new_tokens=s.rollout.max_new_tokens,
-                                  temperature=0.0 if args.k == 1 else s.rollout.temperature,
-                                  call_prefix=s.rollout.call_prefix, progress=progress)
+
+    rows, result = report.heldout(
+        engine,
+        envs,
+        k=args.k,
+        per_category=args.n,
+        max_new_tokens=s.rollout.max_new_tokens,
+        temperature=0.0 if args.k == 1 else s.rollout.temperature,
+        call_prefix=s.rollout.call_prefix,
+        progress=progress,
+    )
     print(report.table(rows, version, args.k))
     out = s.state / "evals" / f"{version}-k{args.k}"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 event models) and `read_events` (every stored event of some kinds, for `report` and the benchmarks).
 A kind is read on all its subjects (`actors.events.subjects_of`): interactions are stored one subject per id.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +11,8 @@ import time
 from pydantic import ValidationError
 
 from actors import events as E
+from actors import task_events as T
+from actors.messages import Event
 from config.settings import Settings
 
 
@@ -21,23 +24,22 @@ async def connect(s: Settings, run: dict):
     return await bus.connect(ensure_stream=False, attempts=3, connect_timeout=5.0)
 
 
-def summarize(ev: E.Event) -> str:
+def summarize(ev: Event) -> str:
     """One line per event, read through its model."""
     if isinstance(ev, E.Interaction):
         return f"{ev.interaction_id} replica={ev.replica} experiences={len(ev.experience_ids)}"
     if isinstance(ev, E.Feedback):
         return f"{ev.interaction_id} score={ev.score}"
-    if isinstance(ev, E.Task):
+    if isinstance(ev, T.Task):
         return f"{ev.task_id} origin={ev.origin}" + (f" query={ev.query[:80]!r}" if ev.origin == "synthetic" else "")
-    if isinstance(ev, E.TaskStatus):
+    if isinstance(ev, T.TaskStatus):
         p = f" consistency={ev.consistency:.2f}" if ev.consistency is not None else ""
         return f"{ev.task_id} {ev.status}{p}: {ev.reason[:100]}"
-    if isinstance(ev, E.Rollout):
+    if isinstance(ev, T.Rollout):
         return f"{ev.task.task_id} outcomes={[round(x.outcome, 2) for x in ev.samples]} {ev.duration_s:.0f}s"
     if isinstance(ev, E.Judgement):
         agree = f" agreement={ev.agreement:.2f}" if ev.agreement is not None else ""
-        return (f"{ev.task_id[:40]} origin={ev.origin} judge={ev.judge} "
-                f"outcomes={[round(x, 2) for x in ev.outcomes]}{agree}")
+        return f"{ev.task_id[:40]} origin={ev.origin} judge={ev.judge} outcomes={[round(x, 2) for x in ev.outcomes]}{agree}"
     if isinstance(ev, E.Experience):
         return f"{'success' if ev.success else 'failure'}: {ev.text[:100]}"
     if isinstance(ev, E.LearnerStep):
@@ -67,7 +69,7 @@ def summarize(ev: E.Event) -> str:
     return ""
 
 
-def line(ev: E.Event) -> str:
+def line(ev: Event) -> str:
     return f"{ev.occurred_at[11:19]} {ev.kind:<18} {ev.weights_version:<9} {summarize(ev)}"
 
 
@@ -95,6 +97,7 @@ def show_events(s: Settings, run: dict, args) -> int:
                     print(f"{m.subject} <not a valid event ({exc.error_count()} errors), {len(m.data)} bytes>", flush=True)
         finally:
             await bus.close()
+
     try:
         asyncio.run(tail())
     except KeyboardInterrupt:
@@ -123,8 +126,12 @@ async def read_events(s: Settings, run: dict, kinds: list[str]) -> list:
                 await bus.js.get_last_msg(s.nats.stream, subject)
             except NotFoundError:
                 continue
-            sub = await bus.js.subscribe(subject, stream=s.nats.stream, ordered_consumer=True,
-                                         config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
+            sub = await bus.js.subscribe(
+                subject,
+                stream=s.nats.stream,
+                ordered_consumer=True,
+                config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL),
+            )
             try:
                 while True:
                     try:

@@ -5,6 +5,7 @@ episode hands out user turns, executes one assistant action per `step()` and ret
 observations plus a per-step signal; `outcome()` scores the whole episode in [0, 1]. Invalid
 actions never raise: they come back as an error observation with a negative signal.
 """
+
 from __future__ import annotations
 
 import hashlib

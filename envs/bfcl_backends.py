@@ -5,6 +5,7 @@ an OpenAI tool; `Backends` holds one episode's backend instances and dispatches 
 public backend methods on an allow-list, with arguments bound against the method signature: model
 text is never eval'd.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,10 +19,19 @@ from pathlib import Path
 from actors.events import ToolSpec
 from envs.tool_calls import CallError, ParsedCall
 
-
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
-CLASSES = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot", "TravelAPI",
-           "VehicleControlAPI")
+CLASSES = (
+    "GorillaFileSystem",
+    "MathAPI",
+    "MessageAPI",
+    "TwitterAPI",
+    "TicketAPI",
+    "TradingBot",
+    "TravelAPI",
+    "VehicleControlAPI",
+)
+
+
 def _root() -> Path:
     spec = importlib.util.find_spec("bfcl_eval")
     if spec is None:
@@ -51,11 +61,22 @@ def load_category(category: str) -> tuple[dict, dict]:
 @lru_cache(maxsize=None)
 def func_docs(class_name: str) -> tuple[dict, ...]:
     from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING as M
+
     return tuple(_jsonl(_root() / "data" / "multi_turn_func_doc" / M[class_name]))
 
 
-_TYPES = {"dict": "object", "float": "number", "int": "integer", "tuple": "array", "list": "array",
-          "string": "string", "str": "string", "boolean": "boolean", "bool": "boolean", "any": "string"}
+_TYPES = {
+    "dict": "object",
+    "float": "number",
+    "int": "integer",
+    "tuple": "array",
+    "list": "array",
+    "string": "string",
+    "str": "string",
+    "boolean": "boolean",
+    "bool": "boolean",
+    "any": "string",
+}
 
 
 def _openai_schema(node: dict) -> dict:
@@ -72,12 +93,18 @@ def _openai_schema(node: dict) -> dict:
 def to_tool_spec(doc: dict) -> ToolSpec:
     desc = doc.get("description", "")
     desc = desc.split("Tool description: ", 1)[-1]
-    return ToolSpec(function={"name": doc["name"], "description": desc,
-                              "parameters": _openai_schema(doc.get("parameters", {"type": "dict", "properties": {}}))})
+    return ToolSpec(
+        function={
+            "name": doc["name"],
+            "description": desc,
+            "parameters": _openai_schema(doc.get("parameters", {"type": "dict", "properties": {}})),
+        }
+    )
 
 
 def _instantiate(class_name: str, config: dict, long_context: bool):
     from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
+
     cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
     inst = cls()
     if class_name not in STATELESS_CLASSES:

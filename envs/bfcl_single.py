@@ -13,6 +13,7 @@ BFCL's checker module imports `bfcl_eval.constants.model_config`, which imports 
 to ask whether a model's function names had their dots escaped. `ast_checker()` loads the checker with a stand-in
 for that one module (no escaping: our tool names keep their dots), and the real module is left untouched.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -26,8 +27,10 @@ from envs.base import Reference, Split, StepResult, split_of
 from envs.bfcl_backends import _root, load_data, to_tool_spec
 
 CATEGORIES = ("simple_python", "multiple", "parallel")
-SYSTEM = ("You are an assistant that answers the user's request by calling the available functions with the right "
-          "arguments. Call every function the request needs, in one message.")
+SYSTEM = (
+    "You are an assistant that answers the user's request by calling the available functions with the right "
+    "arguments. Call every function the request needs, in one message."
+)
 
 
 @lru_cache(maxsize=1)
@@ -38,13 +41,15 @@ def ast_checker():
     class _NoEscaping(dict):
         def __missing__(self, key):
             return types.SimpleNamespace(underscore_to_dot=False)
+
     stand_in.MODEL_CONFIG_MAPPING = _NoEscaping()
     name = "bfcl_eval.constants.model_config"
     real = sys.modules.get(name)
     sys.modules[name] = stand_in
     try:
         spec = importlib.util.spec_from_file_location(
-            "kaizen_bfcl_ast_checker", _root() / "eval_checker" / "ast_eval" / "ast_checker.py")
+            "kaizen_bfcl_ast_checker", _root() / "eval_checker" / "ast_eval" / "ast_checker.py"
+        )
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     finally:
@@ -128,7 +133,7 @@ def reference_calls(entry_id: str) -> list[ToolCall]:
     _, answers = load(category_of(entry_id))
     calls = []
     for i, call in enumerate(answers[entry_id]):
-        (name, params), = call.items()
+        ((name, params),) = call.items()
         args = {k: v[0] for k, v in params.items() if v and v[0] != ""}
         calls.append(ToolCall(id=f"ref-{i}", name=name, arguments=json.dumps(args)))
     return calls
@@ -171,9 +176,11 @@ class SingleTurnEnvironment:
         if not check(entry_id, calls)[0]:
             return None
         ep = self.episode(entry_id)
-        return Reference([ChatMessage(role="system", content=ep.system_prompt),
-                          ChatMessage(role="user", content=ep.question)], ep.tools,
-                         ChatMessage(role="assistant", tool_calls=calls))
+        return Reference(
+            [ChatMessage(role="system", content=ep.system_prompt), ChatMessage(role="user", content=ep.question)],
+            ep.tools,
+            ChatMessage(role="assistant", tool_calls=calls),
+        )
 
     def reference_solution(self, entry_id: str, spec: dict | None = None) -> list[list[ChatMessage]] | None:
         ref = self.reference_action(entry_id)

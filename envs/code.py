@@ -10,6 +10,7 @@ sample when a whole group fails (`reference_solution`). The agent has one tool,
 limits, no network). A turn ends when the agent answers in text; the outcome is 1.0 when the last
 number in the answer equals the reference, else 0.0.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,13 +21,21 @@ from actors.events import ChatMessage, ToolCall, ToolSpec
 from envs.base import Reference, Split, StepResult, split_of
 from envs.sandbox import Limits, run_python
 
-SYSTEM = ("You are an assistant that solves problems by writing Python. Call the python tool with code that "
-          "prints the result (or ends with an expression), read the output, then give the final answer as a number.")
-PYTHON_TOOL = ToolSpec(function={
-    "name": "python",
-    "description": "Run Python 3 code in a sandbox; returns what it prints, or the value of its last expression.",
-    "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "Python source"}},
-                   "required": ["code"]}})
+SYSTEM = (
+    "You are an assistant that solves problems by writing Python. Call the python tool with code that "
+    "prints the result (or ends with an expression), read the output, then give the final answer as a number."
+)
+PYTHON_TOOL = ToolSpec(
+    function={
+        "name": "python",
+        "description": "Run Python 3 code in a sandbox; returns what it prints, or the value of its last expression.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "Python source"}},
+            "required": ["code"],
+        },
+    }
+)
 ENTRIES_PER_FAMILY = 100
 _NUM = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -34,9 +43,9 @@ _NUM = re.compile(r"-?\d+(?:\.\d+)?")
 def _primes_below(n: int) -> list[int]:
     sieve = bytearray([1]) * n
     sieve[:2] = b"\x00\x00"
-    for i in range(2, int(n ** 0.5) + 1):
+    for i in range(2, int(n**0.5) + 1):
         if sieve[i]:
-            sieve[i * i::i] = bytearray(len(sieve[i * i::i]))
+            sieve[i * i :: i] = bytearray(len(sieve[i * i :: i]))
     return [i for i in range(n) if sieve[i]]
 
 
@@ -54,27 +63,39 @@ def _task(family: str, n: int) -> tuple[str, str, str]:
         return f"What is ({a} * {b}) mod {c} + {a}?", str((a * b) % c + a), f"print(({a} * {b}) % {c} + {a})"
     if family == "primes":
         m = r.randint(100, 5000)
-        return (f"What is the sum of all prime numbers below {m}?", str(sum(_primes_below(m))),
-                f"print(sum(p for p in range(2, {m}) if all(p % d for d in range(2, int(p ** 0.5) + 1))))")
+        return (
+            f"What is the sum of all prime numbers below {m}?",
+            str(sum(_primes_below(m))),
+            f"print(sum(p for p in range(2, {m}) if all(p % d for d in range(2, int(p ** 0.5) + 1))))",
+        )
     if family == "fib":
         k, m = r.randint(20, 200), r.randint(7, 997)
         a, b = 0, 1
         for _ in range(k):
             a, b = b, a + b
-        return (f"What is the {k}-th Fibonacci number (F(0)=0, F(1)=1) modulo {m}?", str(a % m),
-                f"a, b = 0, 1\nfor _ in range({k}):\n    a, b = b, a + b\nprint(a % {m})")
+        return (
+            f"What is the {k}-th Fibonacci number (F(0)=0, F(1)=1) modulo {m}?",
+            str(a % m),
+            f"a, b = 0, 1\nfor _ in range({k}):\n    a, b = b, a + b\nprint(a % {m})",
+        )
     if family == "digits":
         k = r.randint(10, 60)
-        return (f"What is the sum of the digits of 2 to the power {k}?", str(sum(int(d) for d in str(2 ** k))),
-                f"print(sum(int(d) for d in str(2 ** {k})))")
+        return (
+            f"What is the sum of the digits of 2 to the power {k}?",
+            str(sum(int(d) for d in str(2**k))),
+            f"print(sum(int(d) for d in str(2 ** {k})))",
+        )
     if family == "collatz":
         x = r.randint(10, 10_000)
         steps, y = 0, x
         while y != 1:
             y = y // 2 if y % 2 == 0 else 3 * y + 1
             steps += 1
-        return (f"How many steps does the Collatz sequence starting at {x} take to reach 1?", str(steps),
-                f"y, n = {x}, 0\nwhile y != 1:\n    y = y // 2 if y % 2 == 0 else 3 * y + 1\n    n += 1\nprint(n)")
+        return (
+            f"How many steps does the Collatz sequence starting at {x} take to reach 1?",
+            str(steps),
+            f"y, n = {x}, 0\nwhile y != 1:\n    y = y // 2 if y % 2 == 0 else 3 * y + 1\n    n += 1\nprint(n)",
+        )
     raise KeyError(family)
 
 
@@ -152,7 +173,7 @@ class CodeEpisode:
                     sig = 1.0
             else:
                 why = f" (stopped: {res.killed_by} limit)" if res.killed_by else ""
-                text, sig = f"Error{why}:\n{res.stderr[-self.max_obs:]}", -0.5
+                text, sig = f"Error{why}:\n{res.stderr[-self.max_obs :]}", -0.5
                 errors.append(f"code failed{why}")
             obs.append(ChatMessage(role="tool", tool_call_id=tc.id, content=text[: self.max_obs]))
             signals.append(sig)
@@ -184,8 +205,13 @@ def _same(a: str, b: str) -> bool:
 class CodeEnvironment:
     name = "code"
 
-    def __init__(self, max_steps_per_turn: int = 3, heldout_fraction: float = 0.2, max_observation_chars: int = 800,
-                 limits: Limits | None = None):
+    def __init__(
+        self,
+        max_steps_per_turn: int = 3,
+        heldout_fraction: float = 0.2,
+        max_observation_chars: int = 800,
+        limits: Limits | None = None,
+    ):
         self.max_steps, self.heldout_fraction, self.max_obs = max_steps_per_turn, heldout_fraction, max_observation_chars
         self.limits = limits or Limits()
         self._ids = [f"code_{f}_{n}" for f in FAMILIES for n in range(ENTRIES_PER_FAMILY)]
@@ -218,13 +244,19 @@ class CodeEnvironment:
     def reference_action(self, entry_id: str) -> Reference:
         """The first action of the reference solution: the python call that prints the answer."""
         ep = self.episode(entry_id)
-        return Reference([ChatMessage(role="system", content=ep.system_prompt),
-                          ChatMessage(role="user", content=ep.question)], ep.tools,
-                         self.reference_solution(entry_id)[0][0])
+        return Reference(
+            [ChatMessage(role="system", content=ep.system_prompt), ChatMessage(role="user", content=ep.question)],
+            ep.tools,
+            self.reference_solution(entry_id)[0][0],
+        )
 
     def reference_solution(self, entry_id: str, spec: dict | None = None) -> list[list[ChatMessage]]:
         """A known-good trajectory, per turn: run the reference program, then state its result."""
         ep = self.episode(entry_id, spec)
         call = ToolCall(id="ref-0", name="python", arguments=json.dumps({"code": ep.program}))
-        return [[ChatMessage(role="assistant", tool_calls=[call]),
-                 ChatMessage(role="assistant", content=f"The answer is {ep.answer}.")]]
+        return [
+            [
+                ChatMessage(role="assistant", tool_calls=[call]),
+                ChatMessage(role="assistant", content=f"The answer is {ep.answer}."),
+            ]
+        ]

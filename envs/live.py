@@ -5,6 +5,7 @@ one-step `Sample` (the served answer is the step); feedback, when it arrives, is
 the step's signal. Experience text the live agent saw is not part of the recorded messages, so
 nothing needs stripping.
 """
+
 from __future__ import annotations
 
 from actors.events import DEFAULT_SYSTEM, ChatMessage, Interaction, Sample
@@ -20,5 +21,12 @@ def trajectory(it: Interaction, score: float | None = None, clean=lambda text: t
     step = len(msgs)
     msgs.append(response)
     outcome = 0.0 if score is None else float(score)
-    return Sample(sample_id=it.interaction_id, messages=msgs, tools=it.tools, step_indices=[step],
-                  step_signals=[outcome], outcome=outcome, experience_ids=it.experience_ids)
+    return Sample(
+        sample_id=it.interaction_id,
+        messages=msgs,
+        tools=it.tools,
+        step_indices=[step],
+        step_signals=[outcome],
+        outcome=outcome,
+        experience_ids=it.experience_ids,
+    )

@@ -8,6 +8,7 @@ is released. The pool renews a lease on the episodes it holds (`touch`, every `k
 slow generation between two steps never loses them; only an owner that died stops renewing. Tool execution, and its
 failures, stay out of the explorer's process.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -73,16 +74,19 @@ class EnvWorker:
 
     def get_info(self, iid: str) -> dict:
         ep = self._get(iid)
-        return {"entry_id": ep.entry_id, "system_prompt": ep.system_prompt,
-                "tools": [t.model_dump() for t in ep.tools]}
+        return {"entry_id": ep.entry_id, "system_prompt": ep.system_prompt, "tools": [t.model_dump() for t in ep.tools]}
 
     def next_user_message(self, iid: str) -> str | None:
         return self._get(iid).next_user_message()
 
     def step(self, iid: str, action_json: str) -> dict:
         r = self._get(iid).step(ChatMessage.model_validate_json(action_json))
-        return {"observations": [o.model_dump() for o in r.observations], "signal": r.signal,
-                "turn_done": r.turn_done, "errors": r.errors}
+        return {
+            "observations": [o.model_dump() for o in r.observations],
+            "signal": r.signal,
+            "turn_done": r.turn_done,
+            "errors": r.errors,
+        }
 
     def evaluate(self, iid: str) -> float:
         return self._get(iid).outcome()
@@ -118,8 +122,7 @@ class RemoteEpisode:
 
     def step(self, action: ChatMessage) -> StepResult:
         r = self._call(self.w.step, self.iid, action.model_dump_json())
-        return StepResult([ChatMessage.model_validate(o) for o in r["observations"]], r["signal"], r["turn_done"],
-                          r["errors"])
+        return StepResult([ChatMessage.model_validate(o) for o in r["observations"]], r["signal"], r["turn_done"], r["errors"])
 
     def end_turn(self) -> None:
         pass
@@ -138,6 +141,7 @@ class RemoteEpisode:
 
 def _ray_call(method, *args):
     import ray
+
     return ray.get(method.remote(*args), timeout=120)
 
 
@@ -148,8 +152,15 @@ def _local_call(method, *args):
 class PooledEnvironment:
     """A local environment's catalogue (entries, queries, categories) with episodes on the pool."""
 
-    def __init__(self, local_env, workers: list, max_concurrent: int, remote: bool = True, slot_timeout_s: float = 600,
-                 keepalive_s: float = 30.0):
+    def __init__(
+        self,
+        local_env,
+        workers: list,
+        max_concurrent: int,
+        remote: bool = True,
+        slot_timeout_s: float = 600,
+        keepalive_s: float = 30.0,
+    ):
         self.local, self.name = local_env, local_env.name
         self.workers = itertools.cycle(workers)
         self.slots = threading.BoundedSemaphore(max_concurrent)
@@ -224,6 +235,9 @@ def start_workers(settings, n: int) -> list:
     import ray
 
     remote = ray.remote(EnvWorker)
-    return [remote.options(name=f"kaizen-env-{i}", namespace="kaizen", num_cpus=0.25, max_restarts=-1,
-                           max_concurrency=16, get_if_exists=True)
-            .remote(settings.env.model_dump_json(), settings.env.idle_release_s) for i in range(n)]
+    return [
+        remote.options(
+            name=f"kaizen-env-{i}", namespace="kaizen", num_cpus=0.25, max_restarts=-1, max_concurrency=16, get_if_exists=True
+        ).remote(settings.env.model_dump_json(), settings.env.idle_release_s)
+        for i in range(n)
+    ]

@@ -1,4 +1,5 @@
 """The configured environments by name (`env.names` in the settings)."""
+
 from __future__ import annotations
 
 from envs.base import Environment
@@ -7,12 +8,15 @@ from envs.base import Environment
 def make_env(name: str, env_settings) -> Environment:
     if name == "bfcl":
         from envs.bfcl import BfclEnvironment
+
         return BfclEnvironment.from_settings(env_settings)
     if name == "code":
         from envs.code import CodeEnvironment
+
         return CodeEnvironment.from_settings(env_settings)
     if name == "bfcl_single":
         from envs.bfcl_single import SingleTurnEnvironment
+
         return SingleTurnEnvironment.from_settings(env_settings)
     raise KeyError(f"unknown environment {name!r}; known: bfcl, bfcl_single, code")
 

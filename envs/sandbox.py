@@ -7,6 +7,7 @@ a wall-clock timeout that kills the child's whole process group, no network (a f
 namespace when the kernel allows it), an empty temporary working directory and an isolated
 interpreter (`-I`: no site-packages of ours, no environment variables).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -79,6 +80,7 @@ def _child_setup(limits: Limits, isolate_net: bool, workdir: str, drop: bool):
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
+
     return setup
 
 
@@ -97,8 +99,9 @@ def _kill_group(pgid: int, rounds: int = 200) -> None:
 def run_python(code: str, limits: Limits | None = None) -> RunResult:
     limits = limits or Limits()
     if len(code) > limits.max_code_chars:
-        return RunResult("", f"code is {len(code)} characters; the limit is {limits.max_code_chars}", None, False,
-                         "size", 0.0, False)
+        return RunResult(
+            "", f"code is {len(code)} characters; the limit is {limits.max_code_chars}", None, False, "size", 0.0, False
+        )
     isolate = _can_isolate_network()
     python, drop = _interpreter()
     with tempfile.TemporaryDirectory(prefix="kaizen-sbx-") as work:
@@ -109,9 +112,16 @@ def run_python(code: str, limits: Limits | None = None) -> RunResult:
         out_path, err_path = os.path.join(work, ".out"), os.path.join(work, ".err")
         t0 = time.monotonic()
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen([python, "-I", "-B", src], cwd=work, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=err, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, close_fds=True,
-                                    preexec_fn=_child_setup(limits, isolate, work, drop))
+            proc = subprocess.Popen(
+                [python, "-I", "-B", src],
+                cwd=work,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                close_fds=True,
+                preexec_fn=_child_setup(limits, isolate, work, drop),
+            )
             timed_out = False
             try:
                 proc.wait(limits.wall_s)

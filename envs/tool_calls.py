@@ -3,6 +3,7 @@
 Accepts the OpenAI JSON form ({"name", "arguments"}) and Python call syntax (`cd(folder='x')`),
 the latter parsed with `ast` and only literal arguments accepted (ast.literal_eval per node).
 """
+
 from __future__ import annotations
 
 import ast

@@ -5,6 +5,7 @@ short; the model calls them with `<tool_call>[{"name": ..., "arguments": {...}}]
 Python call syntax (`name(a=1)`) is also accepted and parsed with `ast`, never eval'd.
 `render()` is prefix-stable, so step token spans can be recovered from character offsets.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,20 +21,25 @@ _CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 def _compact_tool(spec: ToolSpec) -> dict:
     f = spec.function
     params = f.parameters or {}
-    props = {k: {"type": v.get("type", "string"), **({"description": v["description"][:80]} if v.get("description") else {})}
-             for k, v in (params.get("properties") or {}).items()}
-    return {"name": f.name, "description": (f.description or "").strip().split("\n")[0][:120],
-            "parameters": {"type": "object", "properties": props, "required": params.get("required", [])}}
+    props = {
+        k: {"type": v.get("type", "string"), **({"description": v["description"][:80]} if v.get("description") else {})}
+        for k, v in (params.get("properties") or {}).items()
+    }
+    return {
+        "name": f.name,
+        "description": (f.description or "").strip().split("\n")[0][:120],
+        "parameters": {"type": "object", "properties": props, "required": params.get("required", [])},
+    }
 
 
 def _param_line(spec: ToolSpec) -> str:
     f = spec.function
     schema = f.parameters
     props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    req = {r for r in schema.get("required") or [] if isinstance(r, str)} if isinstance(schema.get("required"), list) \
-        else set()
-    params = ", ".join(f"{k}{'' if k in req else '?'}: {v.get('type', 'any') if isinstance(v, dict) else 'any'}"
-                       for k, v in props.items())
+    req = {r for r in schema.get("required") or [] if isinstance(r, str)} if isinstance(schema.get("required"), list) else set()
+    params = ", ".join(
+        f"{k}{'' if k in req else '?'}: {v.get('type', 'any') if isinstance(v, dict) else 'any'}" for k, v in props.items()
+    )
     desc = (f.description or "").strip().split("\n")[0][:140]
     return f"- {f.name}({params}): {desc}"
 
@@ -77,8 +83,10 @@ def tools_block(tools: list[ToolSpec], experiences: list[str] | None = None) -> 
     out = []
     if tools:
         out.append("You can call these functions:\n" + "\n".join(_param_line(t) for t in tools))
-        out.append('To call functions, reply only with <tool_call>[{"name": "function_name", "arguments": '
-                   '{"arg": "value"}}]</tool_call>. After the results arrive, continue or answer in text.')
+        out.append(
+            'To call functions, reply only with <tool_call>[{"name": "function_name", "arguments": '
+            '{"arg": "value"}}]</tool_call>. After the results arrive, continue or answer in text.'
+        )
     if experiences:
         out.append("Experience from earlier tasks (use it if it applies):\n" + "\n".join(f"* {e}" for e in experiences))
     return "\n\n".join(out)
@@ -100,8 +108,12 @@ def _json_or_text(s: str):
         return s
 
 
-def render(messages: list[ChatMessage], tools: list[ToolSpec] | None = None, experiences: list[str] | None = None,
-           add_generation_prompt: bool = True) -> str:
+def render(
+    messages: list[ChatMessage],
+    tools: list[ToolSpec] | None = None,
+    experiences: list[str] | None = None,
+    add_generation_prompt: bool = True,
+) -> str:
     """ChatML text; tools and experiences go into the system message."""
     msgs = list(messages)
     extra = tools_block(tools or [], experiences)
@@ -122,9 +134,12 @@ def render(messages: list[ChatMessage], tools: list[ToolSpec] | None = None, exp
     return "".join(parts)
 
 
-def assistant_spans(messages: list[ChatMessage], tools: list[ToolSpec] | None = None,
-                    experiences: list[str] | None = None, only: list[int] | None = None
-                    ) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(
+    messages: list[ChatMessage],
+    tools: list[ToolSpec] | None = None,
+    experiences: list[str] | None = None,
+    only: list[int] | None = None,
+) -> tuple[str, list[tuple[int, int]]]:
     """Full text and the character span of each assistant message's content (+ its <|im_end|>); with `only`,
     of the messages at those indices only (a sample's steps: earlier assistant turns of a live conversation are
     context, not actions of this sample)."""
@@ -148,7 +163,7 @@ def parse_forced(forced: str, text: str) -> ChatMessage:
     msg = parse_assistant(forced + text)
     m = _OPENING_RE.match(forced)
     if m and msg.tool_calls and msg.tool_calls[0].name == "invalid_call":
-        args = (forced + text)[m.end():].replace("<|im_end|>", "").strip()
+        args = (forced + text)[m.end() :].replace("<|im_end|>", "").strip()
         msg.tool_calls[0] = ToolCall(id=msg.tool_calls[0].id, name=m.group(1), arguments=args)
     return msg
 
@@ -169,8 +184,9 @@ def parse_assistant(text: str, allow_python: bool = True) -> ChatMessage:
             for it in items:
                 if isinstance(it, dict) and isinstance(it.get("name"), str):
                     args = it.get("arguments", {})
-                    calls.append(ToolCall(id=_cid(), name=it["name"],
-                                          arguments=args if isinstance(args, str) else json.dumps(args)))
+                    calls.append(
+                        ToolCall(id=_cid(), name=it["name"], arguments=args if isinstance(args, str) else json.dumps(args))
+                    )
                 else:
                     calls.append(ToolCall(id=_cid(), name="invalid_call", arguments=json.dumps({"raw": str(it)[:500]})))
         elif allow_python and block:
@@ -183,7 +199,7 @@ def parse_assistant(text: str, allow_python: bool = True) -> ChatMessage:
     return ChatMessage(role="assistant", content=content, tool_calls=calls)
 
 
-_BARE_KEY = re.compile(r'([{,]\s*)([A-Za-z_][A-Za-z0-9_]*)\s*:')
+_BARE_KEY = re.compile(r"([{,]\s*)([A-Za-z_][A-Za-z0-9_]*)\s*:")
 
 
 def _loads_lenient(block: str):

@@ -7,6 +7,7 @@ one file lock in the state dir: vLLM engines, transformers engines, the learner'
 copies. Afterwards memory use is steady (PyTorch's caching allocator keeps what a step used). On the CPU: no lock.
 `file_lock` is the one exclusive lock across a node's processes that every such file lock here uses.
 """
+
 from __future__ import annotations
 
 import contextlib

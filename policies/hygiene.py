@@ -5,6 +5,7 @@ API-key-like tokens with typed placeholders. `looks_like_injection()` flags text
 give the model instructions (override the system prompt, change role, exfiltrate secrets); such
 experiences are stored quarantined and never retrieved until reviewed.
 """
+
 from __future__ import annotations
 
 import re

@@ -4,6 +4,7 @@ Used by the explorer (training groups, half guided by experiences), the broadcas
 promotion gate and `main.py eval` (greedy, held-out). The training view of each sample keeps
 the unguided system prompt: experience text is stripped before anything is trained on.
 """
+
 from __future__ import annotations
 
 import time
@@ -36,10 +37,23 @@ class GroupResult:
     tokens: int
 
 
-def run_group(engine, env: Environment, entry_id: str, n: int, *, max_new_tokens: int, temperature: float,
-              top_p: float = 1.0, experiences: list[str] | None = None, guided: int = 0,
-              experience_ids: list[str] | None = None, on_step=None, call_prefix: bool = False,
-              spec: dict | None = None, choose_names: bool = False) -> GroupResult:
+def run_group(
+    engine,
+    env: Environment,
+    entry_id: str,
+    n: int,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    experiences: list[str] | None = None,
+    guided: int = 0,
+    experience_ids: list[str] | None = None,
+    on_step=None,
+    call_prefix: bool = False,
+    spec: dict | None = None,
+    choose_names: bool = False,
+) -> GroupResult:
     """Roll out `n` episodes of one entry; the first `guided` get `experiences` in their context.
 
     With `call_prefix`, the first action of each turn starts from `<tool_call>[{"name": "` (a forced
@@ -51,8 +65,21 @@ def run_group(engine, env: Environment, entry_id: str, n: int, *, max_new_tokens
     try:
         for _ in range(n):
             eps.append(env.episode(entry_id, spec))
-        return _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, guided, experience_ids,
-                    on_step, call_prefix, choose_names)
+        return _run(
+            engine,
+            eps,
+            n,
+            t0,
+            max_new_tokens,
+            temperature,
+            top_p,
+            experiences,
+            guided,
+            experience_ids,
+            on_step,
+            call_prefix,
+            choose_names,
+        )
     finally:
         for ep in eps:  # pooled episodes hold a slot and remote state until released
             release = getattr(ep, "release", None)
@@ -60,8 +87,21 @@ def run_group(engine, env: Environment, entry_id: str, n: int, *, max_new_tokens
                 release()
 
 
-def _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, guided, experience_ids, on_step,
-         call_prefix, choose_names=False) -> GroupResult:
+def _run(
+    engine,
+    eps,
+    n,
+    t0,
+    max_new_tokens,
+    temperature,
+    top_p,
+    experiences,
+    guided,
+    experience_ids,
+    on_step,
+    call_prefix,
+    choose_names=False,
+) -> GroupResult:
     msgs = [[ChatMessage(role="system", content=ep.system_prompt)] for ep in eps]
     steps: list[list[int]] = [[] for _ in eps]
     signals: list[list[float]] = [[] for _ in eps]
@@ -80,8 +120,12 @@ def _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, gu
         while open_:
             idx = sorted(open_)
             contexts = {i: render(msgs[i], eps[i].tools, experiences if i < guided else None) for i in idx}
-            prefixes = {i: forced_prefix(eps[i].tools, engine if choose_names else None, contexts[i], temperature)
-                        if (call_prefix and first) else "" for i in idx}
+            prefixes = {
+                i: forced_prefix(eps[i].tools, engine if choose_names else None, contexts[i], temperature)
+                if (call_prefix and first)
+                else ""
+                for i in idx
+            }
             prompts = [contexts[i] + prefixes[i] for i in idx]
             gens = engine.generate(prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
             first = False
@@ -102,10 +146,18 @@ def _run(engine, eps, n, t0, max_new_tokens, temperature, top_p, experiences, gu
     outcomes = [ep.outcome() for ep in eps]
     final_tools = [ep.tools for ep in eps]
     samples = [
-        Sample(sample_id=str(uuid.uuid4()), messages=msgs[i], tools=final_tools[i], step_indices=steps[i],
-               step_signals=signals[i], outcome=outcomes[i], guided=i < guided,
-               experience_ids=list(experience_ids or []) if i < guided else [],
-               experiences=list(experiences or []) if i < guided else [], error=errors[i])
+        Sample(
+            sample_id=str(uuid.uuid4()),
+            messages=msgs[i],
+            tools=final_tools[i],
+            step_indices=steps[i],
+            step_signals=signals[i],
+            outcome=outcomes[i],
+            guided=i < guided,
+            experience_ids=list(experience_ids or []) if i < guided else [],
+            experiences=list(experiences or []) if i < guided else [],
+            error=errors[i],
+        )
         for i in range(n)
     ]
     return GroupResult(samples, time.monotonic() - t0, tokens)
@@ -142,16 +194,32 @@ def reference_sample(env: Environment, entry_id: str, spec: dict | None = None) 
         outcome = ep.outcome()
         if outcome < 1.0:
             return None
-        return Sample(sample_id=str(uuid.uuid4()), messages=msgs, tools=ep.tools, step_indices=steps,
-                      step_signals=signals, outcome=outcome, off_policy=True)
+        return Sample(
+            sample_id=str(uuid.uuid4()),
+            messages=msgs,
+            tools=ep.tools,
+            step_indices=steps,
+            step_signals=signals,
+            outcome=outcome,
+            off_policy=True,
+        )
     finally:
         release = getattr(ep, "release", None)
         if release:
             release()
 
 
-def run_episodes(engine, env: Environment, entry_ids: list[str], n: int, *, max_new_tokens: int,
-                 temperature: float, top_p: float = 1.0, call_prefix: bool = False) -> list[list[Sample]]:
+def run_episodes(
+    engine,
+    env: Environment,
+    entry_ids: list[str],
+    n: int,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    call_prefix: bool = False,
+) -> list[list[Sample]]:
     """`n` episodes of each of several entries in one lockstep batch (unguided): per entry, its samples. One
     batched generation serves every entry's episodes at once, which is what makes held-out scoring cheap."""
     t0 = time.monotonic()
@@ -165,19 +233,32 @@ def run_episodes(engine, env: Environment, entry_ids: list[str], n: int, *, max_
             release = getattr(ep, "release", None)
             if release:
                 release()
-    return [res.samples[j * n:(j + 1) * n] for j in range(len(entry_ids))]
+    return [res.samples[j * n : (j + 1) * n] for j in range(len(entry_ids))]
 
 
-def evaluate(engine, env: Environment, entry_ids: list[str], k: int = 1, max_new_tokens: int = 96,
-             temperature: float = 0.0, progress=None, call_prefix: bool = False, batch: int = 1) -> dict:
+def evaluate(
+    engine,
+    env: Environment,
+    entry_ids: list[str],
+    k: int = 1,
+    max_new_tokens: int = 96,
+    temperature: float = 0.0,
+    progress=None,
+    call_prefix: bool = False,
+    batch: int = 1,
+) -> dict:
     """avg@k and best@k over entries (k samples each; greedy when temperature == 0). `batch` episodes run
     together (whole entries: at least one entry's k); 1 runs one entry's k episodes at a time."""
     per_entry = {}
     chunk = max(1, batch // max(1, k))
     for j in range(0, len(entry_ids), chunk):
-        ids = entry_ids[j:j + chunk]
-        for eid, samples in zip(ids, run_episodes(engine, env, ids, k, max_new_tokens=max_new_tokens,
-                                                   temperature=temperature, top_p=0.95, call_prefix=call_prefix)):
+        ids = entry_ids[j : j + chunk]
+        for eid, samples in zip(
+            ids,
+            run_episodes(
+                engine, env, ids, k, max_new_tokens=max_new_tokens, temperature=temperature, top_p=0.95, call_prefix=call_prefix
+            ),
+        ):
             per_entry[eid] = [s.outcome for s in samples]
             if progress:
                 progress(len(per_entry), len(entry_ids), eid, per_entry[eid])

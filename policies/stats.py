@@ -18,8 +18,9 @@ x4 (a 3.8% rate), is p = 2 x 0.5^6 = 0.031 by sign flips at best and (4/8)^6 = 0
 known from x8 (12 successes, one an entry) it is (8/12)^12 = 0.0077; at a 1.9% rate (6 successes in x8) it is
 (8/12)^6 = 0.088, and nothing at this floor can tell a loss from chance.
 
-`wilson(p, n)`: the 95% Wilson score interval of a rate, for the live page's curve (`policies/evolution.py`).
+`wilson(p, n)`: the 95% Wilson score interval of a rate, for the live page's curve (`policies/evaluation/evolution.py`).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -57,8 +58,10 @@ def fewer_successes(base: list[int], base_k: int, version: list[int], version_k:
         if t == 0:
             continue
         lo, hi = max(0, t - base_k), min(version_k, t)
-        pmf = [comb(version_k, x) * comb(base_k, t - x) / comb(base_k + version_k, t) if lo <= x <= hi else 0.0
-               for x in range(hi + 1)]
+        pmf = [
+            comb(version_k, x) * comb(base_k, t - x) / comb(base_k + version_k, t) if lo <= x <= hi else 0.0
+            for x in range(hi + 1)
+        ]
         out = [0.0] * (len(dist) + hi)
         for s, ps in enumerate(dist):
             if ps:
@@ -66,7 +69,7 @@ def fewer_successes(base: list[int], base_k: int, version: list[int], version_k:
                     out[s + x] += ps * px
         dist = out
     observed = sum(version)
-    return min(1.0, sum(dist[:observed + 1]))
+    return min(1.0, sum(dist[: observed + 1]))
 
 
 def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:

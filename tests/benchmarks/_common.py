@@ -1,4 +1,5 @@
 """Shared bits of the benchmark scripts: import path and percentiles."""
+
 import sys
 from pathlib import Path
 

@@ -7,6 +7,7 @@ session and sockets). Every process a host runs is in its network namespace, so 
 what it runs, and tearing a host down kills exactly those (nothing is found or killed by name). Needs root,
 iproute2 and util-linux's `unshare`.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,23 +39,53 @@ class Host:
 
     def wrap(self, argv: list[str]) -> list[str]:
         """`argv` run on this host: in its network namespace, with its directory bound at the state-dir path."""
-        return ["ip", "netns", "exec", self.ns, "unshare", "--mount", "--propagation", "private", "sh", "-c",
-                'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(self.real), str(self.state), *argv]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.ns,
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            'mount --bind "$1" "$2" && shift 2 && exec "$@"',
+            "sh",
+            str(self.real),
+            str(self.state),
+            *argv,
+        ]
 
     def run(self, argv: list[str], env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-        return subprocess.run(self.wrap(argv), env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(self.wrap(argv), env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
     def popen(self, argv: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
         with open(log, "ab") as f:
-            return subprocess.Popen(self.wrap(argv), env={**os.environ, **(env or {})}, stdout=f,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            return subprocess.Popen(
+                self.wrap(argv),
+                env={**os.environ, **(env or {})},
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
-    def http(self, port: int, path: str, key: str = "", body: dict | None = None,
-             timeout: float = 60) -> tuple[int, dict]:
+    def http(self, port: int, path: str, key: str = "", body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
         """(status, JSON body) of a request to this host's loopback (its own Serve proxy); (0, {}) when none."""
-        argv = ["ip", "netns", "exec", self.ns, "curl", "-sS", "-m", str(timeout), "-w", "\n%{http_code}",
-                f"http://127.0.0.1:{port}{path}"]
+        argv = [
+            "ip",
+            "netns",
+            "exec",
+            self.ns,
+            "curl",
+            "-sS",
+            "-m",
+            str(timeout),
+            "-w",
+            "\n%{http_code}",
+            f"http://127.0.0.1:{port}{path}",
+        ]
         if key:
             argv += ["-H", f"Authorization: Bearer {key}"]
         if body is not None:
@@ -99,8 +130,9 @@ class Host:
 
 def hosts(tag: str, work: Path, subnet: str = "10.77.0") -> tuple[Host, Host]:
     """Hosts a and b at <subnet>.1 and .2, directories work/a and work/b bound at work/state (nothing made yet)."""
-    return tuple(Host(name, f"kz2h{tag}{name}", f"{subnet}.{i}", work / name, work / "state")
-                 for i, name in enumerate("ab", start=1))
+    return tuple(
+        Host(name, f"kz2h{tag}{name}", f"{subnet}.{i}", work / name, work / "state") for i, name in enumerate("ab", start=1)
+    )
 
 
 def wire(tag: str, a: Host, b: Host) -> None:

@@ -1,5 +1,6 @@
 """What bench_learning_curve keeps of each hour beyond the lineage (what each learner step learned from, the
 guard's checks and rollbacks, the live ratings), and the summary of several hours (`--repeats`)."""
+
 import json
 from datetime import datetime
 from pathlib import Path
@@ -12,70 +13,135 @@ def _at(e) -> float:
 def learner_detail(events, learner) -> dict:
     """What each step learned from (origin of its new groups, reward, KL, grad norm, staleness) and what the
     live ratings were: the figures that can tell a gaining hour from a losing one."""
-    keep = ("groups_env", "groups_synthetic", "groups_live", "groups_again", "samples", "mean_reward", "kl",
-            "grad_norm", "loss", "staleness_max", "is_mean", "off_policy_samples", "guided_samples", "hindsight_samples",
-            "seconds", "lr", "kl_drift")
-    steps = [{"step": e.step, "version": e.weights_version, **{k: float(f"{e.metrics[k]:.5g}") if k == "lr" else
-                                                               round(float(e.metrics[k]), 5)
-                                                               for k in keep if k in e.metrics}} for e in learner]
+    keep = (
+        "groups_env",
+        "groups_synthetic",
+        "groups_live",
+        "groups_again",
+        "samples",
+        "mean_reward",
+        "kl",
+        "grad_norm",
+        "loss",
+        "staleness_max",
+        "is_mean",
+        "off_policy_samples",
+        "guided_samples",
+        "hindsight_samples",
+        "seconds",
+        "lr",
+        "kl_drift",
+    )
+    steps = [
+        {
+            "step": e.step,
+            "version": e.weights_version,
+            **{k: float(f"{e.metrics[k]:.5g}") if k == "lr" else round(float(e.metrics[k]), 5) for k in keep if k in e.metrics},
+        }
+        for e in learner
+    ]
     live = [e for e in events if e.kind == "judgement" and e.source == "live"]
     pos = sum(1 for e in live for o in e.outcomes if o > 0)
     n = sum(len(e.outcomes) for e in live)
     rollouts = [e for e in events if e.kind == "judgement" and e.source != "live"]
     t0 = min((_at(e) for e in events), default=0.0)
-    guard = [{"minute": round((_at(e) - t0) / 60, 1), "version": e.version, "verdict": e.verdict,
-              "delta": round(e.delta, 4), "p_value": round(e.p_value, 5), "entries": e.entries,
-              "duration_s": round(e.duration_s)} for e in events if e.kind == "heldout_scored"]
-    rolled = [{"minute": round((_at(e) - t0) / 60, 1), "from": e.from_version, "to": e.to.version,
-               "reason": e.reason[:300]} for e in events if e.kind == "weights_rolled_back"]
+    guard = [
+        {
+            "minute": round((_at(e) - t0) / 60, 1),
+            "version": e.version,
+            "verdict": e.verdict,
+            "delta": round(e.delta, 4),
+            "p_value": round(e.p_value, 5),
+            "entries": e.entries,
+            "duration_s": round(e.duration_s),
+        }
+        for e in events
+        if e.kind == "heldout_scored"
+    ]
+    rolled = [
+        {"minute": round((_at(e) - t0) / 60, 1), "from": e.from_version, "to": e.to.version, "reason": e.reason[:300]}
+        for e in events
+        if e.kind == "weights_rolled_back"
+    ]
     signals: dict[str, int] = {}
     for e in live:
         for sig in e.signals:
             signals[sig] = signals.get(sig, 0) + 1
-    return {"steps": steps, "guard_checks": guard, "rollbacks": rolled, "next_turn_judgements": signals,
-            "live_judgements": n, "live_positive_share": pos / n if n else None,
-            "rollout_judgements": len(rollouts),
-            "trained_groups": {o: sum(st.get(f"groups_{o}", 0) for st in steps) for o in ("env", "synthetic", "live")}}
+    return {
+        "steps": steps,
+        "guard_checks": guard,
+        "rollbacks": rolled,
+        "next_turn_judgements": signals,
+        "live_judgements": n,
+        "live_positive_share": pos / n if n else None,
+        "rollout_judgements": len(rollouts),
+        "trained_groups": {o: sum(st.get(f"groups_{o}", 0) for st in steps) for o in ("env", "synthetic", "live")},
+    }
 
 
 def summary_row(name: str, out: dict) -> dict:
     nv = out["newest_vs_base"].get("code", {})
     worst = min((d["code"]["delta"] for d in out["versus_base"].values() if "code" in d), default=None)
-    below = [v for v, d in out["versus_base"].items() if "code" in d and d["code"]["delta"] < 0
-             and d["code"]["p_value"] < 0.05]
-    return {"hour": name, "newest": out["newest_served"], "base_avg": nv.get("base_avg"), "avg": nv.get("avg"),
-            "delta": nv.get("delta"), "p_value": nv.get("p_value"), "wins": nv.get("wins"), "losses": nv.get("losses"),
-            "unseen_by_gate": out["newest_vs_base_unseen_by_gate"].get("code"),
-            "scored_versions": {v: {k: d["code"][k] for k in ("delta", "p_value")}
-                                for v, d in out["versus_base"].items() if "code" in d},
-            "worst_scored_delta": worst, "significantly_below_base": below, "cycle_p50_s": out["cycle_p50_s"],
-            "learner_steps": out["learner_steps"], "served": sum(r["gate"].startswith(("canary", "live"))
-                                                                 for r in out["lineage"]),
-            "guard_checks": len(out["guard_checks"]),
-            "guard_below": [c["version"] for c in out["guard_checks"] if c["verdict"] == "below"],
-            "rollbacks": out["rollbacks"], "trained_groups": out["trained_groups"], "users": out["users"]}
+    below = [v for v, d in out["versus_base"].items() if "code" in d and d["code"]["delta"] < 0 and d["code"]["p_value"] < 0.05]
+    return {
+        "hour": name,
+        "newest": out["newest_served"],
+        "base_avg": nv.get("base_avg"),
+        "avg": nv.get("avg"),
+        "delta": nv.get("delta"),
+        "p_value": nv.get("p_value"),
+        "wins": nv.get("wins"),
+        "losses": nv.get("losses"),
+        "unseen_by_gate": out["newest_vs_base_unseen_by_gate"].get("code"),
+        "scored_versions": {
+            v: {k: d["code"][k] for k in ("delta", "p_value")} for v, d in out["versus_base"].items() if "code" in d
+        },
+        "worst_scored_delta": worst,
+        "significantly_below_base": below,
+        "cycle_p50_s": out["cycle_p50_s"],
+        "learner_steps": out["learner_steps"],
+        "served": sum(r["gate"].startswith(("canary", "live")) for r in out["lineage"]),
+        "guard_checks": len(out["guard_checks"]),
+        "guard_below": [c["version"] for c in out["guard_checks"] if c["verdict"] == "below"],
+        "rollbacks": out["rollbacks"],
+        "trained_groups": out["trained_groups"],
+        "users": out["users"],
+    }
 
 
 def write_summary(a, hours: list[dict]) -> None:
     ds = [h["delta"] for h in hours if h["delta"] is not None]
     served = [h["cycle_p50_s"].get("served_after_s") for h in hours if h["cycle_p50_s"].get("served_after_s")]
-    summ = {"config": a.config, "minutes": a.minutes, "k": a.k, "per_category": a.per_category, "hours": hours,
-            "delta_mean": sum(ds) / len(ds) if ds else None, "delta_min": min(ds, default=None),
-            "p_max": max((h["p_value"] for h in hours if h["p_value"] is not None), default=None),
-            "served_p50_median": sorted(served)[len(served) // 2] if served else None,
-            "any_version_significantly_below_base": any(h["significantly_below_base"] for h in hours)}
+    summ = {
+        "config": a.config,
+        "minutes": a.minutes,
+        "k": a.k,
+        "per_category": a.per_category,
+        "hours": hours,
+        "delta_mean": sum(ds) / len(ds) if ds else None,
+        "delta_min": min(ds, default=None),
+        "p_max": max((h["p_value"] for h in hours if h["p_value"] is not None), default=None),
+        "served_p50_median": sorted(served)[len(served) // 2] if served else None,
+        "any_version_significantly_below_base": any(h["significantly_below_base"] for h in hours),
+    }
     path = Path(f"{a.out}_summary.json")
     path.write_text(json.dumps(summ, indent=1))
-    print(f"summary of {len(hours)} hour(s): " + ", ".join(
-        f"{100 * h['delta']:+.1f} (p={h['p_value']:.4f})" for h in hours if h["delta"] is not None)
+    print(
+        f"summary of {len(hours)} hour(s): "
+        + ", ".join(f"{100 * h['delta']:+.1f} (p={h['p_value']:.4f})" for h in hours if h["delta"] is not None)
         + f"; mean {100 * (summ['delta_mean'] or 0):+.1f}, min {100 * (summ['delta_min'] or 0):+.1f} points; "
-        f"written {path}", flush=True)
+        f"written {path}",
+        flush=True,
+    )
 
 
 def suite_args(a) -> tuple:
     """(--per-category, --categories) as heldout.suite takes them."""
-    per = int(a.per_category) if a.per_category.isdigit() else {
-        k: int(v) for k, v in (x.split("=") for x in a.per_category.split(","))}
+    per = (
+        int(a.per_category)
+        if a.per_category.isdigit()
+        else {k: int(v) for k, v in (x.split("=") for x in a.per_category.split(","))}
+    )
     return per, {k: v.split(",") for k, v in (x.split("=") for x in a.categories.split(";") if x)}
 
 
@@ -90,8 +156,8 @@ def _caches(a, config: Path, state: Path):
     """(settings, envs, [held-out caches of the base]): the bench's suite at --k, and the guard's at guard.base_k."""
     from config.settings import load_settings
     from deploy import reports
-    from policies.guard import guard_suite
-    from policies.heldout import HeldoutCache
+    from policies.evaluation.heldout import HeldoutCache
+    from policies.promotion.guard import guard_suite
 
     s = load_settings(config)
     s.state_dir = str(state)
@@ -100,8 +166,16 @@ def _caches(a, config: Path, state: Path):
     envs = {**suite_envs(s, per), **suite_envs(s, {n: g.per_category for n in g.suite})}
     caches = [reports.heldout_cache(s, envs, per, a.k, cats)]
     if g.enabled:
-        caches.append(HeldoutCache(s.state / "evals" / "heldout.json", guard_suite(envs, g), k=g.base_k,
-                                   temperature=r.temperature, max_new_tokens=r.max_new_tokens, call_prefix=r.call_prefix))
+        caches.append(
+            HeldoutCache(
+                s.state / "evals" / "heldout.json",
+                guard_suite(envs, g),
+                k=g.base_k,
+                temperature=r.temperature,
+                max_new_tokens=r.max_new_tokens,
+                call_prefix=r.call_prefix,
+            )
+        )
     return s, envs, caches
 
 
@@ -110,8 +184,8 @@ def seed_base(a, config: Path, state: Path) -> None:
     (nothing else running) and kept in the checkout's `.kaizen/evals/heldout.json` with the converted model, as
     `up` keeps them in its state dir (a base does not change)."""
     from _common import ROOT
-    from policies.engine import make_engine
-    from policies.model_store import BASE_VERSION, ensure_base_model
+    from policies.engines.engine import make_engine
+    from policies.weights.model_store import BASE_VERSION, ensure_base_model
 
     s, envs, kept = _caches(a, Path(a.config), ROOT / ".kaizen")
     engine = None
@@ -119,11 +193,12 @@ def seed_base(a, config: Path, state: Path) -> None:
         if cache.get(BASE_VERSION) is None:
             if engine is None:
                 s.model.torch_threads = a.score_threads
-                engine = make_engine(s, ensure_base_model(s.state, s.model.source, s.model.path, progress=False),
-                                     role="eval")
+                engine = make_engine(s, ensure_base_model(s.state, s.model.source, s.model.path, progress=False), role="eval")
             cache.evaluate(engine, envs, BASE_VERSION, batch=a.score_batch)
-            print(f"base scored at k={cache.k}: " + json.dumps({e: round(x["avg"], 4)
-                                                             for e, x in cache.get(BASE_VERSION).items()}), flush=True)
+            print(
+                f"base scored at k={cache.k}: " + json.dumps({e: round(x["avg"], 4) for e, x in cache.get(BASE_VERSION).items()}),
+                flush=True,
+            )
     _, _, fresh = _caches(a, config, state)
     for cache, have in zip(fresh, kept):
         cache.put(BASE_VERSION, envs, {env: x["per_entry"] for env, x in have.get(BASE_VERSION).items()})

@@ -12,6 +12,7 @@ Throughput = samples trained per minute over the same number of learner steps.
 
     .venv/bin/python tests/benchmarks/bench_async.py [--steps 6] [--groups-per-step 2] [--group-size 4]
 """
+
 import argparse
 import json
 import multiprocessing as mp
@@ -53,7 +54,7 @@ def rollout_worker(state, a, mode, out: mp.Queue, stop: mp.Event):
     from actors.attributor import score_rollout
     from actors.events import Judgement
     from envs.bfcl import BfclEnvironment
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
     from policies.rollout import run_group
 
     s = _settings(state, a)
@@ -70,11 +71,19 @@ def rollout_worker(state, a, mode, out: mp.Queue, stop: mp.Event):
         if p["path"] and p["version"] != eng.version:
             eng.load_weights(p["path"], p["version"])
         entry = entries[made % len(entries)]
-        res = run_group(eng, env, entry, a.group_size, max_new_tokens=s.rollout.max_new_tokens, temperature=0.9,
-                        top_p=0.95, call_prefix=True)
+        res = run_group(
+            eng, env, entry, a.group_size, max_new_tokens=s.rollout.max_new_tokens, temperature=0.9, top_p=0.95, call_prefix=True
+        )
         scored = [score_rollout(x) for x in res.samples]
-        j = Judgement(group_id=f"g{made}", source="rollout", task_id=entry, samples=res.samples,
-                      outcomes=[o for o, _ in scored], step_labels=[lab for _, lab in scored], weights_version=eng.version)
+        j = Judgement(
+            group_id=f"g{made}",
+            source="rollout",
+            task_id=entry,
+            samples=res.samples,
+            outcomes=[o for o, _ in scored],
+            step_labels=[lab for _, lab in scored],
+            weights_version=eng.version,
+        )
         out.put((j.model_dump_json(), res.duration_s))
         made += 1
 
@@ -86,9 +95,9 @@ def learner_worker(state, a, steps: int, inq: mp.Queue, stop: mp.Event, result: 
     import torch
 
     from actors.events import Judgement
-    from actors.learner import staleness
-    from policies.model_store import WeightsStore, version_name
-    from policies.trainer import Trainer
+    from policies.learning.staleness import staleness
+    from policies.learning.trainer import Trainer
+    from policies.weights.model_store import WeightsStore, version_name
 
     torch.manual_seed(0)
     s = _settings(state, a)
@@ -115,7 +124,7 @@ def learner_worker(state, a, steps: int, inq: mp.Queue, stop: mp.Event, result: 
         ready = fresh
         if len(ready) < a.groups_per_step:
             continue
-        groups, ready = ready[: a.groups_per_step], ready[a.groups_per_step:]
+        groups, ready = ready[: a.groups_per_step], ready[a.groups_per_step :]
         ts = time.monotonic()
         t.train_step(groups, [[g.weights_version] * len(g.samples) for g in groups])
         version = version_name(t.step)
@@ -126,8 +135,16 @@ def learner_worker(state, a, steps: int, inq: mp.Queue, stop: mp.Event, result: 
         (Path(state) / "latest.json.tmp").replace(Path(state) / "latest.json")
         trained += sum(len(g.samples) for g in groups)
     stop.set()
-    result.put({"wall_s": time.monotonic() - t0, "train_s": train_s, "samples": trained, "dropped_groups": dropped,
-                "staleness_max": max(ages, default=0), "staleness_mean": sum(ages) / max(1, len(ages))})
+    result.put(
+        {
+            "wall_s": time.monotonic() - t0,
+            "train_s": train_s,
+            "samples": trained,
+            "dropped_groups": dropped,
+            "staleness_max": max(ages, default=0),
+            "staleness_mean": sum(ages) / max(1, len(ages)),
+        }
+    )
 
 
 def run(mode: str, a) -> dict:
@@ -156,7 +173,7 @@ def main():
     import sys
 
     sys.path.insert(0, str(ROOT))
-    from policies.model_store import ensure_base_model
+    from policies.weights.model_store import ensure_base_model
 
     a.base = str(ensure_base_model(Path(".kaizen") if Path(".kaizen/model").exists() else Path(tempfile.mkdtemp())))
     rows = []
@@ -164,12 +181,17 @@ def main():
         for mode in ("sync", "async"):
             r = run(mode, a)
             rows.append({"mode": mode, "rep": rep, **r})
-            print(f"{mode:5} rep {rep}: {r['samples']} samples in {r['wall_s']:.0f}s -> {r['samples_per_min']:.1f} samples/min "
-                  f"(training {r['train_s']:.0f}s; staleness max {r['staleness_max']}, mean {r['staleness_mean']:.2f}; "
-                  f"dropped groups {r['dropped_groups']})", flush=True)
+            print(
+                f"{mode:5} rep {rep}: {r['samples']} samples in {r['wall_s']:.0f}s -> {r['samples_per_min']:.1f} samples/min "
+                f"(training {r['train_s']:.0f}s; staleness max {r['staleness_max']}, mean {r['staleness_mean']:.2f}; "
+                f"dropped groups {r['dropped_groups']})",
+                flush=True,
+            )
     spm = {m: sum(r["samples_per_min"] for r in rows if r["mode"] == m) / a.reps for m in ("sync", "async")}
-    print(f"async / sync throughput = {spm['async'] / spm['sync']:.2f}x "
-          f"({spm['async']:.1f} vs {spm['sync']:.1f} samples/min, {a.steps} learner steps each, 2 processes x 1 thread)")
+    print(
+        f"async / sync throughput = {spm['async'] / spm['sync']:.2f}x "
+        f"({spm['async']:.1f} vs {spm['sync']:.1f} samples/min, {a.steps} learner steps each, 2 processes x 1 thread)"
+    )
     if a.out:
         Path(a.out).write_text(json.dumps({"rows": rows, "ratio": spm["async"] / spm["sync"]}, indent=1))
 

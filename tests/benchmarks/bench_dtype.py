@@ -7,26 +7,25 @@ under bf16 autocast or not); one embedding query. Prints the CPU's bf16 flags an
 
     .venv/bin/python tests/benchmarks/bench_dtype.py [--out results/dtype_cpu.json]
 """
+
 import argparse
 import json
 import time
 from pathlib import Path
 
 from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
-
 from actors.events import ChatMessage  # noqa: E402
 from config.hardware import NATIVE_BF16_FLAGS, cpu_flags, resolve_dtype  # noqa: E402
 from config.settings import load_settings  # noqa: E402
 from envs.registry import make_env  # noqa: E402
 from policies.chat import render  # noqa: E402
-from policies.model_store import ensure_base_model  # noqa: E402
+from policies.weights.model_store import ensure_base_model  # noqa: E402
 
 
 def prompt_of(env, entry):
     ep = env.episode(entry)
     u = ep.next_user_message()
-    return render([ChatMessage(role="system", content=ep.system_prompt), ChatMessage(role="user", content=u)],
-                  ep.tools, None)
+    return render([ChatMessage(role="system", content=ep.system_prompt), ChatMessage(role="user", content=u)], ep.tools, None)
 
 
 def timed(fn):
@@ -42,9 +41,9 @@ def main():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from policies import grpo
-    from policies.embedder import Embedder
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
+    from policies.learning import grpo
+    from policies.memory.embedder import Embedder
 
     torch.set_num_threads(1)
     flags = sorted(cpu_flags(Path("/proc/cpuinfo").read_text()) & (NATIVE_BF16_FLAGS | {"avx2", "avx512f"}))
@@ -54,8 +53,12 @@ def main():
     short = render([ChatMessage(role="user", content="What is 17 + 25? Answer briefly.")], [], None)
     code = prompt_of(make_env("code", s.env), make_env("code", s.env).entries("train")[0])
     bfcl = prompt_of(make_env("bfcl", s.env), "multi_turn_base_0")
-    cases = [("chat x1, 32 tokens", short, 1, 32), ("chat x8, 32 tokens", short, 8, 32),
-             ("code group x4, 64 tokens", code, 4, 64), ("BFCL group x4, 32 tokens", bfcl, 4, 32)]
+    cases = [
+        ("chat x1, 32 tokens", short, 1, 32),
+        ("chat x8, 32 tokens", short, 8, 32),
+        ("code group x4, 64 tokens", code, 4, 64),
+        ("BFCL group x4, 32 tokens", bfcl, 4, 32),
+    ]
     res = {"cpu_flags": flags, "auto": resolve_dtype("auto", "cpu"), "generation": {}, "learner": {}, "embedding": {}}
     for dtype in ("bfloat16", "float32"):
         eng = TransformersEngine(base, dtype=dtype)
@@ -64,19 +67,23 @@ def main():
             secs, gens = timed(lambda: eng.generate([p] * n, max_new_tokens=new, temperature=0.9, top_p=0.95))
             toks = sum(g.completion_tokens for g in gens)
             res["generation"].setdefault(name, {"prompt_tokens": eng.count_tokens(p)})[dtype] = {
-                "seconds": round(secs, 2), "tokens_per_s": round(toks / secs, 2)}
-            print(f"{dtype:9s} {name:26s} prompt {eng.count_tokens(p):5d} tok  {secs:7.2f} s  {toks / secs:6.1f} tok/s",
-                  flush=True)
+                "seconds": round(secs, 2),
+                "tokens_per_s": round(toks / secs, 2),
+            }
+            print(
+                f"{dtype:9s} {name:26s} prompt {eng.count_tokens(p):5d} tok  {secs:7.2f} s  {toks / secs:6.1f} tok/s", flush=True
+            )
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
     ids = torch.randint(100, 40000, (4, 256), generator=torch.Generator().manual_seed(0))
     for bf16 in (True, False):
+
         def step():
             grpo.token_logprobs(model, ids, torch.ones_like(ids), bf16).sum().backward()
             model.zero_grad()
+
         secs, _ = timed(step)
         res["learner"]["bfloat16 autocast" if bf16 else "float32"] = round(secs, 2)
-        print(f"learner forward+backward 4 x 256 tokens, {'bf16 autocast' if bf16 else 'float32'}: {secs:.1f} s",
-              flush=True)
+        print(f"learner forward+backward 4 x 256 tokens, {'bf16 autocast' if bf16 else 'float32'}: {secs:.1f} s", flush=True)
     for dtype in ("bfloat16", "float32"):
         emb = Embedder(s.embedding.source, dtype)
         emb.embed(["warm up"])

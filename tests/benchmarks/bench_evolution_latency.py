@@ -9,6 +9,7 @@ version learned from, and each stage for the freshest one.
 
     .venv/bin/python tests/benchmarks/bench_evolution_latency.py [--budget-s 1500] [--out FILE]
 """
+
 import argparse
 import asyncio
 import json
@@ -23,8 +24,12 @@ from pathlib import Path
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
 
-QA = [("What is the capital of France?", "paris"), ("What is 2 + 2?", "4"),
-      ("Name the largest planet in the solar system.", "jupiter"), ("What color is a clear daytime sky?", "blue")]
+QA = [
+    ("What is the capital of France?", "paris"),
+    ("What is 2 + 2?", "4"),
+    ("Name the largest planet in the solar system.", "jupiter"),
+    ("What color is a clear daytime sky?", "blue"),
+]
 
 
 def ts(ev: dict) -> float:
@@ -37,10 +42,10 @@ async def read_stream(state: Path) -> list[dict]:
     from actors.bus import Bus
 
     run = json.loads((state / "run.json").read_text())
-    bus = await Bus(run["nats_url"], run["nats_user"], (state / "nats.password").read_text().strip(),
-                    producer="bench").connect(ensure_stream=False)
-    sub = await bus.js.subscribe("evo.>", ordered_consumer=True,
-                                 config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
+    bus = await Bus(run["nats_url"], run["nats_user"], (state / "nats.password").read_text().strip(), producer="bench").connect(
+        ensure_stream=False
+    )
+    sub = await bus.js.subscribe("evo.>", ordered_consumer=True, config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
     out = []
     while True:
         try:
@@ -88,23 +93,48 @@ def chains(events: list[dict]) -> dict:
                     j, fb = judged[jid]
                     it = interaction.get(fb["interaction_id"])
                     if it:
-                        rows.append({"interaction": ts(it), "feedback": ts(fb), "judgement": ts(j),
-                                     "learner_step": ts(step), "version": v})
+                        rows.append(
+                            {
+                                "interaction": ts(it),
+                                "feedback": ts(fb),
+                                "judgement": ts(j),
+                                "learner_step": ts(step),
+                                "version": v,
+                            }
+                        )
         if not rows:
             continue
-        stage = {k: next((ts(e) for e in by_kind.get(k, []) if e.get("weights", {}).get("version") == version
-                          or e.get("version") == version), None)
-                 for k in ("weights_published", "weights_promoted")}
+        stage = {
+            k: next(
+                (
+                    ts(e)
+                    for e in by_kind.get(k, [])
+                    if e.get("weights", {}).get("version") == version or e.get("version") == version
+                ),
+                None,
+            )
+            for k in ("weights_published", "weights_promoted")
+        }
         live_at = served.get((version, "live"))
         fresh = max(rows, key=lambda r: r["interaction"])
-        return {"version": version, "first_served_as": role, "served_at": t_served, "live_at": live_at,
-                "interactions": len(rows),
-                "latency_s": sorted(round(t_served - r["interaction"], 1) for r in rows),
-                "to_live_s": sorted(round(live_at - r["interaction"], 1) for r in rows) if live_at else None,
-                "freshest": {k: round(v - fresh["interaction"], 1) for k, v in
-                             {**{k: fresh[k] for k in ("feedback", "judgement", "learner_step")},
-                              **{k: v for k, v in stage.items() if v}, "served": t_served,
-                              **({"live": live_at} if live_at else {})}.items()}}
+        return {
+            "version": version,
+            "first_served_as": role,
+            "served_at": t_served,
+            "live_at": live_at,
+            "interactions": len(rows),
+            "latency_s": sorted(round(t_served - r["interaction"], 1) for r in rows),
+            "to_live_s": sorted(round(live_at - r["interaction"], 1) for r in rows) if live_at else None,
+            "freshest": {
+                k: round(v - fresh["interaction"], 1)
+                for k, v in {
+                    **{k: fresh[k] for k in ("feedback", "judgement", "learner_step")},
+                    **{k: v for k, v in stage.items() if v},
+                    "served": t_served,
+                    **({"live": live_at} if live_at else {}),
+                }.items()
+            },
+        }
     return {}
 
 
@@ -127,8 +157,14 @@ def main():
 
             shutil.copytree(".kaizen/model", state / "model")
         env = {**os.environ, "KAIZEN_STATE_DIR": str(state), "KAIZEN_SERVE_PORT": str(free_port())}
-        started = subprocess.run([sys.executable, str(ROOT / "main.py"), "up", "--detach"], env=env, cwd=ROOT,
-                                 capture_output=True, text=True, timeout=1200)
+        started = subprocess.run(
+            [sys.executable, str(ROOT / "main.py"), "up", "--detach"],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
         assert started.returncode == 0, started.stdout + started.stderr
     run = json.loads((state / "run.json").read_text())
     key = Path(run["api_key_file"]).read_text().strip()
@@ -146,8 +182,12 @@ def main():
             sent += 1
             first = first or r.system_fingerprint
             score = 1.0 if ans in (r.choices[0].message.content or "").lower() else -1.0
-            httpx.post(run["endpoint"] + "/feedback", headers={"Authorization": f"Bearer {key}"},
-                       json={"interaction_id": r.id, "score": score}, timeout=60)
+            httpx.post(
+                run["endpoint"] + "/feedback",
+                headers={"Authorization": f"Bearer {key}"},
+                json={"interaction_id": r.id, "score": score},
+                timeout=60,
+            )
             if r.system_fingerprint != first and i % 10 == 0:
                 res = chains(asyncio.run(read_stream(state)))
                 if res.get("live_at"):
@@ -155,15 +195,22 @@ def main():
         res = chains(asyncio.run(read_stream(state)))
     finally:
         if started is not None:
-            subprocess.run([sys.executable, str(ROOT / "main.py"), "down"], env={**os.environ, "KAIZEN_STATE_DIR": str(state)},
-                           cwd=ROOT, capture_output=True, timeout=300)
+            subprocess.run(
+                [sys.executable, str(ROOT / "main.py"), "down"],
+                env={**os.environ, "KAIZEN_STATE_DIR": str(state)},
+                cwd=ROOT,
+                capture_output=True,
+                timeout=300,
+            )
     res.update(requests=sent, failed=failed, traffic_s=round(time.monotonic() - t0))
     if not res.get("latency_s"):
         print(f"no trained version was served within {a.budget_s:.0f}s ({sent} requests, {failed} failed)")
     else:
         lat = res["latency_s"]
-        print(f"{res['version']} first served as {res['first_served_as']}; learned from {res['interactions']} rated "
-              f"interactions; interaction -> served p50 {statistics.median(lat):.0f}s (min {lat[0]:.0f}s, max {lat[-1]:.0f}s)")
+        print(
+            f"{res['version']} first served as {res['first_served_as']}; learned from {res['interactions']} rated "
+            f"interactions; interaction -> served p50 {statistics.median(lat):.0f}s (min {lat[0]:.0f}s, max {lat[-1]:.0f}s)"
+        )
         if res.get("to_live_s"):
             print(f"interaction -> served to every request (live) p50 {statistics.median(res['to_live_s']):.0f}s")
         print("freshest interaction, seconds after it:", json.dumps(res["freshest"]))

@@ -11,6 +11,7 @@ side, how often experiences were in the context, and feedback -> experience late
 
     .venv/bin/python tests/benchmarks/bench_fast_loop.py [--names 10] [--repeats 2] [--state .kaizen]
 """
+
 import argparse
 import asyncio
 import json
@@ -19,20 +20,43 @@ import threading
 import time
 from pathlib import Path
 
-from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
-
 import httpx  # noqa: E402
 import openai  # noqa: E402
 
+from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
 from config.settings import load_settings  # noqa: E402
 from envs.bfcl import func_docs, to_tool_spec  # noqa: E402
 
 KIND = "Create a new folder named {name} in the current directory."
 CORRECTION = "Call mkdir with dir_name set to the folder name I asked for."
-PHASE1 = ["alpha", "reports", "photos", "archive", "drafts", "music", "backup", "invoices", "notes", "scripts",
-          "videos", "slides"]
-PHASE2 = ["budget", "travel", "recipes", "letters", "designs", "contracts", "games", "lectures", "receipts", "logs",
-          "maps", "poems"]
+PHASE1 = [
+    "alpha",
+    "reports",
+    "photos",
+    "archive",
+    "drafts",
+    "music",
+    "backup",
+    "invoices",
+    "notes",
+    "scripts",
+    "videos",
+    "slides",
+]
+PHASE2 = [
+    "budget",
+    "travel",
+    "recipes",
+    "letters",
+    "designs",
+    "contracts",
+    "games",
+    "lectures",
+    "receipts",
+    "logs",
+    "maps",
+    "poems",
+]
 
 
 class ExperienceWatch:
@@ -69,24 +93,34 @@ def main():
     run = json.loads((state / "run.json").read_text())
     key = Path(run["api_key_file"]).read_text().strip()
     client = openai.OpenAI(base_url=run["endpoint"], api_key=key, max_retries=0, timeout=300)
-    tools = [to_tool_spec(d).model_dump() for d in func_docs("GorillaFileSystem")
-             if d["name"] in ("mkdir", "ls", "cd", "touch", "pwd")]
+    tools = [
+        to_tool_spec(d).model_dump() for d in func_docs("GorillaFileSystem") if d["name"] in ("mkdir", "ls", "cd", "touch", "pwd")
+    ]
     watch = ExperienceWatch(state)
     time.sleep(1.0)
 
     def ask(name, memory):
         t = time.perf_counter()
-        r = client.chat.completions.create(model=run["model"], messages=[{"role": "user", "content": KIND.format(name=name)}],
-                                           tools=tools, temperature=0.7, max_tokens=48, tool_choice=a.tool_choice,
-                                           extra_body={"memory": memory})
+        r = client.chat.completions.create(
+            model=run["model"],
+            messages=[{"role": "user", "content": KIND.format(name=name)}],
+            tools=tools,
+            temperature=0.7,
+            max_tokens=48,
+            tool_choice=a.tool_choice,
+            extra_body={"memory": memory},
+        )
         calls = r.choices[0].message.tool_calls or []
         ok = any(c.function.name == "mkdir" and _args(c.function.arguments).get("dir_name") == name for c in calls)
         return r, ok, time.perf_counter() - t
 
     def feedback(r, ok):
-        httpx.post(run["endpoint"] + "/feedback", headers={"Authorization": f"Bearer {key}"}, timeout=60,
-                   json={"interaction_id": r.id, "score": 1.0 if ok else -1.0,
-                         **({} if ok else {"comment": CORRECTION})}).raise_for_status()
+        httpx.post(
+            run["endpoint"] + "/feedback",
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+            json={"interaction_id": r.id, "score": 1.0 if ok else -1.0, **({} if ok else {"comment": CORRECTION})},
+        ).raise_for_status()
         return time.monotonic()
 
     phase1, lat, versions = [], [], set()
@@ -113,14 +147,29 @@ def main():
     rate = lambda xs: sum(xs) / max(1, len(xs))  # noqa: E731
     print(f"phase 1 (memory cold for this kind): {sum(phase1)}/{len(phase1)} succeeded = {rate(phase1):.2f}")
     if lat:
-        print(f"feedback -> experience on the stream: p50 {statistics.median(lat):.2f} s, max {max(lat):.2f} s "
-              f"({len(lat)} of {len(phase1)} rated requests produced one within 60 s)")
-    print(f"phase 2 similar requests, memory on : {sum(on)}/{len(on)} = {rate(on):.2f} "
-          f"(experiences in context for {used}/{len(on)})")
+        print(
+            f"feedback -> experience on the stream: p50 {statistics.median(lat):.2f} s, max {max(lat):.2f} s "
+            f"({len(lat)} of {len(phase1)} rated requests produced one within 60 s)"
+        )
+    print(
+        f"phase 2 similar requests, memory on : {sum(on)}/{len(on)} = {rate(on):.2f} "
+        f"(experiences in context for {used}/{len(on)})"
+    )
     print(f"phase 2 similar requests, memory off: {sum(off)}/{len(off)} = {rate(off):.2f}")
     print(f"weights versions served during the run: {sorted(versions)}")
-    print(json.dumps({"phase1": rate(phase1), "memory_on": rate(on), "memory_off": rate(off), "n_phase2": len(on),
-                      "experiences_in_context": used, "feedback_to_experience_s": lat, "versions": sorted(versions)}))
+    print(
+        json.dumps(
+            {
+                "phase1": rate(phase1),
+                "memory_on": rate(on),
+                "memory_off": rate(off),
+                "n_phase2": len(on),
+                "experiences_in_context": used,
+                "feedback_to_experience_s": lat,
+                "versions": sorted(versions),
+            }
+        )
+    )
 
 
 def _args(text):
@@ -149,6 +198,7 @@ def _experiences_used(state: Path, interaction_id: str) -> int:
             return 0
         finally:
             await bus.close()
+
     return asyncio.run(look())
 
 

@@ -14,6 +14,7 @@ and a JSON summary (written to `--out` too).
 
     .venv/bin/python tests/benchmarks/bench_floor.py [--groups 24] [--heldout 16] [--k 4]
 """
+
 import argparse
 import json
 import random
@@ -21,22 +22,20 @@ import time
 from pathlib import Path
 
 from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
-
 from actors.attributor import score_rollout  # noqa: E402
 from actors.events import Judgement  # noqa: E402
-from policies.groups import at_floor, informative  # noqa: E402
 from config.settings import load_settings  # noqa: E402
 from envs.code import CodeEnvironment  # noqa: E402
-from policies.engine import TransformersEngine  # noqa: E402
-from policies.model_store import ensure_base_model  # noqa: E402
+from policies.engines.engine import TransformersEngine  # noqa: E402
+from policies.learning.groups import at_floor, informative  # noqa: E402
+from policies.learning.trainer import Trainer  # noqa: E402
 from policies.rollout import evaluate, reference_sample, run_group  # noqa: E402
 from policies.stats import paired_test  # noqa: E402
-from policies.trainer import Trainer  # noqa: E402
+from policies.weights.model_store import ensure_base_model  # noqa: E402
 
 
 def scores(engine, env, heldout, a):
-    ev = evaluate(engine, env, heldout, k=a.k, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
-                  call_prefix=True)
+    ev = evaluate(engine, env, heldout, k=a.k, max_new_tokens=a.max_new_tokens, temperature=a.temperature, call_prefix=True)
     return [sum(ev["entries"][e]) / a.k for e in heldout]
 
 
@@ -52,8 +51,9 @@ def run(name, settings, base, env, plan, heldout, base_scores, a):
     eng = TransformersEngine(base, dtype="bfloat16", threads=a.threads)
     t0, ready, steps, n_informative, with_ref, rewards, curve = time.monotonic(), [], 0, 0, 0, [], []
     for i, entry in enumerate(plan):
-        res = run_group(eng, env, entry, a.group_size, max_new_tokens=a.max_new_tokens, temperature=0.9,
-                        top_p=0.95, call_prefix=True)
+        res = run_group(
+            eng, env, entry, a.group_size, max_new_tokens=a.max_new_tokens, temperature=0.9, top_p=0.95, call_prefix=True
+        )
         samples = list(res.samples)
         rewards += [s.outcome for s in samples]
         if name == "mixed" and max(s.outcome for s in samples) < 1.0:
@@ -61,9 +61,17 @@ def run(name, settings, base, env, plan, heldout, base_scores, a):
             if ref is not None:
                 samples.append(ref)
         scored = [score_rollout(s) for s in samples]
-        j = at_floor(Judgement(group_id=f"{name}-{i}", source="rollout", task_id=entry, samples=samples,
-                               outcomes=[o for o, _ in scored], step_labels=[lab for _, lab in scored]),
-                     st.learner.adca_alpha)  # as the learner does: a reference only where the group is flat
+        j = at_floor(
+            Judgement(
+                group_id=f"{name}-{i}",
+                source="rollout",
+                task_id=entry,
+                samples=samples,
+                outcomes=[o for o, _ in scored],
+                step_labels=[lab for _, lab in scored],
+            ),
+            st.learner.adca_alpha,
+        )  # as the learner does: a reference only where the group is flat
         with_ref += any(s.off_policy for s in j.samples)
         if informative(j, st.learner.adca_alpha):
             n_informative += 1
@@ -72,25 +80,45 @@ def run(name, settings, base, env, plan, heldout, base_scores, a):
             stats = trainer.train_step(ready)
             ready, steps = [], steps + 1
             eng.load_state_dict(trainer.export("bfloat16"), f"w-{steps:06d}")
-            print(f"  {name} step {steps}: loss {stats['loss']:.4f} grad {stats['grad_norm']:.3f} "
-                  f"off-policy {stats['off_policy_samples']} reward {stats['mean_reward']:.2f}", flush=True)
+            print(
+                f"  {name} step {steps}: loss {stats['loss']:.4f} grad {stats['grad_norm']:.3f} "
+                f"off-policy {stats['off_policy_samples']} reward {stats['mean_reward']:.2f}",
+                flush=True,
+            )
             if a.eval_every and steps % a.eval_every == 0 and i < len(plan) - 1:
                 curve.append(_point(name, steps, i + 1, eng, env, heldout, base_scores, a, t0))
     curve.append(_point(name, steps, len(plan), eng, env, heldout, base_scores, a, t0))
-    return {"run": name, "groups": len(plan), "informative_groups": n_informative, "groups_with_reference": with_ref,
-            "learner_steps": steps, "train_reward": round(sum(rewards) / len(rewards), 4), "curve": curve,
-            "seconds": round(time.monotonic() - t0, 1)}
+    return {
+        "run": name,
+        "groups": len(plan),
+        "informative_groups": n_informative,
+        "groups_with_reference": with_ref,
+        "learner_steps": steps,
+        "train_reward": round(sum(rewards) / len(rewards), 4),
+        "curve": curve,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
 
 
 def _point(name, steps, groups, eng, env, heldout, base_scores, a, t0):
     s = scores(eng, env, heldout, a) if steps else list(base_scores)
     t = paired_test(base_scores, s)
-    p = {"steps": steps, "groups": groups, "heldout_avg": round(sum(s) / len(s), 4), "per_entry": s,
-         "delta_vs_base": round(t["mean_diff"], 4), "p_value": round(t["p_value"], 4), "wins": t["wins"],
-         "losses": t["losses"], "elapsed_s": round(time.monotonic() - t0, 1)}
-    print(f"{name:9s} step {steps:3d} ({groups} groups): held-out avg@{a.k} {p['heldout_avg']:.3f} "
-          f"delta {p['delta_vs_base']:+.3f} p={p['p_value']:.4f} (+{t['wins']}/-{t['losses']}) {p['elapsed_s']:.0f} s",
-          flush=True)
+    p = {
+        "steps": steps,
+        "groups": groups,
+        "heldout_avg": round(sum(s) / len(s), 4),
+        "per_entry": s,
+        "delta_vs_base": round(t["mean_diff"], 4),
+        "p_value": round(t["p_value"], 4),
+        "wins": t["wins"],
+        "losses": t["losses"],
+        "elapsed_s": round(time.monotonic() - t0, 1),
+    }
+    print(
+        f"{name:9s} step {steps:3d} ({groups} groups): held-out avg@{a.k} {p['heldout_avg']:.3f} "
+        f"delta {p['delta_vs_base']:+.3f} p={p['p_value']:.4f} (+{t['wins']}/-{t['losses']}) {p['elapsed_s']:.0f} s",
+        flush=True,
+    )
     return p
 
 
@@ -133,11 +161,22 @@ def main():
     for name in a.runs.split(","):
         r = run(name, settings, base, env, plan, heldout, base_scores, a)
         results.append(r)
-        print(f"{name:9s} informative groups {r['informative_groups']}/{r['groups']} (with reference "
-              f"{r['groups_with_reference']}) | learner steps {r['learner_steps']} | train reward "
-              f"{r['train_reward']:.3f} | {r['seconds']:.0f} s", flush=True)
-    summary = {"families": fams, "groups": a.groups, "group_size": a.group_size, "k": a.k,
-               "temperature": a.temperature, "lr": settings.learner.lr, "heldout": heldout, "results": results}
+        print(
+            f"{name:9s} informative groups {r['informative_groups']}/{r['groups']} (with reference "
+            f"{r['groups_with_reference']}) | learner steps {r['learner_steps']} | train reward "
+            f"{r['train_reward']:.3f} | {r['seconds']:.0f} s",
+            flush=True,
+        )
+    summary = {
+        "families": fams,
+        "groups": a.groups,
+        "group_size": a.group_size,
+        "k": a.k,
+        "temperature": a.temperature,
+        "lr": settings.learner.lr,
+        "heldout": heldout,
+        "results": results,
+    }
     print(json.dumps(summary))
     if a.out:
         Path(a.out).write_text(json.dumps(summary, indent=2))

@@ -12,6 +12,7 @@ exploration, so a gate there takes longer (bench_learning_curve reports it as a 
 
     .venv/bin/python tests/benchmarks/bench_gate.py [--config config/cpu.yaml] [--repeats 3]
 """
+
 import argparse
 import json
 import statistics
@@ -19,13 +20,12 @@ import time
 from pathlib import Path
 
 from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
-
 from config.settings import load_settings  # noqa: E402
 from envs.registry import make_envs  # noqa: E402
-from policies.engine import make_engine  # noqa: E402
-from policies.gate import gate_heldout, reference_nll, reference_pairs  # noqa: E402
-from policies.model_store import ensure_base_model  # noqa: E402
+from policies.engines.engine import make_engine  # noqa: E402
+from policies.promotion.gate import gate_heldout, reference_nll, reference_pairs  # noqa: E402
 from policies.rollout import evaluate  # noqa: E402
+from policies.weights.model_store import ensure_base_model  # noqa: E402
 
 
 def plain_nll(engine, pairs) -> float:
@@ -35,7 +35,7 @@ def plain_nll(engine, pairs) -> float:
         for prompt, cont in pairs:
             p = engine.tok(prompt, add_special_tokens=False)["input_ids"]
             c = engine.tok(cont, add_special_tokens=False)["input_ids"]
-            logits = engine.model(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1:-1].float()
+            logits = engine.model(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1 : -1].float()
             lp_sum += float(torch.log_softmax(logits, -1).gather(-1, torch.tensor(c).unsqueeze(-1)).sum())
             n_sum += len(c)
     return -lp_sum / max(1, n_sum)
@@ -68,18 +68,35 @@ def main() -> None:
         nlls.add((round(x, 4), round(y, 4)))
     episodes, per_episode = {}, {}
     for name, entries in heldout.items():  # the first look, then what a second look adds
-        for look, ids in (("first", entries[:s.gate.heldout_tasks]), ("second", entries[s.gate.heldout_tasks:])):
+        for look, ids in (("first", entries[: s.gate.heldout_tasks]), ("second", entries[s.gate.heldout_tasks :])):
             if ids:
-                t = statistics.median(timed(lambda: evaluate(
-                    engine, envs[name], ids, k=1, max_new_tokens=s.rollout.max_new_tokens,
-                    call_prefix=s.rollout.call_prefix))[0] for _ in range(a.repeats))
+                t = statistics.median(
+                    timed(
+                        lambda: evaluate(
+                            engine,
+                            envs[name],
+                            ids,
+                            k=1,
+                            max_new_tokens=s.rollout.max_new_tokens,
+                            call_prefix=s.rollout.call_prefix,
+                        )
+                    )[0]
+                    for _ in range(a.repeats)
+                )
                 episodes[f"{name}_{look}"], per_episode[name] = round(t, 2), round(t / len(ids), 2)
-    out = {"pairs": len(pairs), "pair_tokens": tokens, "heldout": heldout, "repeats": a.repeats,
-           "nll_plain_s": round(statistics.median(plain), 2), "nll_shared_prefix_s": round(statistics.median(shared), 2),
-           "nll_speedup": round(statistics.median(plain) / statistics.median(shared), 2),
-           "nll_plain_vs_shared": sorted(nlls), "episodes_s": episodes, "per_episode_s": per_episode}
-    out["first_look_gate_s"] = round(out["nll_shared_prefix_s"] + sum(
-        v for k, v in episodes.items() if k.endswith("_first")), 1)
+    out = {
+        "pairs": len(pairs),
+        "pair_tokens": tokens,
+        "heldout": heldout,
+        "repeats": a.repeats,
+        "nll_plain_s": round(statistics.median(plain), 2),
+        "nll_shared_prefix_s": round(statistics.median(shared), 2),
+        "nll_speedup": round(statistics.median(plain) / statistics.median(shared), 2),
+        "nll_plain_vs_shared": sorted(nlls),
+        "episodes_s": episodes,
+        "per_episode_s": per_episode,
+    }
+    out["first_look_gate_s"] = round(out["nll_shared_prefix_s"] + sum(v for k, v in episodes.items() if k.endswith("_first")), 1)
     print(json.dumps(out, indent=1))
     Path(a.out).write_text(json.dumps(out, indent=1))
 

@@ -5,13 +5,13 @@ no environment that could check an alternative: the client's tools cannot be run
 measured on the same wrong steps:
 
 1. **Hindsight shift** (OpenClaw-RL's on-policy distillation): the policy, shown the next turn as a hint, is the
-   teacher of the step it wrote without it (the hint as `policies/hindsight.py` builds it for the learner); token
+   teacher of the step it wrote without it (the hint as `policies/learning/hindsight.py` builds it for the learner); token
    t gets log pi(a_t | context + hint) - log pi(a_t | context). It points the right way on an entry when it
    raises an accepted answer more than the wrong one: shift(accepted) - shift(wrong) > 0, summed over each
    answer's tokens.
 2. **Hindsight rewrite**: the policy, shown the hint, writes the step again (k samples); accepted by BFCL's checker
    how often, against k plain re-samples of the same context.
-3. **The judge** (`policies/judge.py`, the served policy by choice scoring, as in `up`): labels the accepted and
+3. **The judge** (`policies/judge/judge.py`, the served policy by choice scoring, as in `up`): labels the accepted and
    the wrong answer; right when it calls the accepted one GOOD and the wrong one BAD.
 
 The steps are what bench_live_traffic's users meet: BFCL v4 `simple_python`, `multiple`, `parallel` train entries,
@@ -21,6 +21,7 @@ rejects it; the hint is what that benchmark's user sends next (the tool's error 
 
     .venv/bin/python tests/benchmarks/bench_hindsight.py [--per-category 30] [--k 4] [--out FILE]
 """
+
 import argparse
 import json
 import random
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -42,11 +44,11 @@ def main():
     from config.settings import load_settings
     from envs.bfcl_single import CATEGORIES, SingleTurnEnvironment, check, reference_calls
     from policies.chat import CALL_PREFIX, assistant_text, call_opening, parse_forced, render
-    from policies.engine import make_engine
-    from policies.hindsight import next_turn, teacher_messages
-    from policies.judge import PolicyJudge
-    from policies.model_store import ensure_base_model
+    from policies.engines.engine import make_engine
+    from policies.judge.judge import PolicyJudge
+    from policies.learning.hindsight import next_turn, teacher_messages
     from policies.stats import paired_test
+    from policies.weights.model_store import ensure_base_model
 
     s = load_settings(ROOT / "config" / "cpu.yaml")
     s.state_dir, s.model.torch_threads = str(ROOT / ".kaizen"), a.threads
@@ -87,16 +89,31 @@ def main():
         rew = answers(hinted, ep.tools, s.rollout.temperature, a.k)
         plain = answers(ctx, ep.tools, s.rollout.temperature, a.k)
         acc = [sum(check(eid, m.tool_calls)[0] for m in ms if m.tool_calls) / a.k for ms in (plain, rew)]
-        samples = [Sample(sample_id=f"{eid}:{i}", messages=[*ctx, m], tools=ep.tools, step_indices=[2],
-                          step_signals=[0.0], outcome=0.0) for i, m in enumerate((wrong, right))]
+        samples = [
+            Sample(sample_id=f"{eid}:{i}", messages=[*ctx, m], tools=ep.tools, step_indices=[2], step_signals=[0.0], outcome=0.0)
+            for i, m in enumerate((wrong, right))
+        ]
         verdicts = PolicyJudge(engine).judge(samples, [None, None])
         labels = [v.labels[0] if v else None for v in verdicts]
-        rows.append({"entry": eid, "greedy_right": False, "why": why[:200], "shift_wrong": round(shift_w, 4),
-                     "shift_right": round(shift_r, 4), "shift_margin": round(shift_r - shift_w, 4),
-                     "shift_margin_per_token": round(per_tok, 4), "plain_acc": acc[0], "rewrite_acc": acc[1],
-                     "judge_wrong": labels[0], "judge_right": labels[1]})
-        print(f"{eid:28s} margin {shift_r - shift_w:+7.2f}  plain {acc[0]:.2f} rewrite {acc[1]:.2f}  judge "
-              f"{labels[1]}/{labels[0]}", flush=True)
+        rows.append(
+            {
+                "entry": eid,
+                "greedy_right": False,
+                "why": why[:200],
+                "shift_wrong": round(shift_w, 4),
+                "shift_right": round(shift_r, 4),
+                "shift_margin": round(shift_r - shift_w, 4),
+                "shift_margin_per_token": round(per_tok, 4),
+                "plain_acc": acc[0],
+                "rewrite_acc": acc[1],
+                "judge_wrong": labels[0],
+                "judge_right": labels[1],
+            }
+        )
+        print(
+            f"{eid:28s} margin {shift_r - shift_w:+7.2f}  plain {acc[0]:.2f} rewrite {acc[1]:.2f}  judge {labels[1]}/{labels[0]}",
+            flush=True,
+        )
 
     wrong = [r for r in rows if not r["greedy_right"] and "shift_margin" in r]
     n = len(wrong)
@@ -105,27 +122,46 @@ def main():
     test = paired_test([0.0] * n, margins) if n else {}
     rewrite = paired_test([r["plain_acc"] for r in wrong], [r["rewrite_acc"] for r in wrong]) if n else {}
     judged = [r for r in wrong if r["judge_right"] and r["judge_wrong"]]
-    out = {"entries": len(rows), "greedy_right": sum(r["greedy_right"] for r in rows), "wrong_steps": n,
-           "k": a.k, "temperature": s.rollout.temperature, "seconds": round(time.monotonic() - t0),
-           "hindsight_shift": {"points_right": sum(m > 0 for m in margins), "points_wrong": sum(m < 0 for m in margins),
-                               "mean_margin": sum(margins) / n if n else None, "p_value": test.get("p_value"),
-                               "points_right_per_token": sum(m > 0 for m in tok)},
-           "rewrite": {"plain_acc": sum(r["plain_acc"] for r in wrong) / n if n else None,
-                       "rewrite_acc": sum(r["rewrite_acc"] for r in wrong) / n if n else None, **rewrite},
-           "judge": {"n": len(judged), "both_right": sum(r["judge_right"] == "GOOD" and r["judge_wrong"] == "BAD"
-                                                         for r in judged),
-                     "good_when_right": sum(r["judge_right"] == "GOOD" for r in judged),
-                     "good_when_wrong": sum(r["judge_wrong"] == "GOOD" for r in judged)},
-           "rows": rows}
+    out = {
+        "entries": len(rows),
+        "greedy_right": sum(r["greedy_right"] for r in rows),
+        "wrong_steps": n,
+        "k": a.k,
+        "temperature": s.rollout.temperature,
+        "seconds": round(time.monotonic() - t0),
+        "hindsight_shift": {
+            "points_right": sum(m > 0 for m in margins),
+            "points_wrong": sum(m < 0 for m in margins),
+            "mean_margin": sum(margins) / n if n else None,
+            "p_value": test.get("p_value"),
+            "points_right_per_token": sum(m > 0 for m in tok),
+        },
+        "rewrite": {
+            "plain_acc": sum(r["plain_acc"] for r in wrong) / n if n else None,
+            "rewrite_acc": sum(r["rewrite_acc"] for r in wrong) / n if n else None,
+            **rewrite,
+        },
+        "judge": {
+            "n": len(judged),
+            "both_right": sum(r["judge_right"] == "GOOD" and r["judge_wrong"] == "BAD" for r in judged),
+            "good_when_right": sum(r["judge_right"] == "GOOD" for r in judged),
+            "good_when_wrong": sum(r["judge_wrong"] == "GOOD" for r in judged),
+        },
+        "rows": rows,
+    }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1))
     h, rw, j = out["hindsight_shift"], out["rewrite"], out["judge"]
     print(f"\n{len(rows)} entries, base greedy right on {out['greedy_right']}; {n} wrong steps scored")
-    print(f"hindsight shift: points right on {h['points_right']}, wrong on {h['points_wrong']} (mean margin "
-          f"{h['mean_margin']}, sign-flip p={h['p_value']}); per token right on {h['points_right_per_token']}")
+    print(
+        f"hindsight shift: points right on {h['points_right']}, wrong on {h['points_wrong']} (mean margin "
+        f"{h['mean_margin']}, sign-flip p={h['p_value']}); per token right on {h['points_right_per_token']}"
+    )
     print(f"rewrite with the hint: {rw['rewrite_acc']} accepted vs {rw['plain_acc']} plain (p={rw.get('p_value')})")
-    print(f"judge: accepted GOOD {j['good_when_right']}/{j['n']}, wrong GOOD {j['good_when_wrong']}/{j['n']}, both "
-          f"right {j['both_right']}/{j['n']}")
+    print(
+        f"judge: accepted GOOD {j['good_when_right']}/{j['n']}, wrong GOOD {j['good_when_wrong']}/{j['n']}, both "
+        f"right {j['both_right']}/{j['n']}"
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ recomputed), as in `up`. Each step mix is timed `--repeats` times per setting; t
 
     .venv/bin/python tests/benchmarks/bench_learner_step.py [--repeats 2] [--out results/learner_step_cpu.json]
 """
+
 import argparse
 import json
 import statistics
@@ -19,14 +20,13 @@ import time
 from pathlib import Path
 
 from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
-
 from actors.attributor import score_rollout  # noqa: E402
 from actors.events import Judgement  # noqa: E402
 from config.settings import load_settings  # noqa: E402
 from envs.registry import make_env  # noqa: E402
-from policies.model_store import WeightsStore, ensure_base_model  # noqa: E402
+from policies.learning.trainer import Trainer  # noqa: E402
 from policies.rollout import reference_sample  # noqa: E402
-from policies.trainer import Trainer  # noqa: E402
+from policies.weights.model_store import WeightsStore, ensure_base_model  # noqa: E402
 
 
 def group(env, name: str, size: int) -> Judgement:
@@ -36,11 +36,20 @@ def group(env, name: str, size: int) -> Judgement:
         msgs = list(ref.messages)
         k = ref.step_indices[0]
         msgs[k] = msgs[k].model_copy(update={"content": f"Attempt {i + 1}: I will call the tool for this."})
-        samples.append(ref.model_copy(update={"sample_id": f"{name}-{i}", "messages": msgs, "off_policy": False,
-                                              "outcome": 1.0 if i % 2 == 0 else 0.0}))
+        samples.append(
+            ref.model_copy(
+                update={"sample_id": f"{name}-{i}", "messages": msgs, "off_policy": False, "outcome": 1.0 if i % 2 == 0 else 0.0}
+            )
+        )
     scored = [score_rollout(s) for s in samples]
-    return Judgement(group_id=name, source="rollout", task_id=name, samples=samples,
-                     outcomes=[s.outcome for s in samples], step_labels=[lab for _, lab in scored])
+    return Judgement(
+        group_id=name,
+        source="rollout",
+        task_id=name,
+        samples=samples,
+        outcomes=[s.outcome for s in samples],
+        step_labels=[lab for _, lab in scored],
+    )
 
 
 def main():
@@ -76,17 +85,33 @@ def main():
                 t0 = time.monotonic()
                 stats = t.train_step(gs, behaviour)
                 secs.append(time.monotonic() - t0)
-            results.setdefault(mix, {})[label] = {"seconds": round(statistics.median(secs), 2),
-                                                  "samples": stats["samples"], "tokens": stats["tokens"],
-                                                  "micro_batches": stats["micro_batches"]}
-            print(f"{mix:10s} {label:24s} {statistics.median(secs):6.1f} s  ({stats['samples']} samples, "
-                  f"{stats['tokens']} answer tokens, {stats['micro_batches']} forwards)", flush=True)
+            results.setdefault(mix, {})[label] = {
+                "seconds": round(statistics.median(secs), 2),
+                "samples": stats["samples"],
+                "tokens": stats["tokens"],
+                "micro_batches": stats["micro_batches"],
+            }
+            print(
+                f"{mix:10s} {label:24s} {statistics.median(secs):6.1f} s  ({stats['samples']} samples, "
+                f"{stats['tokens']} answer tokens, {stats['micro_batches']} forwards)",
+                flush=True,
+            )
     for mix, r in results.items():
         a_, b_ = (r[k]["seconds"] for k in settings)
         r["speedup"] = round(a_ / b_, 2)
         print(f"{mix:10s} a group per forward is {a_ / b_:.2f}x faster", flush=True)
-    Path(a.out).write_text(json.dumps({"config": Path(a.config).name, "group_size": a.group_size,
-                                       "repeats": a.repeats, "torch_threads": 1, "steps": results}, indent=1))
+    Path(a.out).write_text(
+        json.dumps(
+            {
+                "config": Path(a.config).name,
+                "group_size": a.group_size,
+                "repeats": a.repeats,
+                "torch_threads": 1,
+                "steps": results,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

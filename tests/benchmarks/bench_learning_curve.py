@@ -7,7 +7,7 @@ are scored), then runs scripted users for `--minutes`: a client asks arithmetic 
 and rates every answer by a verifiable rule (+1 when the number is right, -1 otherwise), so live
 traffic carries signal too. The questions are drawn fresh (not the environments' held-out entries).
 Then it stops `up` and scores the base and every version that was served (canary or live) on the
-same fixed held-out suite (`policies/heldout.py`: the first `--per-category` held-out entries of
+same fixed held-out suite (`policies/evaluation/heldout.py`: the first `--per-category` held-out entries of
 every category, avg@k with k = `--k`), each compared with the base by the paired sign-flip test.
 The default suite is fixed before the run: up to 32 entries each of the code ladder's first two rungs
 (add, muladd: where the 135M starts near 0 but not beyond reach; the loop rungs are 0 for base and every
@@ -27,12 +27,11 @@ ratings, for reading why hours differ.
     .venv/bin/python tests/benchmarks/bench_learning_curve.py [--minutes 60] [--k 4] [--per-category code=32]
     .venv/bin/python tests/benchmarks/bench_learning_curve.py --repeats 3 --config PRESET --out results/NAME
 """
+
 import argparse
 import asyncio
 import json
 import os
-import random
-import re
 import shutil
 import subprocess
 import sys
@@ -44,76 +43,9 @@ from pathlib import Path
 import yaml
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
-from _hours import _p50, learner_detail, repeats, seed_base, suite_args, suite_envs  # noqa: E402
-
-PYTHON_TOOL = {"type": "function", "function": {
-    "name": "python", "description": "Run Python 3 code in a sandbox; returns what it prints, or the value of its last "
-    "expression.", "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}
-
-
-def question(rng: random.Random) -> tuple[str, int]:
-    a, b = rng.randint(100, 99999), rng.randint(100, 99999)
-    if rng.random() < 0.5:
-        return f"Please compute {a} + {b}.", a + b
-    c = rng.randint(1, 999)
-    a, b = a % 1000, b % 1000
-    return f"How much is {a} * {b} + {c}?", a * b + c
-
-
-def right(text: str, truth: int) -> bool:
-    nums = re.findall(r"-?\d+(?:\.\d+)?", (text or "").replace(",", ""))
-    try:
-        return bool(nums) and abs(float(nums[-1]) - truth) < 1e-6
-    except ValueError:
-        return False
-
-
-def users(run: dict, stop: threading.Event, stats: dict, pause_s: float, seed: int) -> None:
-    """One scripted agent client: ask, run the tool call it gets (sandboxed), rate every answer."""
-    import httpx
-    import openai
-
-    from envs.code import notebook_cell
-    from envs.sandbox import run_python
-
-    key = Path(run["api_key_file"]).read_text().strip()
-    c = openai.OpenAI(base_url=run["endpoint"], api_key=key, max_retries=0, timeout=300)
-    rng = random.Random(seed)
-
-    def rate(r, score):
-        httpx.post(run["endpoint"] + "/feedback", headers={"Authorization": f"Bearer {key}"},
-                   json={"interaction_id": r.id, "score": score}, timeout=60)
-        stats["rated"] += 1
-
-    while not stop.is_set():
-        q, truth = question(rng)
-        msgs = [{"role": "user", "content": q}]
-        try:
-            # an agent client that wants its sums run: the first turn must call the tool
-            r = c.chat.completions.create(model=run["model"], messages=msgs, tools=[PYTHON_TOOL], max_tokens=48,
-                                          tool_choice="required")
-            stats["requests"] += 1
-            m = r.choices[0].message
-            if m.tool_calls:
-                tc = m.tool_calls[0]
-                try:
-                    code = json.loads(tc.function.arguments).get("code", "")
-                except (ValueError, AttributeError):
-                    code = ""
-                out = run_python(notebook_cell(code)).stdout if isinstance(code, str) and code else ""
-                stats["tool_right"] += right(out, truth)
-                rate(r, 1.0 if right(out, truth) else -1.0)
-                msgs += [m.model_dump(exclude_none=True),
-                         {"role": "tool", "tool_call_id": tc.id, "content": out or "(no output)"}]
-                r = c.chat.completions.create(model=run["model"], messages=msgs, tools=[PYTHON_TOOL], max_tokens=32)
-                stats["requests"] += 1
-            ok = right(r.choices[0].message.content, truth)
-            stats["right"] += ok
-            rate(r, 1.0 if ok else -1.0)
-        except Exception as exc:  # counted, never fatal: the benchmark measures learning, bench_load measures serving
-            stats["failed"] += 1
-            stats["last_error"] = repr(exc)[:200]
-        stop.wait(pause_s)
+from _hours import repeats, seed_base  # noqa: E402
+from _report import report  # noqa: E402
+from _users import users  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:
@@ -121,24 +53,50 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--minutes", type=float, default=60)
     ap.add_argument("--config", default=str(ROOT / "config" / "cpu.yaml"))
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--per-category", default="code=32", help="held-out entries per category: N, or ENV=N,... "
-                    "(BFCL, 0 for the 135M base and every version so far, is left out unless named)")
-    ap.add_argument("--categories", default="code=add,muladd", help="only these categories of an environment's "
-                    "held-out split: ENV=CAT,CAT;ENV=... (empty = all)")
-    ap.add_argument("--max-versions", type=int, default=4, help="score at most this many served versions, evenly "
-                    "spaced, the newest always (0 = all)")
+    ap.add_argument(
+        "--per-category",
+        default="code=32",
+        help="held-out entries per category: N, or ENV=N,... "
+        "(BFCL, 0 for the 135M base and every version so far, is left out unless named)",
+    )
+    ap.add_argument(
+        "--categories",
+        default="code=add,muladd",
+        help="only these categories of an environment's held-out split: ENV=CAT,CAT;ENV=... (empty = all)",
+    )
+    ap.add_argument(
+        "--max-versions",
+        type=int,
+        default=4,
+        help="score at most this many served versions, evenly spaced, the newest always (0 = all)",
+    )
     ap.add_argument("--user-pause-s", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--score-threads", type=int, default=os.cpu_count() or 1,
-                    help="torch threads of the scoring engine (`up` is down by then: every core is free)")
-    ap.add_argument("--score-batch", type=int, default=16, help="held-out episodes generated together (several "
-                    "entries' k samples in one batch)")
+    ap.add_argument(
+        "--score-threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="torch threads of the scoring engine (`up` is down by then: every core is free)",
+    )
+    ap.add_argument(
+        "--score-batch",
+        type=int,
+        default=16,
+        help="held-out episodes generated together (several entries' k samples in one batch)",
+    )
     ap.add_argument("--repeats", type=int, default=1, help="fresh hours back to back; writes <out>_summary.json")
-    ap.add_argument("--keep-weights", action="store_true", help="keep every version's weights file after scoring "
-                    "(by default only the scored ones stay: an hour writes ~50 files)")
+    ap.add_argument(
+        "--keep-weights",
+        action="store_true",
+        help="keep every version's weights file after scoring (by default only the scored ones stay: an hour writes ~50 files)",
+    )
     ap.add_argument("--out", default=str(ROOT / "tests" / "benchmarks" / "results" / "learning_curve_cpu"))
-    ap.add_argument("--from-run", default="", help="score a finished run again: its directory (kz-curve-*), "
-                    "whose stream is read from its stored nats data; the run itself is not repeated")
+    ap.add_argument(
+        "--from-run",
+        default="",
+        help="score a finished run again: its directory (kz-curve-*), "
+        "whose stream is read from its stored nats data; the run itself is not repeated",
+    )
     return ap
 
 
@@ -164,15 +122,20 @@ def one_hour(a, out_path: str) -> dict:
     seed_base(a, root / "config.yaml", state)  # scored once on this machine: the guard and the report find it
     env = {**os.environ, "KAIZEN_STATE_DIR": str(state), "KAIZEN_SERVE_PORT": str(free_port())}
     t_start = time.time()
-    up = subprocess.run([sys.executable, str(ROOT / "main.py"), "up", "--detach", "--config", str(root / "config.yaml")],
-                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    up = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "up", "--detach", "--config", str(root / "config.yaml")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert up.returncode == 0, up.stdout + up.stderr
     run = json.loads((state / "run.json").read_text())
     print(f"up in {time.time() - t_start:.0f}s; state {state}; scripted users for {a.minutes:.0f} min", flush=True)
     stop, stats = threading.Event(), {"requests": 0, "rated": 0, "tool_right": 0, "right": 0, "failed": 0}
     stats_file = root / "users.json"
-    th = threading.Thread(target=getattr(a, "users_fn", users), args=(run, stop, stats, a.user_pause_s, a.seed),
-                          daemon=True)
+    th = threading.Thread(target=getattr(a, "users_fn", users), args=(run, stop, stats, a.user_pause_s, a.seed), daemon=True)
     th.start()
     t0 = time.monotonic()
     try:
@@ -189,13 +152,19 @@ def one_hour(a, out_path: str) -> dict:
         events = asyncio.run(cli.read_events(s, run, KINDS))
         learner = [e for e in events if e.kind == "learner_step"]
     finally:
-        subprocess.run([sys.executable, str(ROOT / "main.py"), "down"], env=env, cwd=ROOT, capture_output=True,
-                       timeout=600)
+        subprocess.run([sys.executable, str(ROOT / "main.py"), "down"], env=env, cwd=ROOT, capture_output=True, timeout=600)
     return report(a, s, state, events, learner, stats, time.time() - t_start, out_path)
 
 
-KINDS = ["judgement", "learner_step", "weights_published", "weights_status", "weights_promoted", "weights_rolled_back",
-         "heldout_scored"]
+KINDS = [
+    "judgement",
+    "learner_step",
+    "weights_published",
+    "weights_status",
+    "weights_promoted",
+    "weights_rolled_back",
+    "heldout_scored",
+]
 
 
 def rescore(a) -> None:
@@ -217,83 +186,6 @@ def rescore(a) -> None:
     stats = json.loads((root / "users.json").read_text()) if (root / "users.json").exists() else {}
     learner = [e for e in events if e.kind == "learner_step"]
     report(a, s, state, events, learner, stats, None, a.out)
-
-
-def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str) -> dict:
-    from deploy import reports as cli
-    from policies import lineage
-    from policies.engine import make_engine
-    from policies.gate import gate_entries
-    from policies.model_store import BASE_VERSION, WeightsStore, ensure_base_model
-
-    rows = lineage.lineage(events)
-    served = [r for r in rows if r["gate"].startswith(("canary", "live"))]
-    if a.max_versions and len(served) > a.max_versions:
-        step = (len(served) - 1) / (a.max_versions - 1) if a.max_versions > 1 else 0
-        served = [served[round(i * step)] for i in range(a.max_versions - 1)] + [served[-1]]
-    per, cats = suite_args(a)
-    envs = suite_envs(s, per)
-    cache = cli.heldout_cache(s, envs, per, a.k, cats)
-    store = WeightsStore(s.state)
-    base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
-    s.model.torch_threads = a.score_threads
-    engine = make_engine(s, base, role="eval")
-    t0 = time.monotonic()
-    for v in [BASE_VERSION] + [r["version"] for r in served]:
-        if cache.get(v) is None:  # scored before on this suite (a rescore): the cache holds it
-            engine.load_weights(store.file(v, base), v)
-            cache.evaluate(engine, envs, v, batch=a.score_batch)
-        print(f"scored {v} in {time.monotonic() - t0:.0f}s: " + json.dumps(
-            {e: round(x["avg"], 3) for e, x in cache.get(v).items()}), flush=True)
-    held = {r["version"]: cache.versus(BASE_VERSION, r["version"]) for r in served}
-    seen = gate_entries(envs, s.gate)  # the gate chose what was served by these: the same test without them
-    unseen = {r["version"]: cache.versus(BASE_VERSION, r["version"], exclude=seen) for r in served}
-    base_scores = cache.get(BASE_VERSION)
-    print(lineage.table(rows, held, base_scores))
-    shares = learner[-1].metrics if learner else {}
-    newest = served[-1]["version"] if served else None
-    stages = {key: _p50([r[key] for r in rows if r[key] is not None])
-              for key in ("step_s", "published_after_s", "gate_s", "served_after_s")}
-    out = {"minutes": a.minutes, "k": a.k, "per_category": a.per_category, "categories": cats, "suite": cache.entries,
-           "cycle_p50_s": stages,
-           "wall_s": round(wall_s) if wall_s else None, "users": stats, "learner_steps": len(learner),
-           "informative_own_share": shares.get("informative_own_share"),
-           "informative_share": shares.get("informative_share"), "rollout_groups": shares.get("rollout_groups"),
-           "lineage": rows, "base": base_scores, "scores": {v: cache.get(v) for v in held}, "versus_base": held,
-           "newest_served": newest, "newest_vs_base": held.get(newest, {}), "gate_entries": sorted(seen),
-           "versus_base_unseen_by_gate": unseen, "newest_vs_base_unseen_by_gate": unseen.get(newest, {}),
-           "state_dir": str(state), "score_s": round(time.monotonic() - t0), **learner_detail(events, learner)}
-    out_file = Path(out_path).with_suffix(".json")
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    out_file.write_text(json.dumps(out, indent=1))
-    if base_scores:
-        lineage.curve(served, held, base_scores, Path(out_path).with_suffix(".png"))
-    if not a.keep_weights:  # an hour writes ~50 versions; the scored ones (and the stream) stay for a rescore
-        scored = {v for v in cache.versions}
-        for f in (state / "weights").glob("w-*.safetensors"):
-            if f.name.split(".")[0] not in scored:
-                f.unlink(missing_ok=True)
-        for f in (state / "learner").glob("ckpt-*.pt"):  # 1.6 GB each on the CPU model; a rescore needs none
-            f.unlink(missing_ok=True)
-    print(f"cycle p50: published {stages['published_after_s']} s, served {stages['served_after_s']} s after the "
-          f"oldest judged group a version learned from; learner step {stages['step_s']} s, gate (published -> "
-          f"decided) {stages['gate_s']} s")
-    for c in out["guard_checks"]:
-        print(f"  guard at {c['minute']:5.1f} min: {c['version']} {c['verdict']} ({100 * c['delta']:+.1f} points, "
-              f"p={c['p_value']:.4f}, {c['entries']} entries, {c['duration_s']} s)")
-    for r in out["rollbacks"]:
-        print(f"  rollback at {r['minute']:5.1f} min: {r['from']} -> {r['to']}: {r['reason'][:160]}")
-    print(f"learner steps {len(learner)}; served versions {len(served)}; informative groups own "
-          f"{shares.get('informative_own_share')}, with references {shares.get('informative_share')}")
-    for env, d in out["newest_vs_base"].items():
-        print(f"newest served {newest} vs base on {env}: {100 * d['base_avg']:.1f}% -> {100 * d['avg']:.1f}% "
-              f"({100 * d['delta']:+.1f} points, paired p={d['p_value']:.4f}, +{d['wins']}/-{d['losses']})")
-    for env, d in out["newest_vs_base_unseen_by_gate"].items():
-        print(f"  without the {len(seen)} entries the gate looks at ({d['n']} left): {100 * d['base_avg']:.1f}% -> "
-              f"{100 * d['avg']:.1f}% ({100 * d['delta']:+.1f} points, p={d['p_value']:.4f}, "
-              f"+{d['wins']}/-{d['losses']})")
-    print(f"written {out_file} and .png", flush=True)
-    return out
 
 
 if __name__ == "__main__":

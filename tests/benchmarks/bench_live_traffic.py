@@ -16,6 +16,7 @@ rule, and the guard's checks (its suite is set to the same held-out split here).
 
     .venv/bin/python tests/benchmarks/bench_live_traffic.py --minutes 60 [--rate-share 0.1] [--repeats N]
 """
+
 import json
 import random
 import tempfile
@@ -59,20 +60,27 @@ def live_users(rate_share: float, per_conversation: int):
         stats.update(conversations=0, right=0, wrong=0, retries=0, retry_right=0)
 
         def ask(msgs, tools):
-            r = c.chat.completions.create(model=run_info["model"], messages=msgs, tools=tools, tool_choice="required",
-                                          max_tokens=96)
+            r = c.chat.completions.create(
+                model=run_info["model"], messages=msgs, tools=tools, tool_choice="required", max_tokens=96
+            )
             stats["requests"] += 1
             return r, r.choices[0].message
 
         def judge(eid, m, names):
-            calls = [ToolCall(id=t.id, name=names.get(t.function.name, t.function.name), arguments=t.function.arguments)
-                     for t in (m.tool_calls or [])]
+            calls = [
+                ToolCall(id=t.id, name=names.get(t.function.name, t.function.name), arguments=t.function.arguments)
+                for t in (m.tool_calls or [])
+            ]
             return check(eid, calls) if calls else (False, "no function call")
 
         def maybe_rate(r, ok):
             if rng.random() < rate_share:
-                httpx.post(run_info["endpoint"] + "/feedback", headers={"Authorization": f"Bearer {key}"},
-                           json={"interaction_id": r.id, "score": 1.0 if ok else -1.0}, timeout=60)
+                httpx.post(
+                    run_info["endpoint"] + "/feedback",
+                    headers={"Authorization": f"Bearer {key}"},
+                    json={"interaction_id": r.id, "score": 1.0 if ok else -1.0},
+                    timeout=60,
+                )
                 stats["rated"] += 1
 
         while not stop.is_set():
@@ -91,8 +99,16 @@ def live_users(rate_share: float, per_conversation: int):
                     stats["right" if ok else "wrong"] += 1
                     maybe_rate(r, ok)
                     msgs.append(m.model_dump(exclude_none=True))
-                    results = [{"role": "tool", "tool_call_id": t.id, "content": json.dumps({"status": "ok"}) if ok
-                                else f"Error: {why or 'the call does not match the request'}"} for t in (m.tool_calls or [])]
+                    results = [
+                        {
+                            "role": "tool",
+                            "tool_call_id": t.id,
+                            "content": json.dumps({"status": "ok"})
+                            if ok
+                            else f"Error: {why or 'the call does not match the request'}",
+                        }
+                        for t in (m.tool_calls or [])
+                    ]
                     msgs += results
                     if not ok:  # what a user does next: say so, ask again
                         msgs.append({"role": "user", "content": f"{NOT_WHAT_I_ASKED} {question}"})
@@ -102,19 +118,34 @@ def live_users(rate_share: float, per_conversation: int):
                         stats["retry_right"] += ok
                         maybe_rate(r, ok)
                         msgs.append(m.model_dump(exclude_none=True))
-                        msgs += [{"role": "tool", "tool_call_id": t.id, "content": json.dumps({"status": "ok"}) if ok
-                                  else f"Error: {why or 'the call does not match the request'}"} for t in (m.tool_calls or [])]
+                        msgs += [
+                            {
+                                "role": "tool",
+                                "tool_call_id": t.id,
+                                "content": json.dumps({"status": "ok"})
+                                if ok
+                                else f"Error: {why or 'the call does not match the request'}",
+                            }
+                            for t in (m.tool_calls or [])
+                        ]
             except Exception as exc:  # counted, never fatal
                 stats["failed"] += 1
                 stats["last_error"] = repr(exc)[:200]
             stop.wait(pause_s)
+
     return users
 
 
 def main():
     ap = parser()
-    ap.set_defaults(per_category="bfcl_single=16", categories="", k=4, max_versions=3, user_pause_s=10.0,
-                    out=str(ROOT / "tests" / "benchmarks" / "results" / "live_traffic_cpu"))
+    ap.set_defaults(
+        per_category="bfcl_single=16",
+        categories="",
+        k=4,
+        max_versions=3,
+        user_pause_s=10.0,
+        out=str(ROOT / "tests" / "benchmarks" / "results" / "live_traffic_cpu"),
+    )
     ap.add_argument("--rate-share", type=float, default=0.0, help="share of answers rated (+1/-1 by the checker)")
     ap.add_argument("--requests-per-conversation", type=int, default=3)
     a = ap.parse_args()

@@ -111,7 +111,7 @@ def raw_engine(model_dir: Path, n: int, max_tokens: int, seconds: float) -> dict
     """The replica's engine without the server: batches of `n` of the same prompts, generated back to back."""
     from actors.events import ChatMessage
     from policies.chat import render
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
 
     eng = TransformersEngine(model_dir, threads=1)
     prompts = [render([ChatMessage(role="user", content=QUESTIONS[i % len(QUESTIONS)])]) for i in range(n)]
@@ -160,7 +160,7 @@ def main():
 
     from config.settings import load_settings
     from deploy.nats import free_port
-    from policies.model_store import WeightsStore, ensure_base_model, version_name
+    from policies.weights.model_store import WeightsStore, ensure_base_model, version_name
 
     root = Path(tempfile.mkdtemp(prefix="kz-load-"))
     state = root / "state"

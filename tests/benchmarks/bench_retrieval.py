@@ -13,6 +13,7 @@ real ones, and the benchmark reports how often the source request comes back fir
 
     .venv/bin/python tests/benchmarks/bench_retrieval.py [--n 100000] [--queries 200]
 """
+
 import argparse
 import asyncio
 import json
@@ -30,20 +31,40 @@ from _common import ROOT, pct  # noqa: E402  (also puts the repository on sys.pa
 
 
 def fill(pool_path: str, n: int, real_texts: list[str], real_vecs: list[list[float]]) -> float:
-    from policies.memory_pool import COLLECTION, MemoryPool
+    from policies.memory.pool import COLLECTION, MemoryPool
 
     pool = MemoryPool(pool_path, 384)
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
-    rows = [{"id": f"real{i}", "vector": v, "text": f"for a request like {t!r}: call cd first", "success": True,
-             "state": "active", "meta": json.dumps({"origin": "env", "created_at": None})}
-            for i, (t, v) in enumerate(zip(real_texts, real_vecs))]
+    rows = [
+        {
+            "id": f"real{i}",
+            "vector": v,
+            "text": f"for a request like {t!r}: call cd first",
+            "success": True,
+            "state": "active",
+            "meta": json.dumps({"origin": "env", "created_at": None}),
+        }
+        for i, (t, v) in enumerate(zip(real_texts, real_vecs))
+    ]
     pool.client.insert(COLLECTION, rows)
     for start in range(len(rows), n, 5000):
         v = rng.standard_normal((min(5000, n - start), 384)).astype(np.float32)
         v /= np.linalg.norm(v, axis=1, keepdims=True)
-        pool.client.insert(COLLECTION, [{"id": f"x{start + i}", "vector": v[i].tolist(), "text": f"experience {start + i}",
-                                         "success": True, "state": "active", "meta": "{}"} for i in range(len(v))])
+        pool.client.insert(
+            COLLECTION,
+            [
+                {
+                    "id": f"x{start + i}",
+                    "vector": v[i].tolist(),
+                    "text": f"experience {start + i}",
+                    "success": True,
+                    "state": "active",
+                    "meta": "{}",
+                }
+                for i in range(len(v))
+            ],
+        )
     pool.client.flush(COLLECTION)
     secs = time.perf_counter() - t0
     pool.close()  # stops Milvus Lite's in-process server: its files are complete before the process ends
@@ -93,8 +114,8 @@ def main():
     from config.settings import load_settings
     from deploy.nats import EmbeddedNats
     from envs.bfcl import load_category
-    from policies.embedder import Embedder
-    from policies.memory_pool import MemoryPool
+    from policies.memory.embedder import Embedder
+    from policies.memory.pool import MemoryPool
 
     state = Path(tempfile.mkdtemp()) / "state"
     s = load_settings(None)
@@ -105,7 +126,7 @@ def main():
     for cat in ("base", "long_context", "miss_func", "miss_param"):
         texts += [e["question"][0][0]["content"][:300] for e in load_category(cat)[0].values()]
     texts = list(dict.fromkeys(texts))[: a.real]
-    real_vecs = [v for i in range(0, len(texts), 64) for v in emb.embed(texts[i:i + 64])]
+    real_vecs = [v for i in range(0, len(texts), 64) for v in emb.embed(texts[i : i + 64])]
     pool_path = state / "milvus" / "experiences.db"
     pool_path.parent.mkdir(parents=True)
     import multiprocessing as mp  # Milvus Lite holds its data dir until the process ends: fill in a child
@@ -118,19 +139,31 @@ def main():
     nats = EmbeddedNats(state).start()
     s.nats.url, s.nats.password = nats.url, nats.password
     (state / "settings.json").write_text(s.model_dump_json())
-    script = ("import asyncio, sys; sys.path.insert(0, %r)\n"
-              "from config.settings import Settings\nfrom actors.navigator import Navigator\n"
-              "s = Settings.model_validate_json(open(%r).read())\nasyncio.run(Navigator(s).run())\n"
-              % (str(ROOT), str(state / "settings.json")))
+    script = (
+        "import asyncio, sys; sys.path.insert(0, %r)\n"
+        "from config.settings import Settings\nfrom actors.navigator import Navigator\n"
+        "s = Settings.model_validate_json(open(%r).read())\nasyncio.run(Navigator(s).run())\n"
+        % (str(ROOT), str(state / "settings.json"))
+    )
     # the environment `up` gives the navigator actor (deploy/ray_local.py)
-    env = {**os.environ, "OMP_NUM_THREADS": str(s.memory.search_threads), "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(s.memory.search_threads),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     t0 = time.perf_counter()
-    nav = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True,
-                           stdout=subprocess.DEVNULL, stderr=open(state / "navigator.err", "w"))
+    nav = subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=open(state / "navigator.err", "w"),
+    )
     queries = [paraphrase(texts[i % len(texts)]) for i in range(a.queries)]
     try:
         from actors.bus import Bus  # noqa: F401  (imported here so its import time is not in the first request)
+
         rpc_ms, server_ms, rpc_ids = asyncio.run(rpc_latency(s, queries, a.k, nav))
         nav_ready_s = time.perf_counter() - t0
     finally:
@@ -159,21 +192,33 @@ def main():
         milvus_ms.append((time.perf_counter() - t) * 1000)
         same += [h.experience_id for h in pool.search(v, 3, min_score=-1)] == [h.experience_id for h in ref]
 
-    print(f"experiences={a.n} ({len(texts)} real) fill={fill_s:.1f}s; navigator answered {nav_ready_s:.1f}s after start "
-          f"(mirrors the pool); torch threads={s.memory.search_threads}, embedding dtype={s.embedding.dtype}")
-    print(f"retrieve over NATS (serve -> navigator -> serve)  p50={statistics.median(rpc_ms):6.1f} ms  "
-          f"p95={pct(rpc_ms, .95):6.1f} ms  p99={pct(rpc_ms, .99):6.1f} ms; source request ranked first in "
-          f"{first}/{len(queries)}")
-    print(f"  of which in the navigator (embed + search + rank) p50={statistics.median(server_ms):6.1f} ms  "
-          f"p95={pct(server_ms, .95):6.1f} ms")
-    print(f"  embed query                                    p50={statistics.median(embed_ms):6.1f} ms  "
-          f"p95={pct(embed_ms, .95):6.1f} ms")
-    print(f"  index search (top-{4 * a.k} before ranking)             p50={statistics.median(index_ms):6.1f} ms  "
-          f"p95={pct(index_ms, .95):6.1f} ms")
-    print(f"  milvus lite FLAT search, same rows             p50={statistics.median(milvus_ms):6.1f} ms  "
-          f"p95={pct(milvus_ms, .95):6.1f} ms  "
-          f"(index/milvus p50 {statistics.median(index_ms) / statistics.median(milvus_ms):.3f}; "
-          f"same top-3 in {same}/{len(milvus_ms)})")
+    print(
+        f"experiences={a.n} ({len(texts)} real) fill={fill_s:.1f}s; navigator answered {nav_ready_s:.1f}s after start "
+        f"(mirrors the pool); torch threads={s.memory.search_threads}, embedding dtype={s.embedding.dtype}"
+    )
+    print(
+        f"retrieve over NATS (serve -> navigator -> serve)  p50={statistics.median(rpc_ms):6.1f} ms  "
+        f"p95={pct(rpc_ms, 0.95):6.1f} ms  p99={pct(rpc_ms, 0.99):6.1f} ms; source request ranked first in "
+        f"{first}/{len(queries)}"
+    )
+    print(
+        f"  of which in the navigator (embed + search + rank) p50={statistics.median(server_ms):6.1f} ms  "
+        f"p95={pct(server_ms, 0.95):6.1f} ms"
+    )
+    print(
+        f"  embed query                                    p50={statistics.median(embed_ms):6.1f} ms  "
+        f"p95={pct(embed_ms, 0.95):6.1f} ms"
+    )
+    print(
+        f"  index search (top-{4 * a.k} before ranking)             p50={statistics.median(index_ms):6.1f} ms  "
+        f"p95={pct(index_ms, 0.95):6.1f} ms"
+    )
+    print(
+        f"  milvus lite FLAT search, same rows             p50={statistics.median(milvus_ms):6.1f} ms  "
+        f"p95={pct(milvus_ms, 0.95):6.1f} ms  "
+        f"(index/milvus p50 {statistics.median(index_ms) / statistics.median(milvus_ms):.3f}; "
+        f"same top-3 in {same}/{len(milvus_ms)})"
+    )
 
 
 if __name__ == "__main__":

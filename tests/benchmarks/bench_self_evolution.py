@@ -11,6 +11,7 @@ cost is reported apart from the rollout budget. Prints one line per run and a JS
 
     .venv/bin/python tests/benchmarks/bench_self_evolution.py [--groups 12] [--heldout 12]
 """
+
 import argparse
 import json
 import random
@@ -20,16 +21,15 @@ from collections import Counter
 from pathlib import Path
 
 from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
-
 from actors.attributor import score_rollout  # noqa: E402
 from actors.events import Judgement  # noqa: E402
-from policies.trainer import Trainer  # noqa: E402
 from config.settings import load_settings  # noqa: E402
 from envs.registry import make_env  # noqa: E402
-from policies import synthesis as syn  # noqa: E402
-from policies.engine import TransformersEngine  # noqa: E402
-from policies.model_store import ensure_base_model  # noqa: E402
+from policies.engines.engine import TransformersEngine  # noqa: E402
+from policies.learning.trainer import Trainer  # noqa: E402
 from policies.rollout import evaluate, run_group  # noqa: E402
+from policies.tasks import synthesis as syn  # noqa: E402
+from policies.weights.model_store import ensure_base_model  # noqa: E402
 
 
 def make_tasks(env, base_engine, n, seed):
@@ -62,12 +62,20 @@ def run(name, settings, base, env, plan, heldout, a):
     eng = TransformersEngine(base, dtype="bfloat16")
     t0, ready, steps, informative, rewards = time.monotonic(), [], 0, 0, []
     for i, (entry, spec, origin) in enumerate(plan):
-        res = run_group(eng, env, entry, a.group_size, max_new_tokens=64, temperature=0.9, top_p=0.95,
-                        call_prefix=True, spec=spec)
+        res = run_group(
+            eng, env, entry, a.group_size, max_new_tokens=64, temperature=0.9, top_p=0.95, call_prefix=True, spec=spec
+        )
         scored = [score_rollout(s) for s in res.samples]
         rewards += [s.outcome for s in res.samples]
-        j = Judgement(group_id=f"{name}-{i}", source="rollout", task_id=entry, samples=res.samples,
-                      outcomes=[o for o, _ in scored], step_labels=[lab for _, lab in scored], origin=origin)
+        j = Judgement(
+            group_id=f"{name}-{i}",
+            source="rollout",
+            task_id=entry,
+            samples=res.samples,
+            outcomes=[o for o, _ in scored],
+            step_labels=[lab for _, lab in scored],
+            origin=origin,
+        )
         if len(set(j.outcomes)) > 1:
             informative += 1
             ready.append(j)
@@ -77,9 +85,16 @@ def run(name, settings, base, env, plan, heldout, a):
             eng.load_state_dict(trainer.export("bfloat16"), f"w-{steps:06d}")
     train_s = time.monotonic() - t0
     ev = evaluate(eng, env, heldout, k=1, max_new_tokens=64, temperature=0.0, call_prefix=True)
-    return {"run": name, "groups": len(plan), "informative_groups": informative, "learner_steps": steps,
-            "train_reward": round(sum(rewards) / len(rewards), 4), "heldout_avg": round(ev["avg"], 4),
-            "heldout_solved": sum(1 for s in ev["entries"].values() if s[0] >= 1.0), "train_s": round(train_s, 1)}
+    return {
+        "run": name,
+        "groups": len(plan),
+        "informative_groups": informative,
+        "learner_steps": steps,
+        "train_reward": round(sum(rewards) / len(rewards), 4),
+        "heldout_avg": round(ev["avg"], 4),
+        "heldout_solved": sum(1 for s in ev["entries"].values() if s[0] >= 1.0),
+        "train_s": round(train_s, 1),
+    }
 
 
 def main():
@@ -111,18 +126,31 @@ def main():
         else:
             mixed.append(env_tasks[i // 2 if synth else i])
     print(f"base weights: held-out avg {base_eval['avg']:.4f} on {len(heldout)} entries")
-    print(f"synthetic tasks: {len(synth)} verified from {tries} explorations in {synth_s:.0f} s "
-          f"(writers: {dict(Counter(w for _, _, w in synth))})")
+    print(
+        f"synthetic tasks: {len(synth)} verified from {tries} explorations in {synth_s:.0f} s "
+        f"(writers: {dict(Counter(w for _, _, w in synth))})"
+    )
     results = [{"run": "base", "heldout_avg": round(base_eval["avg"], 4)}]
     for name, plan in [("env_only", env_tasks), ("plus_synthetic", mixed), ("plus_attribution", mixed)]:
         r = run(name, settings, base, env, plan, heldout, a)
         results.append(r)
-        print(f"{name:17s} held-out avg {r['heldout_avg']:.4f} (solved {r['heldout_solved']}/{len(heldout)}) | "
-              f"train reward {r['train_reward']:.3f} | informative groups {r['informative_groups']}/{r['groups']} | "
-              f"learner steps {r['learner_steps']} | {r['train_s']:.0f} s")
-    summary = {"groups": a.groups, "group_size": a.group_size, "heldout": heldout, "results": results,
-               "synthetic": {"verified": len(synth), "explorations": tries, "seconds": round(synth_s, 1),
-                             "queries": [s["query"] for _, s, _ in synth]}}
+        print(
+            f"{name:17s} held-out avg {r['heldout_avg']:.4f} (solved {r['heldout_solved']}/{len(heldout)}) | "
+            f"train reward {r['train_reward']:.3f} | informative groups {r['informative_groups']}/{r['groups']} | "
+            f"learner steps {r['learner_steps']} | {r['train_s']:.0f} s"
+        )
+    summary = {
+        "groups": a.groups,
+        "group_size": a.group_size,
+        "heldout": heldout,
+        "results": results,
+        "synthetic": {
+            "verified": len(synth),
+            "explorations": tries,
+            "seconds": round(synth_s, 1),
+            "queries": [s["query"] for _, s, _ in synth],
+        },
+    }
     print(json.dumps(summary))
     if a.out:
         Path(a.out).write_text(json.dumps(summary, indent=2))

@@ -12,8 +12,8 @@ blocks with swaps (`--swaps` in all), so both conditions see the same machine; t
 request is attributed to its block. Swaps alternate between the transports in `--transports`: `file` (the
 replica reads the safetensors file) and `shared` (the replica copies the weights from this script's
 gate-like engine, which takes each version in before the pointer moves, as the broadcaster's gate engine
-has when it promotes a candidate; `serve.weights_transport: shared`, `policies/shared_weights.py`) and `objects`
-(`weights.store: nats`, policies/weights_objects.py: the version is fetched from the bus's object store, as by a
+has when it promotes a candidate; `serve.weights_transport: shared`, `policies/weights/shared.py`) and `objects`
+(`weights.store: nats`, policies/weights/objects.py: the version is fetched from the bus's object store, as by a
 replica on another host). With `objects` among them, the replica runs with `weights.store: nats`; its `file` swaps
 still read the file where the pointer names it (this state dir, a shared disk: the `state_dir` store's path), while
 the `objects` versions are saved by "another host" (a second state dir: `WeightsStore.save` uploads each into the
@@ -64,8 +64,8 @@ def main():
     from config.settings import load_settings
     from deploy import ray_local
     from deploy.nats import EmbeddedNats, free_port
-    from policies.live_board import LiveBoard
-    from policies.model_store import WeightsStore, ensure_base_model
+    from policies.weights.live_board import LiveBoard
+    from policies.weights.model_store import WeightsStore, ensure_base_model
 
     s = load_settings(None)
     s.state_dir = str(Path(tempfile.mkdtemp(prefix="kz-swaps-")) / "st")
@@ -92,7 +92,7 @@ def main():
     async def prepare():
         bus = await Bus.from_settings(s.nats, "bench").connect()
         if "objects" in transports:  # saved on another host, as its learner saves: into the object store
-            from policies.weights_objects import ObjectWeights
+            from policies.weights.objects import ObjectWeights
 
             away = WeightsStore(s.state.parent / "other-host")
             away.remote = await ObjectWeights(s, away).open(bus.js)
@@ -106,7 +106,7 @@ def main():
         s.weights.store = "nats"  # the replica fetches a version its state dir lacks
     gate = None
     if "shared" in transports:
-        from policies.engine import TransformersEngine
+        from policies.engines.engine import TransformersEngine
 
         gate = TransformersEngine(base, dtype="bfloat16", threads=1)  # the broadcaster's gate engine, shared
         gate.share(store.dir / "shared-layout.json")

@@ -5,6 +5,7 @@ while calls run, then flip the pointer). Prints p50 / p95 in milliseconds and ge
 
     .venv/bin/python tests/benchmarks/bench_swap.py [--swaps 10]
 """
+
 import argparse
 import statistics
 import tempfile
@@ -13,19 +14,23 @@ import time
 from pathlib import Path
 
 from _common import pct  # noqa: E402  (also puts the repository on sys.path)
-
 from actors.events import ChatMessage  # noqa: E402
 from policies.chat import render  # noqa: E402
-from policies.engine import TransformersEngine  # noqa: E402
-from policies.model_store import WeightsStore, ensure_base_model  # noqa: E402
+from policies.engines.engine import TransformersEngine  # noqa: E402
+from policies.weights.model_store import WeightsStore, ensure_base_model  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--swaps", type=int, default=10)
     ap.add_argument("--state", default=".kaizen")
-    ap.add_argument("--gap-s", type=float, default=2.5, help="time between swaps under load: longer than one "
-                    "generation, as in service (a standby copy still serving a call makes the next swap wait)")
+    ap.add_argument(
+        "--gap-s",
+        type=float,
+        default=2.5,
+        help="time between swaps under load: longer than one "
+        "generation, as in service (a standby copy still serving a call makes the next swap wait)",
+    )
     a = ap.parse_args()
     base = ensure_base_model(Path(a.state))
     prompt = render([ChatMessage(role="user", content="Tell me about Paris.")])
@@ -42,6 +47,7 @@ def main():
                 t = time.perf_counter()
                 eng.generate([prompt], 32, temperature=0.7)
                 gen_lat.append((time.perf_counter() - t) * 1000)
+
         th = threading.Thread(target=load)
         th.start()
         busy = []
@@ -53,9 +59,11 @@ def main():
         stop.set()
         th.join()
         mode = "standby" if standby else "in place"
-        print(f"{mode:8} swaps={a.swaps} idle p50={statistics.median(idle):7.1f} ms p95={pct(idle, .95):7.1f} ms | "
-              f"during generation p50={statistics.median(busy):7.1f} ms p95={pct(busy, .95):7.1f} ms | "
-              f"generation 32 tok p50={statistics.median(gen_lat):6.0f} ms over {len(gen_lat)} requests, 0 failed")
+        print(
+            f"{mode:8} swaps={a.swaps} idle p50={statistics.median(idle):7.1f} ms p95={pct(idle, 0.95):7.1f} ms | "
+            f"during generation p50={statistics.median(busy):7.1f} ms p95={pct(busy, 0.95):7.1f} ms | "
+            f"generation 32 tok p50={statistics.median(gen_lat):6.0f} ms over {len(gen_lat)} requests, 0 failed"
+        )
 
 
 if __name__ == "__main__":

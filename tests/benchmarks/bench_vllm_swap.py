@@ -6,7 +6,7 @@ The engine is the system's `VllmEngine` (pause keep -> every worker loads the ne
 reset -> resume). Two versions are swapped in turn while `--clients` threads keep generating, over each
 transport in `--transports`, interleaved so both see the same load: `file` (every worker reads the
 safetensors file) and `shared` (the workers copy a gate-like producer's GPU weights over CUDA IPC,
-`policies/shared_weights.py`; the producer takes each version in before the timed swap, as the gate does
+`policies/weights/shared.py`; the producer takes each version in before the timed swap, as the gate does
 when it scores a candidate). Default: the converted SmolLM2-135M. `--config DIR` takes a Hugging Face config folder
 (config.json + tokenizer files, e.g. a Qwen2-7B config) instead: the engine starts with vLLM's dummy
 weights and random weights files of the right names and shapes are written for the swaps.
@@ -14,6 +14,7 @@ weights and random weights files of the right names and shapes are written for t
     python tests/benchmarks/bench_vllm_swap.py [--swaps 20] [--clients 8] [--config DIR] [--transports file,shared]
                                                [--warmup-s 10] [--baseline-s 30]   (shorter in scripts/gpu_check.sh)
 """
+
 import argparse
 import json
 import statistics
@@ -44,7 +45,7 @@ def producer(model_dir: Path, tmp: Path):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from policies.shared_weights import SharedWeights
+    from policies.weights.shared import SharedWeights
 
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)), dtype=torch.bfloat16)
@@ -79,7 +80,7 @@ def main():
     a = ap.parse_args()
     import torch
 
-    from policies.vllm_engine import VllmEngine
+    from policies.engines.vllm_engine import VllmEngine
 
     tmp = Path(tempfile.mkdtemp(prefix="kz-vllm-"))
     t_start = 0.0
@@ -93,7 +94,7 @@ def main():
     else:
         from safetensors.torch import load_file, save_file
 
-        from policies.model_store import ensure_base_model
+        from policies.weights.model_store import ensure_base_model
 
         model_dir = ensure_base_model(Path(".kaizen") if Path(".kaizen/model").exists() else tmp)
         base = load_file(str(model_dir / "model.safetensors"))
@@ -116,6 +117,7 @@ def main():
             except Exception as exc:  # noqa: BLE001 - every failure counts
                 records.append((t0, time.perf_counter(), 0, False))
                 print("request failed:", repr(exc)[:200])
+
     threads = [threading.Thread(target=client, daemon=True) for _ in range(a.clients)]
     for t in threads:
         t.start()
@@ -143,11 +145,23 @@ def main():
     def window(t0, t1):
         rs = [r for r in records if t0 <= r[0] < t1]
         lat = [(e - s) * 1000 for s, e, _, ok in rs if ok]
-        return {"requests": len(rs), "failed": sum(not r[3] for r in rs), "tokens_per_s": sum(r[2] for r in rs) / (t1 - t0),
-                "p50_ms": statistics.median(lat), "p99_ms": pct(lat, .99)}
-    res = {"model": str(model_dir), "clients": a.clients, "swaps_each": a.swaps, "engine_start_s": round(engine_start_s, 1),
-           "swap_ms": {t: {"p50": statistics.median(xs), "p99": pct(xs, .99)} for t, xs in swap_ms.items()},
-           "no_swaps": window(t_base, t_swap), "swapping": window(t_swap, t_end)}
+        return {
+            "requests": len(rs),
+            "failed": sum(not r[3] for r in rs),
+            "tokens_per_s": sum(r[2] for r in rs) / (t1 - t0),
+            "p50_ms": statistics.median(lat),
+            "p99_ms": pct(lat, 0.99),
+        }
+
+    res = {
+        "model": str(model_dir),
+        "clients": a.clients,
+        "swaps_each": a.swaps,
+        "engine_start_s": round(engine_start_s, 1),
+        "swap_ms": {t: {"p50": statistics.median(xs), "p99": pct(xs, 0.99)} for t, xs in swap_ms.items()},
+        "no_swaps": window(t_base, t_swap),
+        "swapping": window(t_swap, t_end),
+    }
     if len(swap_ms) == 2 and "shared" in swap_ms:
         res["file_over_shared_p50"] = res["swap_ms"]["file"]["p50"] / res["swap_ms"]["shared"]["p50"]
     print(json.dumps(res, indent=1))

@@ -9,6 +9,7 @@ the mean KL to the base over the last ten steps and the mean grad norm.
 
     .venv/bin/python tests/benchmarks/compare_hours.py tests/benchmarks/results/learning_curve_cpu_avx2_60*.json
 """
+
 import argparse
 import json
 import re
@@ -26,19 +27,27 @@ def figures(path: Path) -> dict:
     steps = d.get("steps") or []
     live_only = [s for s in steps if s.get("groups_env", 0) + s.get("groups_synthetic", 0) == 0]
     tail = steps[-10:]
-    out = {"hour": path.stem.replace("learning_curve_", ""), "gain": 100 * code["delta"] if code else None,
-           "p": code.get("p_value"), "steps": d.get("learner_steps"), "rollout_groups": d.get("rollout_groups"),
-           "served": sum((r.get("gate") or "").startswith(("canary", "live")) for r in rows),
-           "rejected": sum((r.get("gate") or "").startswith("rejected") for r in rows),
-           "rolled_back": sum("rolled back" in (r.get("canary") or "") for r in rows),
-           "user_tool_right": u["tool_right"] / u["requests"] if u.get("requests") and "tool_right" in u else None,
-           "user_right": u["right"] / u["requests"] if u.get("requests") else None,
-           "nll_drift": nll[-1] - nll[0] if len(nll) > 1 else None,
-           "served_p50_s": (d.get("cycle_p50_s") or {}).get("served_after_s")}
+    out = {
+        "hour": path.stem.replace("learning_curve_", ""),
+        "gain": 100 * code["delta"] if code else None,
+        "p": code.get("p_value"),
+        "steps": d.get("learner_steps"),
+        "rollout_groups": d.get("rollout_groups"),
+        "served": sum((r.get("gate") or "").startswith(("canary", "live")) for r in rows),
+        "rejected": sum((r.get("gate") or "").startswith("rejected") for r in rows),
+        "rolled_back": sum("rolled back" in (r.get("canary") or "") for r in rows),
+        "user_tool_right": u["tool_right"] / u["requests"] if u.get("requests") and "tool_right" in u else None,
+        "user_right": u["right"] / u["requests"] if u.get("requests") else None,
+        "nll_drift": nll[-1] - nll[0] if len(nll) > 1 else None,
+        "served_p50_s": (d.get("cycle_p50_s") or {}).get("served_after_s"),
+    }
     if steps:
-        out.update(live_only_steps=len(live_only) / len(steps), live_positive=d.get("live_positive_share"),
-                   kl_last10=sum(s.get("kl", 0) for s in tail) / len(tail),
-                   grad_norm=sum(s.get("grad_norm", 0) for s in steps) / len(steps))
+        out.update(
+            live_only_steps=len(live_only) / len(steps),
+            live_positive=d.get("live_positive_share"),
+            kl_last10=sum(s.get("kl", 0) for s in tail) / len(tail),
+            grad_norm=sum(s.get("grad_norm", 0) for s in steps) / len(steps),
+        )
     return out
 
 
@@ -59,6 +68,7 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
                 r[order[k]] = (i + j) / 2
             i = j + 1
         return r
+
     rx, ry = ranks([p[0] for p in pairs]), ranks([p[1] for p in pairs])
     mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
     cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
@@ -75,8 +85,10 @@ def main():
     keys = [k for k in rows[0] if k != "hour"] + sorted({k for r in rows for k in r} - set(rows[0]))
     print(f"{'hour':<28}" + "".join(f"{k[:14]:>15}" for k in keys))
     for r in rows:
-        print(f"{r['hour'][:28]:<28}" + "".join(
-            f"{r.get(k):>15.3f}" if isinstance(r.get(k), float) else f"{str(r.get(k, '-')):>15}" for k in keys))
+        print(
+            f"{r['hour'][:28]:<28}"
+            + "".join(f"{r.get(k):>15.3f}" if isinstance(r.get(k), float) else f"{str(r.get(k, '-')):>15}" for k in keys)
+        )
     rho = {k: spearman([r.get(k) for r in rows], [r["gain"] for r in rows]) for k in keys if k not in ("gain", "p")}
     print("Spearman rho with the gain: " + ", ".join(f"{k} {v:+.2f}" for k, v in rho.items() if v is not None))
     if a.json:

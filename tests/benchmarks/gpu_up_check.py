@@ -18,11 +18,11 @@ served, replica swap times.
     python tests/benchmarks/gpu_up_check.py models [--state .kaizen] [--config-7b DIR] [--dry-run]
     python tests/benchmarks/gpu_up_check.py up --json F [--preset P] [--model DIR] [--minutes 3] [--deadline-s S]
 """
+
 import argparse
 import asyncio
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -34,47 +34,10 @@ from pathlib import Path
 import yaml
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
+from _gpu_models import models  # noqa: E402
 
 BASE_DIR = ROOT / ".kaizen" / "model" / "smollm2-135m-instruct"
-QWEN2_7B_LAYERS = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
-                   "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-                   "num_key_value_heads": 4, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
-                   "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16",
-                   "use_sliding_window": False, "sliding_window": None, "max_window_layers": 28,
-                   "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True}
-KINDS = ["learner_step", "weights_published", "weights_promoted", "weights_status", "weights_swapped",
-         "weights_rolled_back"]
-
-
-def models(a) -> int:
-    from deploy.planner import Shape
-    from policies.model_store import ensure_base_model
-
-    t0, out = time.monotonic(), Path(a.config_7b)
-    figures = {}
-    if not a.dry_run:
-        base = ensure_base_model(Path(a.state), progress=False)
-        figures["base_ready_s"] = round(time.monotonic() - t0, 1)
-    else:
-        base = Path(a.state) / "model" / "smollm2-135m-instruct"
-    out.mkdir(parents=True, exist_ok=True)
-    have = json.loads((base / "config.json").read_text()) if (base / "config.json").exists() else {}
-    cfg = {**QWEN2_7B_LAYERS, **{k: have.get(k, d) for k, d in (("vocab_size", 49152), ("bos_token_id", 1),
-                                                                  ("eos_token_id", 2))}}  # the tokenizer's
-    (out / "config.json").write_text(json.dumps(cfg, indent=1))
-    copied = []
-    for f in sorted(base.glob("*")) if base.is_dir() else []:
-        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
-            shutil.copy(f, out / f.name)
-            copied.append(f.name)
-    if not a.dry_run and "tokenizer.json" not in copied:
-        print(f"no tokenizer in {base}")
-        return 1
-    figures["shape_7b_params_b"] = round(Shape.from_config(cfg).params / 1e9, 2)
-    print(f"base model {base} ({'converted' if not a.dry_run else 'not converted: dry run'}); 7B-shaped config "
-          f"{out}: {figures['shape_7b_params_b']}B parameters; tokenizer files {copied or 'none'}")
-    Path(a.json).write_text(json.dumps(figures))
-    return 0
+KINDS = ["learner_step", "weights_published", "weights_promoted", "weights_status", "weights_swapped", "weights_rolled_back"]
 
 
 def derived_config(a, state: Path) -> Path:
@@ -100,16 +63,23 @@ def figures_of(events, stats: dict, ready_s, forced: str | None) -> dict:
     steps = [e.duration_s for e in by["learner_step"]]
     swaps = [e.swap_ms for e in by["weights_swapped"] if e.reason != "joined"]
     served = served_versions(events)
-    return {"ready_s": ready_s, **{k: stats.get(k, 0) for k in ("requests", "failed", "rated", "right", "tool_right")},
-            "traffic_s": stats.get("traffic_s", 0), "learner_steps": len(steps),
-            "learner_step_s_p50": round(statistics.median(steps), 2) if steps else None,
-            "learner_step_s_max": round(max(steps), 2) if steps else None,
-            "published": len(by["weights_published"]), "promoted_by_gate": len(by["weights_promoted"]),
-            "rejected_by_gate": sum(e.status == "rejected" for e in by["weights_status"]),
-            "forced_promotion": forced, "served_versions": served, "rolled_back": len(by["weights_rolled_back"]),
-            "replica_swap_ms_p50": round(statistics.median(swaps), 1) if swaps else None,
-            "replica_swap_ms_max": round(max(swaps), 1) if swaps else None,
-            "last_error": stats.get("last_error", "")}
+    return {
+        "ready_s": ready_s,
+        **{k: stats.get(k, 0) for k in ("requests", "failed", "rated", "right", "tool_right")},
+        "traffic_s": stats.get("traffic_s", 0),
+        "learner_steps": len(steps),
+        "learner_step_s_p50": round(statistics.median(steps), 2) if steps else None,
+        "learner_step_s_max": round(max(steps), 2) if steps else None,
+        "published": len(by["weights_published"]),
+        "promoted_by_gate": len(by["weights_promoted"]),
+        "rejected_by_gate": sum(e.status == "rejected" for e in by["weights_status"]),
+        "forced_promotion": forced,
+        "served_versions": served,
+        "rolled_back": len(by["weights_rolled_back"]),
+        "replica_swap_ms_p50": round(statistics.median(swaps), 1) if swaps else None,
+        "replica_swap_ms_max": round(max(swaps), 1) if swaps else None,
+        "last_error": stats.get("last_error", ""),
+    }
 
 
 def served_versions(events) -> dict[str, str]:
@@ -148,8 +118,7 @@ def kill_detached(parent: subprocess.Popen, log: Path) -> None:
 def dry_up(a, cfg: Path) -> int:
     """Everything but the processes: the derived preset validates and fits the planner at 78 GiB / 64 GiB with the
     7B shape, the scripted users and the event reader import, the figures come out of no events."""
-    from bench_learning_curve import users  # noqa: F401  (the scripted client the real run uses)
-
+    from _users import users  # noqa: F401  (the scripted client the real run uses)
     from config.settings import load_settings
     from deploy.nats import free_port
     from deploy.planner import Shape, plan
@@ -158,8 +127,10 @@ def dry_up(a, cfg: Path) -> int:
     s = load_settings(cfg)
     shape = Shape.from_config(json.loads(Path(a.plan_config).read_text()))
     p = plan(s, shape, gpu_gib=78, disk_gib=64)
-    print(f"derived preset {cfg}: model {s.model.path} on {s.model.engine}, transport {s.serve.weights_transport}; "
-          f"port {free_port()} free; plan at the {shape.params / 1e9:.1f}B shape fits: {p.fits}")
+    print(
+        f"derived preset {cfg}: model {s.model.path} on {s.model.engine}, transport {s.serve.weights_transport}; "
+        f"port {free_port()} free; plan at the {shape.params / 1e9:.1f}B shape fits: {p.fits}"
+    )
     out = {**figures_of([], {}, None, None), "dry_run": True, "plan_fits_7b_shape": p.fits, "plan_problems": p.problems}
     Path(a.json).write_text(json.dumps(out))
     return 0 if p.fits else 1
@@ -173,8 +144,8 @@ def up(a) -> int:
     if a.dry_run:
         return dry_up(a, cfg)
     import openai  # noqa: F401  (fail here, not in a user thread)
-    from bench_learning_curve import users
 
+    from _users import users
     from config.settings import load_settings
     from deploy.nats import free_port
     from deploy.stream_view import read_events
@@ -188,13 +159,20 @@ def up(a) -> int:
 
     def on_term(*_):
         raise SystemExit("stopped by the check's time budget")
+
     signal.signal(signal.SIGTERM, on_term)
     up_log = state.parent / "up-detach.log"
     try:
         left = deadline - time.monotonic() - 40 - 60  # down, and a minute of traffic at least
         with open(up_log, "w") as log:
-            r = subprocess.Popen([*main, "up", "--detach", "--config", str(cfg)], env=env, cwd=ROOT, text=True,
-                                 stdout=log, stderr=subprocess.STDOUT)
+            r = subprocess.Popen(
+                [*main, "up", "--detach", "--config", str(cfg)],
+                env=env,
+                cwd=ROOT,
+                text=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
             try:
                 r.wait(timeout=max(left, 30))
             finally:
@@ -206,8 +184,7 @@ def up(a) -> int:
         run = json.loads((state / "run.json").read_text())
         ready_s = run.get("ready_s")
         print(f"up ready in {ready_s}s ({time.monotonic() - t_begin:.0f}s with the detach)", flush=True)
-        threads = [threading.Thread(target=users, args=(run, stop, stats, a.pause_s, 7 + i), daemon=True)
-                   for i in range(a.users)]
+        threads = [threading.Thread(target=users, args=(run, stop, stats, a.pause_s, 7 + i), daemon=True) for i in range(a.users)]
         for t in threads:
             t.start()
         t0 = time.monotonic()
@@ -220,12 +197,21 @@ def up(a) -> int:
                 print(f"  reading the stream failed: {exc!r}"[:300], flush=True)
                 continue
             served, candidate = served_versions(evs), force_candidate(evs)
-            print(f"  {time.monotonic() - t0:.0f}s: {json.dumps({k: v for k, v in stats.items() if k != 'last_error'})}; "
-                  f"published {sum(e.kind == 'weights_published' for e in evs)}, served {served}", flush=True)
+            print(
+                f"  {time.monotonic() - t0:.0f}s: {json.dumps({k: v for k, v in stats.items() if k != 'last_error'})}; "
+                f"published {sum(e.kind == 'weights_published' for e in evs)}, served {served}",
+                flush=True,
+            )
             if forced is None and not served and candidate and time.monotonic() > end - 50:
                 forced = candidate
-                p = subprocess.run([*main, "promote", forced, "--force", "--reason", "gpu_check: no gate pass in time"],
-                                   env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+                p = subprocess.run(
+                    [*main, "promote", forced, "--force", "--reason", "gpu_check: no gate pass in time"],
+                    env=env,
+                    cwd=ROOT,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
                 print(f"no version passed the gate: forced {forced} live (rc {p.returncode}) {p.stdout[-300:]}", flush=True)
         stop.set()
         stats["traffic_s"] = round(time.monotonic() - t0)
@@ -234,8 +220,11 @@ def up(a) -> int:
         res = figures_of(asyncio.run(read_events(s, run, KINDS)), stats, ready_s, forced)
         rc = 0 if res["served_versions"] and res["requests"] > res["failed"] else 1
         if rc:
-            print("no promoted version was served (a version still in the gate is not forced)"
-                  if not res["served_versions"] else "every request failed")
+            print(
+                "no promoted version was served (a version still in the gate is not forced)"
+                if not res["served_versions"]
+                else "every request failed"
+            )
     finally:
         stop.set()
         if (state / "run.json").exists():
@@ -266,8 +255,11 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--state", default="", help="state dir (default: a new temp dir)")
     u.add_argument("--users", type=int, default=4)
     u.add_argument("--pause-s", type=float, default=2.0)
-    u.add_argument("--plan-config", default=str(ROOT / ".gpu-cache" / "qwen2-7b-shape" / "config.json"),
-                   help="dry run: the model config.json the derived preset is planned against")
+    u.add_argument(
+        "--plan-config",
+        default=str(ROOT / ".gpu-cache" / "qwen2-7b-shape" / "config.json"),
+        help="dry run: the model config.json the derived preset is planned against",
+    )
     for p in (m, u):
         p.add_argument("--json", required=True, help="write the figures here")
         p.add_argument("--dry-run", action="store_true", help="no model conversion, no processes: the plumbing only")

@@ -20,6 +20,7 @@ Then, also after a failure, every process of both hosts is killed and the namesp
 
     sudo .venv/bin/python tests/benchmarks/two_hosts.py [--out tests/benchmarks/results/two_hosts_cpu.json]
 """
+
 import argparse
 import json
 import os
@@ -35,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
+from _host_a import make_version, read_events  # noqa: E402
 from _hosts import hosts, missing, remove_hosts, wire  # noqa: E402
 
 PORT, NATS_PORT = 18431, 14333  # each host has its own ports: these only need to be free inside the namespaces
@@ -44,9 +46,12 @@ CHAT = {"messages": [{"role": "user", "content": "Name one prime number."}], "ma
 
 def preset(path: Path, head_ip: str) -> None:
     data = yaml.safe_load((ROOT / "config" / "cpu.yaml").read_text())
-    for section, values in {"nats": {"host": head_ip, "port": NATS_PORT}, "ray": {"node_ip": head_ip},
-                            "weights": {"store": "nats"},
-                            "serve": {"port": PORT, "replicas": 2, "max_replicas_per_node": 1}}.items():
+    for section, values in {
+        "nats": {"host": head_ip, "port": NATS_PORT},
+        "ray": {"node_ip": head_ip},
+        "weights": {"store": "nats"},
+        "serve": {"port": PORT, "replicas": 2, "max_replicas_per_node": 1},
+    }.items():
         data.setdefault(section, {}).update(values)
     path.write_text(yaml.safe_dump(data))
 
@@ -59,37 +64,6 @@ def wait(what: str, fn, timeout_s: float, every_s: float = 0.5):
             raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
         time.sleep(every_s)
     return v, round(time.monotonic() - t0, 1)
-
-
-def make_version(cfg: str) -> None:
-    """On host a: a new weights version saved as the learner saves it (file, object store, manifest); prints it."""
-    import asyncio
-
-    import torch
-    from safetensors.torch import load_file
-
-    from actors.bus import Bus
-    from config.hardware import resolve_dtype
-    from config.settings import load_settings
-    from policies.live_policy import LivePolicy
-    from policies.model_store import BASE_VERSION, base_weights, version_name
-
-    s = load_settings(cfg)
-    s.state_dir = os.environ["KAIZEN_STATE_DIR"]
-    s.nats.url, s.nats.password = f"nats://{s.nats.host}:{s.nats.port}", (s.state / "nats.password").read_text().strip()
-
-    async def go():
-        bus = await Bus.from_settings(s.nats, "two-hosts").connect(ensure_stream=False, attempts=3)
-        policy = LivePolicy(s)
-        await policy.attach(bus.js, follow=False)  # the object store: `save` uploads into it
-        dtype = getattr(torch, resolve_dtype(s.model.serve_dtype, "cpu"))
-        sd = {k: v.to(dtype) for k, v in load_file(str(base_weights(policy.base))).items()}
-        sd["model.norm.weight"] = sd["model.norm.weight"] * 1.01
-        version = version_name(policy.store.latest_number() + 1)
-        path, sha = await asyncio.to_thread(policy.store.save, sd, version, {"parent": BASE_VERSION, "step": 0})
-        await bus.close()
-        print(json.dumps({"version": version, "sha256": sha, "path": str(path)}))
-    asyncio.run(go())
 
 
 def running(proc: subprocess.Popen, what: str) -> bool:
@@ -128,12 +102,15 @@ def learner_holds(a, env: dict) -> dict | None:
     except ValueError:
         return None
     learner = st.get("actors", {}).get("learner", {})
-    return {"held_live": learner["held_live"], "unacked": st.get("consumers", {}).get("learner", {}).get("unacked")} \
-        if learner.get("held_live") else None
+    return (
+        {"held_live": learner["held_live"], "unacked": st.get("consumers", {}).get("learner", {}).get("unacked")}
+        if learner.get("held_live")
+        else None
+    )
 
 
 def sha256(path: Path) -> str:
-    from policies.model_store import sha256_file
+    from policies.weights.model_store import sha256_file
 
     return sha256_file(path)
 
@@ -142,7 +119,7 @@ def checks(a, b, work: Path, cfg: Path, out: dict) -> None:
     env = {"KAIZEN_STATE_DIR": str(a.state)}
     model = ROOT / ".kaizen" / "model" / "smollm2-135m-instruct"
     if not (model / "model.safetensors").exists():
-        from policies.model_store import ensure_base_model
+        from policies.weights.model_store import ensure_base_model
 
         model = ensure_base_model(work / "convert", progress=True)
     for h in (a, b):  # what an image would hold: the base model, converted once
@@ -152,16 +129,18 @@ def checks(a, b, work: Path, cfg: Path, out: dict) -> None:
     address, out["a_ray_s"] = wait("a's Ray head", lambda: running(up, "up") and join_address(work / "a-up.log"), 900, 1.0)
     shutil.copy2(a.real / "ray_auth_token", b.real / "ray_auth_token")  # the one secret b needs from a
     join = b.popen([PY, MAIN, "join", address, "--node-ip", b.addr, "--num-cpus", "1"], work / "b-join.log", env)
-    run, out["a_up_ready_s"] = wait("a ready", lambda: running(up, "up") and running(join, "join") and run_file(a),
-                                    900, 1.0)
+    run, out["a_up_ready_s"] = wait("a ready", lambda: running(up, "up") and running(join, "join") and run_file(a), 900, 1.0)
     key = (a.real / "api_key").read_text().strip()
     _, out["b_replica_ready_s"] = wait("b's replica ready", lambda: b.http(PORT, "/readyz", timeout=5)[0] == 200, 300)
     tag_a, tag_b = replica_tag(a), replica_tag(b)
     out["replicas"] = {"a": tag_a, "b": tag_b, "b_pids": b.processes("ray::ServeReplica")}
     assert tag_a and tag_b and tag_a != tag_b and out["replicas"]["b_pids"], f"one replica on each host: {out['replicas']}"
     out["ready_s"] = round(time.monotonic() - t0, 1)
-    print(f"[two-hosts] a's Ray head after {out['a_ray_s']} s, b joined; a ready {out['a_up_ready_s']} s later with "
-          f"replicas {tag_a} (a) and {tag_b} (b)", flush=True)
+    print(
+        f"[two-hosts] a's Ray head after {out['a_ray_s']} s, b joined; a ready {out['a_up_ready_s']} s later with "
+        f"replicas {tag_a} (a) and {tag_b} (b)",
+        flush=True,
+    )
 
     # 1. a promoted version reaches b's replica, through the bus only
     r = a.run([PY, SELF, "_version", str(cfg)], env, timeout=300)
@@ -172,32 +151,44 @@ def checks(a, b, work: Path, cfg: Path, out: dict) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     t_promote = time.monotonic()
     _, out["promoted_b_s"] = wait(f"{v} served by b", lambda: served(b, key) == v, 300)
-    out["promoted_a_s"] = round(wait(f"{v} served by a", lambda: served(a, key) == v, 300)[1]
-                                + out["promoted_b_s"], 1)
+    out["promoted_a_s"] = round(wait(f"{v} served by a", lambda: served(a, key) == v, 300)[1] + out["promoted_b_s"], 1)
     code, chat = b.http(PORT, "/v1/chat/completions", key, CHAT)
     b_file = b.real / "weights" / f"{v}.safetensors"
-    out["promoted"] = {"version": v, "b_chat_fingerprint": chat.get("system_fingerprint"), "b_chat_status": code,
-                       "b_has_own_copy": b_file.exists() and not b_file.is_symlink(),
-                       "b_copy_sha256_ok": b_file.exists() and sha256(b_file) == made["sha256"],
-                       "seconds_after_promote": round(time.monotonic() - t_promote, 1)}
+    out["promoted"] = {
+        "version": v,
+        "b_chat_fingerprint": chat.get("system_fingerprint"),
+        "b_chat_status": code,
+        "b_has_own_copy": b_file.exists() and not b_file.is_symlink(),
+        "b_copy_sha256_ok": b_file.exists() and sha256(b_file) == made["sha256"],
+        "seconds_after_promote": round(time.monotonic() - t_promote, 1),
+    }
     p = out["promoted"]
     out["pass_promoted"] = p["b_chat_fingerprint"] == v and p["b_has_own_copy"] and p["b_copy_sha256_ok"]
-    print(f"[two-hosts] 1. promoted {v}: b serves it {out['promoted_b_s']} s after `promote` (a: {out['promoted_a_s']} s);"
-          f" b's own verified copy: {p['b_copy_sha256_ok']}", flush=True)
+    print(
+        f"[two-hosts] 1. promoted {v}: b serves it {out['promoted_b_s']} s after `promote` (a: {out['promoted_a_s']} s);"
+        f" b's own verified copy: {p['b_copy_sha256_ok']}",
+        flush=True,
+    )
 
     # 2. feedback sent to b reaches the learner on a
     code, chat = a.http(PORT, "/v1/chat/completions", key, CHAT)
     iid = chat.get("id")
     fb_code, _ = b.http(PORT, "/v1/feedback", key, {"interaction_id": iid, "score": 1.0})
-    held, out["feedback_to_learner_s"] = wait("the learner holds the rated interaction", lambda: learner_holds(a, env),
-                                              300, 2.0)
+    held, out["feedback_to_learner_s"] = wait("the learner holds the rated interaction", lambda: learner_holds(a, env), 300, 2.0)
     r = a.run([PY, SELF, "_events", iid], env, timeout=120)
     seen = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {"error": r.stderr[-500:]}
     out["feedback"] = {"interaction_id": iid, "chat_status": code, "feedback_status": fb_code, "learner": held, **seen}
-    out["pass_feedback"] = (fb_code == 202 and seen.get("interaction_replica") == tag_a
-                            and seen.get("feedback_producer") == f"serve:{tag_b}" and bool(seen.get("judgement")))
-    print(f"[two-hosts] 2. feedback through b ({fb_code}) on a's interaction reached the learner in "
-          f"{out['feedback_to_learner_s']} s: {held}; {seen}", flush=True)
+    out["pass_feedback"] = (
+        fb_code == 202
+        and seen.get("interaction_replica") == tag_a
+        and seen.get("feedback_producer") == f"serve:{tag_b}"
+        and bool(seen.get("judgement"))
+    )
+    print(
+        f"[two-hosts] 2. feedback through b ({fb_code}) on a's interaction reached the learner in "
+        f"{out['feedback_to_learner_s']} s: {held}; {seen}",
+        flush=True,
+    )
 
     # 3. kill -9 of b's replica: another one on b, serving the live version (a's replica serves it)
     (victim,) = b.processes("ray::ServeReplica")
@@ -208,16 +199,26 @@ def checks(a, b, work: Path, cfg: Path, out: dict) -> None:
         tag = replica_tag(b)
         polls["ok" if tag else "failed"] += 1
         return tag if tag not in (None, tag_a, tag_b) else None
+
     os.kill(victim, signal.SIGKILL)
     new_tag, out["restart_replica_s"] = wait("a new replica on b", back, 300)
     first = served(b, key)
     _, live_s = wait(f"b's new replica serving {live}", lambda: served(b, key) == live, 120)
-    out["restart"] = {"killed_pid": victim, "new_tag": new_tag, "new_pids": b.processes("ray::ServeReplica"),
-                      "live": live, "first_version": first, "b_proxy_polls_during_restart": polls}
+    out["restart"] = {
+        "killed_pid": victim,
+        "new_tag": new_tag,
+        "new_pids": b.processes("ray::ServeReplica"),
+        "live": live,
+        "first_version": first,
+        "b_proxy_polls_during_restart": polls,
+    }
     out["restart_live_s"] = round(out["restart_replica_s"] + live_s, 1)
     out["pass_restart"] = bool(out["restart"]["new_pids"]) and victim not in out["restart"]["new_pids"]
-    print(f"[two-hosts] 3. kill -9 of b's replica (pid {victim}): {new_tag} up on b in {out['restart_replica_s']} s, "
-          f"serving {live} at {out['restart_live_s']} s (first answer: {first}); b's proxy meanwhile {polls}", flush=True)
+    print(
+        f"[two-hosts] 3. kill -9 of b's replica (pid {victim}): {new_tag} up on b in {out['restart_replica_s']} s, "
+        f"serving {live} at {out['restart_live_s']} s (first answer: {first}); b's proxy meanwhile {polls}",
+        flush=True,
+    )
 
     # 4. `down` on a stops both hosts
     t0 = time.monotonic()
@@ -229,26 +230,11 @@ def checks(a, b, work: Path, cfg: Path, out: dict) -> None:
     out["down_b_empty_s"] = round(out["down_s"] + a_s + b_s, 1)
     out["down_exit_codes"] = {"up": up.wait(5), "join": join.wait(5)}
     out["pass_down"] = r.returncode == 0
-    print(f"[two-hosts] 4. down: {out['down_s']} s; a empty at {out['down_a_empty_s']} s, b empty at "
-          f"{out['down_b_empty_s']} s; exit codes {out['down_exit_codes']}", flush=True)
-
-
-def read_events(iid: str) -> None:
-    """On host a: who took the interaction and the feedback, and the judgement of it."""
-    import asyncio
-
-    from deploy.launch import read_run
-    from deploy.stream_view import read_events as stored
-    from main import settings_from
-
-    s = settings_from(argparse.Namespace(config=None))
-    evs = [e for e in asyncio.run(stored(s, read_run(s), ["interaction", "feedback", "judgement"]))
-           if getattr(e, "interaction_id", None) == iid or getattr(e, "group_id", "") == f"live:{iid}"]
-    it = next((e for e in evs if e.kind == "interaction"), None)
-    fb = next((e for e in evs if e.kind == "feedback"), None)
-    j = next((e for e in evs if e.kind == "judgement"), None)
-    print(json.dumps({"interaction_replica": it and it.replica, "feedback_producer": fb and fb.producer,
-                      "judgement": j and j.group_id}))
+    print(
+        f"[two-hosts] 4. down: {out['down_s']} s; a empty at {out['down_a_empty_s']} s, b empty at "
+        f"{out['down_b_empty_s']} s; exit codes {out['down_exit_codes']}",
+        flush=True,
+    )
 
 
 def main() -> int:
@@ -288,8 +274,11 @@ def main() -> int:
     out["wall_s"] = round(time.monotonic() - t0, 1)
     names = ("promoted", "feedback", "restart", "down")
     out["passed"] = all(out.get(f"pass_{n}") for n in names)
-    print("[two-hosts] " + "  ".join(f"{n}: {'PASS' if out.get(f'pass_{n}') else 'FAIL'}" for n in names)
-          + f"  (wall {out['wall_s']} s; logs in {args.logs})")
+    print(
+        "[two-hosts] "
+        + "  ".join(f"{n}: {'PASS' if out.get(f'pass_{n}') else 'FAIL'}" for n in names)
+        + f"  (wall {out['wall_s']} s; logs in {args.logs})"
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     return 0 if out["passed"] else 1

@@ -1,4 +1,5 @@
 """The transformers engine on CUDA: generation and in-place hot swap. Skipped without a GPU."""
+
 import pytest
 import torch
 
@@ -6,10 +7,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 def test_cuda_generate_and_swap(model_dir, tmp_path):
-    from policies.chat import render
     from actors.events import ChatMessage
-    from policies.engine import TransformersEngine
-    from policies.model_store import WeightsStore
+    from policies.chat import render
+    from policies.engines.engine import TransformersEngine
+    from policies.weights.model_store import WeightsStore
 
     e = TransformersEngine(model_dir, dtype="bfloat16", device="cuda", threads=0)
     g = e.generate([render([ChatMessage(role="user", content="What is the capital of France?")])], 12)[0]

@@ -1,6 +1,7 @@
 """Swaps from GPU memory over CUDA IPC: the gate engine's weights exported once, copied by another process on the
 same GPU, and the seqlock sending a stale reader to the file; the timing of a copy of the whole model. Skipped
 without a GPU (tests/unit/test_shared_weights.py runs the same protocol over CPU shared memory)."""
+
 import json
 import multiprocessing as mp
 import time
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 def _reader(requests, replies):
     import torch
 
-    from policies.shared_weights import SharedChanged, read_shared
+    from policies.weights.shared import SharedChanged, read_shared
 
     target = None
     for ref in iter(requests.get, None):
@@ -29,6 +30,7 @@ def _reader(requests, replies):
                 for n, t in views:
                     target[n].copy_(t)
                 torch.cuda.synchronize()
+
             read_shared(json.loads(ref), copy)
             ms = (time.perf_counter() - t0) * 1000
             replies.put(("ok", {n: float(t.double().sum()) for n, t in target.items()}, ms))
@@ -37,7 +39,7 @@ def _reader(requests, replies):
 
 
 def test_another_process_copies_the_gate_engines_cuda_weights(model_dir, tmp_path):
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
 
     gate = TransformersEngine(model_dir, dtype="bfloat16", device="cuda", threads=0)
     gate.share(tmp_path / "layout.json")
@@ -64,7 +66,8 @@ def test_another_process_copies_the_gate_engines_cuda_weights(model_dir, tmp_pat
         requests.put(json.dumps(gate.shared.ref()))
         kind, sums, _ = replies.get(timeout=60)
         assert kind == "ok" and sums == pytest.approx(
-            {k: float(v.double().sum()) for k, v in gate.model.state_dict().items() if k in sums})
+            {k: float(v.double().sum()) for k, v in gate.model.state_dict().items() if k in sums}
+        )
     finally:
         requests.put(None)
         proc.join(60)

@@ -1,14 +1,17 @@
 """The vLLM engine on CUDA: generation, and in-place weight updates with requests in flight (no request
 fails, the output follows the weights, the original weights give back the original greedy output, so no
 prefix computed under other weights is reused). Skipped without a GPU or without the `gpu` extra."""
+
 import importlib.util
 import threading
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
-                                reason="needs CUDA and vllm (pip install -e '.[gpu]')")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
+    reason="needs CUDA and vllm (pip install -e '.[gpu]')",
+)
 
 
 def test_vllm_swaps_in_place_with_requests_in_flight(model_dir, tmp_path):
@@ -16,7 +19,7 @@ def test_vllm_swaps_in_place_with_requests_in_flight(model_dir, tmp_path):
 
     from actors.events import ChatMessage
     from policies.chat import render
-    from policies.vllm_engine import VllmEngine
+    from policies.engines.vllm_engine import VllmEngine
 
     eng = VllmEngine(model_dir, gpu_memory_utilization=0.3, max_model_len=2048)
     prompt = render([ChatMessage(role="user", content="What is the capital of France?")])
@@ -32,6 +35,7 @@ def test_vllm_swaps_in_place_with_requests_in_flight(model_dir, tmp_path):
             results.extend(eng.generate([prompt] * 4, 64, temperature=0.8))
         except Exception as exc:  # noqa: BLE001 - any failure counts
             errors.append(exc)
+
     threads = [threading.Thread(target=client) for _ in range(4)]
     for t in threads:
         t.start()

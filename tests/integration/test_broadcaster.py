@@ -3,6 +3,7 @@
 - an unchanged candidate passes, serves as a canary, and goes live on equal feedback;
 - a bad version forced live by an operator is rolled back automatically when users' feedback drops;
 every state change is an `evo.weights_status` event and the LIVE pointer follows."""
+
 import asyncio
 import time
 import uuid
@@ -16,8 +17,13 @@ from actors.events import ChatMessage, Feedback, Interaction, WeightsPublished, 
 
 def _feedback(version: str, score: float) -> Feedback:
     iid = f"chatcmpl-{uuid.uuid4().hex}"
-    it = Interaction(interaction_id=iid, user_hash="u", messages=[ChatMessage(role="user", content="hi")],
-                     response=ChatMessage(role="assistant", content="hello"), weights_version=version)
+    it = Interaction(
+        interaction_id=iid,
+        user_hash="u",
+        messages=[ChatMessage(role="user", content="hi")],
+        response=ChatMessage(role="assistant", content="hello"),
+        weights_version=version,
+    )
     return Feedback(interaction_id=iid, score=score, interaction=it)
 
 
@@ -25,8 +31,9 @@ async def _wait(bus, prefix, kind, pred, timeout=600):
     """The first event of `kind` on the stream (from its start) that satisfies `pred`."""
     from nats.js import api
 
-    sub = await bus.js.subscribe(f"{prefix}.{kind}", ordered_consumer=True,
-                                 config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
+    sub = await bus.js.subscribe(
+        f"{prefix}.{kind}", ordered_consumer=True, config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL)
+    )
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
@@ -47,7 +54,7 @@ def _wait_status(bus, prefix, version, statuses):
 
 async def test_gate_canary_and_rollback(settings, nats_server, model_dir):
     from actors.broadcaster import Broadcaster
-    from policies.model_store import WeightsStore
+    from policies.weights.model_store import WeightsStore
 
     p = "b" + uuid.uuid4().hex[:8]
     settings.nats.stream, settings.nats.subject_prefix = p.upper(), p
@@ -61,13 +68,18 @@ async def test_gate_canary_and_rollback(settings, nats_server, model_dir):
 
     base = {k: v.to(torch.bfloat16) for k, v in load_file(str(model_dir / "model.safetensors")).items()}
     torch.manual_seed(0)
-    noisy = {k: (v.float() + 0.05 * v.float().std() * torch.randn_like(v.float())).to(torch.bfloat16)
-             if v.ndim == 2 else v for k, v in base.items()}
+    noisy = {
+        k: (v.float() + 0.05 * v.float().std() * torch.randn_like(v.float())).to(torch.bfloat16) if v.ndim == 2 else v
+        for k, v in base.items()
+    }
 
     def publish(version, sd, parent="w-000000", force=False):
         path, sha = store.save(sd, version, {"parent": parent, "step": int(version[2:])})
-        return bus.publish(WeightsPublished(weights=WeightsRef(version=version, path=str(path), sha256=sha,
-                                                               parent=parent, step=int(version[2:])), force=force))
+        return bus.publish(
+            WeightsPublished(
+                weights=WeightsRef(version=version, path=str(path), sha256=sha, parent=parent, step=int(version[2:])), force=force
+            )
+        )
 
     actor = Broadcaster(settings)
     task = asyncio.create_task(actor.run())
@@ -98,8 +110,7 @@ async def test_gate_canary_and_rollback(settings, nats_server, model_dir):
             await bus.publish(_feedback("w-000002", 1.0))
 
         # 3) the rejected noisy version forced live by an operator; users dislike it: rolled back to w-000002
-        await bus.publish(WeightsPublished(weights=WeightsRef(**actor._ref("w-000001").model_dump()), force=True,
-                                           reason="test"))
+        await bus.publish(WeightsPublished(weights=WeightsRef(**actor._ref("w-000001").model_dump()), force=True, reason="test"))
         await _wait_status(bus, p, "w-000001", {"live"})
         assert store.live().version == "w-000001"
         for _ in range(4):

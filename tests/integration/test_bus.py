@@ -1,12 +1,15 @@
 """The bus against a real nats-server: dedup, durable consumers, ack / nak / term + dead letter, restarts."""
+
 import asyncio
 import uuid
 
 import pytest
+from nats.js.errors import NoStreamResponseError
 
 from actors.actor import HOLD, EventActor
 from actors.bus import Bus, Poison, Transient
-from actors.events import DeadLetter, Task, parse_event
+from actors.events import DeadLetter, parse_event
+from actors.task_events import Task
 from deploy.nats import EmbeddedNats
 
 
@@ -15,8 +18,7 @@ def _prefix():
 
 
 async def _bus(server, prefix):
-    return await Bus(server.url, server.user, server.password, stream=prefix.upper(), prefix=prefix,
-                     producer="test").connect()
+    return await Bus(server.url, server.user, server.password, stream=prefix.upper(), prefix=prefix, producer="test").connect()
 
 
 async def test_publish_is_deduplicated_by_event_id(nats_server):
@@ -139,6 +141,7 @@ async def test_request_reply_round_trip_and_remote_error(nats_server):
         if req.query == "boom":
             raise ValueError("kaput")
         return RetrieveReply(experiences=[RetrievedExperience(experience_id="e", text=req.query, score=1.0)])
+
     await bus.serve_rpc("retrieve", RetrieveRequest, handler)
     r = await bus.request("retrieve", RetrieveRequest(query="hi"), RetrieveReply)
     assert r.experiences[0].text == "hi"
@@ -214,10 +217,18 @@ async def test_stream_takes_only_known_kinds_and_keeps_its_limits(nats_server):
     from actors.events import KINDS, subjects_of
 
     p = _prefix()
-    bus = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p,
-                    producer="test", max_age_s=3600, max_bytes=64 * 1024).connect()
+    bus = await Bus(
+        nats_server.url,
+        nats_server.user,
+        nats_server.password,
+        stream=p.upper(),
+        prefix=p,
+        producer="test",
+        max_age_s=3600,
+        max_bytes=64 * 1024,
+    ).connect()
     for bogus in (f"{p}.bogus_kind", f"{p}.a.b.c", f"{p}.interaction.a.b", f"{p}.task.x"):
-        with pytest.raises(Exception):  # no stream listens there: nothing is stored
+        with pytest.raises(NoStreamResponseError):  # no stream listens there: nothing is stored
             await bus.js.publish(bogus, b"{}", timeout=1)
     big = "x" * 4000
     for i in range(40):  # ~160 KB into a 64 KB stream: the oldest go
@@ -229,8 +240,16 @@ async def test_stream_takes_only_known_kinds_and_keeps_its_limits(nats_server):
     assert info.state.bytes <= 64 * 1024 and info.state.first_seq > 1 and info.state.last_seq == 40
     sub = await bus.js.subscribe(f"{p}.>", ordered_consumer=True)  # `main.py events` still follows everything
     assert parse_event((await sub.next_msg(timeout=2)).data).kind == "task"
-    looser = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p,
-                       producer="test", max_age_s=7200, max_bytes=-1).connect()  # a new setting updates it
+    looser = await Bus(
+        nats_server.url,
+        nats_server.user,
+        nats_server.password,
+        stream=p.upper(),
+        prefix=p,
+        producer="test",
+        max_age_s=7200,
+        max_bytes=-1,
+    ).connect()  # a new setting updates it
     info = await looser.stream_info()
     assert info.config.max_age == pytest.approx(7200) and info.config.max_bytes == -1
     await bus.close()

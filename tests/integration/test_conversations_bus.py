@@ -1,6 +1,7 @@
 """Conversations through a restart, on a real nats-server: the attributor holds a conversation's interactions
 unacked; killed mid-conversation, the next one gets them back from the stream, stitches the rest on, and judges
 each unrated step with a signal exactly once."""
+
 import asyncio
 import uuid
 
@@ -14,8 +15,7 @@ def _conversation(user="u1"):
     m2 = m1 + [r1, ChatMessage(role="tool", content="Error: unknown city", tool_call_id="c1")]
     r2 = ChatMessage(role="assistant", content="I could not find it.")
     m3 = m2 + [r2, ChatMessage(role="user", content="No, that is wrong. Paris, France.")]
-    r3 = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c2", name="get_weather",
-                                                            arguments='{"city": "Paris, France"}')])
+    r3 = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c2", name="get_weather", arguments='{"city": "Paris, France"}')])
     out = []
     for i, (m, r) in enumerate([(m1, r1), (m2, r2), (m3, r3)]):
         ev = Interaction(interaction_id=f"chatcmpl-{uuid.uuid4().hex}", user_hash=user, messages=m, response=r)
@@ -27,8 +27,9 @@ def _conversation(user="u1"):
 async def _judgements(bus, prefix):
     from nats.js import api
 
-    sub = await bus.js.subscribe(f"{prefix}.judgement", ordered_consumer=True,
-                                 config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
+    sub = await bus.js.subscribe(
+        f"{prefix}.judgement", ordered_consumer=True, config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL)
+    )
     got = []
     try:
         while True:
@@ -74,7 +75,10 @@ async def test_open_conversations_survive_an_attributor_restart_and_are_judged_o
     # the last request's tool call was never answered before the conversation went idle
     assert sorted(j.signals[0] for j in judged) == ["abandoned_call", "correction", "tool_error"]
     assert {j.samples[0].sample_id: j.weights_version for j in judged} == {
-        its[0].interaction_id: "w-000001", its[1].interaction_id: "w-000002", its[2].interaction_id: "w-000003"}
+        its[0].interaction_id: "w-000001",
+        its[1].interaction_id: "w-000002",
+        its[2].interaction_id: "w-000003",
+    }
     third = Attributor(settings)  # everything was acked: a later start judges nothing again
     await run_until(third, lambda a: a.book is not None, timeout=30)
     await asyncio.sleep(12)

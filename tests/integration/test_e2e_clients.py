@@ -2,6 +2,7 @@
 langchain-openai, litellm and the OpenAI Agents SDK. Plain, streamed, tools and a tool round trip, structured output
 (refused with a 400 the clients raise as BadRequestError), the error cases, and every interaction id a client got
 is on the stream exactly once. Last, a browser: headless Chromium opens the live page (/page) on the same `up`."""
+
 import asyncio
 import json
 import math
@@ -13,14 +14,20 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from test_e2e import _cli, system  # noqa: F401  (the same running system: its own `up` for this module)
 
 pytestmark = pytest.mark.e2e
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: litellm's bundled model map
-TOOLS = [{"type": "function", "function": {"name": "get-weather", "description": "Weather for a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                          "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get-weather",
+            "description": "Weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
@@ -45,30 +52,37 @@ def test_openai_sync_and_async(system):  # noqa: F811
     for t in calls:  # a call reaches the client only when it can be run
         assert t.function.name == "get-weather" and isinstance(json.loads(t.function.arguments), dict)
     if calls:  # the round trip: the tool's result, then the model's answer
-        follow = ASK + [r.choices[0].message.model_dump(exclude_none=True)] + [
-            {"role": "tool", "tool_call_id": t.id, "content": "18 C, clear"} for t in calls]
+        follow = (
+            ASK
+            + [r.choices[0].message.model_dump(exclude_none=True)]
+            + [{"role": "tool", "tool_call_id": t.id, "content": "18 C, clear"} for t in calls]
+        )
         ids.append(c.chat.completions.create(model=system["model"], messages=follow, tools=TOOLS, max_tokens=16).id)
     with pytest.raises(openai.BadRequestError):  # structured output is refused, not ignored
-        c.chat.completions.create(model=system["model"], messages=ASK, max_tokens=8,
-                                  response_format={"type": "json_object"})
+        c.chat.completions.create(model=system["model"], messages=ASK, max_tokens=8, response_format={"type": "json_object"})
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="gpt-4o", messages=ASK, max_tokens=8)
     assert c.models.retrieve(system["model"]).id == system["model"]
 
     async def many():
         a = openai.AsyncOpenAI(base_url=system["endpoint"], api_key=system["key"], max_retries=0, timeout=300)
-        rs = await asyncio.gather(*[a.chat.completions.create(model=system["model"], max_tokens=6,
-                                                               messages=[{"role": "user", "content": f"Say {i}"}])
-                                    for i in range(4)])
+        rs = await asyncio.gather(
+            *[
+                a.chat.completions.create(model=system["model"], max_tokens=6, messages=[{"role": "user", "content": f"Say {i}"}])
+                for i in range(4)
+            ]
+        )
         return [x.id for x in rs]
+
     _ids_on_stream(system["state"], ids + asyncio.run(many()))
 
 
 def test_langchain_openai(system):  # noqa: F811
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(model=system["model"], base_url=system["endpoint"], api_key=system["key"], max_tokens=12,
-                     max_retries=0, timeout=300)
+    llm = ChatOpenAI(
+        model=system["model"], base_url=system["endpoint"], api_key=system["key"], max_tokens=12, max_retries=0, timeout=300
+    )
     msg = llm.invoke("Say hi")
     assert isinstance(msg.content, str) and msg.response_metadata["model_name"] == system["model"]
     parts = list(llm.stream("Count to three"))
@@ -82,8 +96,14 @@ def test_langchain_openai(system):  # noqa: F811
 def test_litellm(system):  # noqa: F811
     import litellm
 
-    kw = {"model": f"openai/{system['model']}", "api_base": system["endpoint"], "api_key": system["key"],
-          "max_tokens": 8, "num_retries": 0, "timeout": 300}
+    kw = {
+        "model": f"openai/{system['model']}",
+        "api_base": system["endpoint"],
+        "api_key": system["key"],
+        "max_tokens": 8,
+        "num_retries": 0,
+        "timeout": 300,
+    }
     r = litellm.completion(messages=ASK, **kw)
     assert r.choices[0].message.content is not None
     text = "".join(ch.choices[0].delta.content or "" for ch in litellm.completion(messages=ASK, stream=True, **kw))
@@ -102,8 +122,12 @@ def test_openai_agents_sdk(system):  # noqa: F811
 
     def agent(tools=()):  # a client per run: each run_sync has its own event loop, and an async client keeps its first
         client = openai.AsyncOpenAI(base_url=system["endpoint"], api_key=system["key"], max_retries=0, timeout=300)
-        return Agent(name="kaizen", instructions="Answer briefly.", tools=list(tools),
-                     model=OpenAIChatCompletionsModel(model=system["model"], openai_client=client))
+        return Agent(
+            name="kaizen",
+            instructions="Answer briefly.",
+            tools=list(tools),
+            model=OpenAIChatCompletionsModel(model=system["model"], openai_client=client),
+        )
 
     @function_tool
     def get_weather(city: str) -> str:
@@ -116,6 +140,7 @@ def test_openai_agents_sdk(system):  # noqa: F811
     async def streamed():
         run = Runner.run_streamed(agent(), "Count to three", max_turns=1)
         return [e async for e in run.stream_events()], run.final_output
+
     events, final = asyncio.run(streamed())
     assert events and isinstance(final, str)
     try:  # every call the model makes must run (an invalid one raises ModelBehaviorError, and fails this test)
@@ -125,8 +150,16 @@ def test_openai_agents_sdk(system):  # noqa: F811
 
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's (scripts/setup.sh installs it where it can); never `playwright install`
-HEADLESS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+HEADLESS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SHOWN = """[[...document.querySelectorAll('#rows tbody tr[data-version]')].map(tr => [...tr.cells].map(c => c.textContent)),
             Object.fromEntries(Object.entries(kaizenPage.curves).map(([env, u]) => [env, u.data]))]"""
 LOADED = "!!(window.kaizenPage && kaizenPage.state) && document.getElementById('stream').textContent === 'live'"
@@ -149,11 +182,22 @@ def _report(state) -> dict:
 
 def _expected(doc: dict):
     """What the page must show of `report --json`: the lineage rows (newest first), and each curve as uPlot's data."""
-    rows = [[r["version"], r["parent"], str(r["step"]), r["status"], r["gate"], r["canary"],
-             "–" if r["served_after_s"] is None else f"{math.floor(r['served_after_s'] + 0.5)} s"]  # Math.round
-            for r in reversed(doc["rows"])]
-    return rows, {env: [c["step"], *[[None if x is None else 100 * x for x in c[k]] for k in ("avg", "lo", "hi", "base")]]
-                  for env, c in doc["curve"].items()}
+    rows = [
+        [
+            r["version"],
+            r["parent"],
+            str(r["step"]),
+            r["status"],
+            r["gate"],
+            r["canary"],
+            "–" if r["served_after_s"] is None else f"{math.floor(r['served_after_s'] + 0.5)} s",
+        ]  # Math.round
+        for r in reversed(doc["rows"])
+    ]
+    return rows, {
+        env: [c["step"], *[[None if x is None else 100 * x for x in c[k]] for k in ("avg", "lo", "hi", "base")]]
+        for env, c in doc["curve"].items()
+    }
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (Debian: apt-get install chromium)")
@@ -179,9 +223,22 @@ def test_the_live_page_in_a_browser(system):  # noqa: F811
             assert "key=" not in page.url and page.evaluate("document.documentElement.scrollWidth") <= 390
             # a newly published event: in the page's live list within seconds, and its document follows it
             rows = _report(system["state"])["rows"]
-            scored = HeldoutScored(version=rows[-1]["version"] if rows else "w-999999", env="code", entries=1,
-                                   suite_entries=40, k=4, avg=0.25, base_avg=0.0, delta=0.25, p_value=1.0, wins=1,
-                                   losses=0, verdict="not_below", duration_s=1.0, reason="browser test marker")
+            scored = HeldoutScored(
+                version=rows[-1]["version"] if rows else "w-999999",
+                env="code",
+                entries=1,
+                suite_entries=40,
+                k=4,
+                avg=0.25,
+                base_avg=0.0,
+                delta=0.25,
+                p_value=1.0,
+                wins=1,
+                losses=0,
+                verdict="not_below",
+                duration_s=1.0,
+                reason="browser test marker",
+            )
 
             async def publish():
                 s = load_settings(None)
@@ -189,6 +246,7 @@ def test_the_live_page_in_a_browser(system):  # noqa: F811
                 bus = await connect(s, system)
                 await bus.publish(scored)
                 await bus.close()
+
             with ThreadPoolExecutor(1) as pool:  # Playwright's sync API runs an event loop in this thread
                 pool.submit(asyncio.run, publish()).result(timeout=60)
             seen_s = _until(page, f"!!document.querySelector('#events li[data-id=\"{scored.event_id}\"]')", 10)

@@ -2,6 +2,7 @@
 stream by id once it was published, so a replica on another node, with an empty state dir, finds it too. While
 the bus is down a pending interaction still takes feedback, and one that is not pending gets a 503, not a 404.
 Real nats-server, the replica's real outbox and feedback code; no Ray, no model."""
+
 import asyncio
 import json
 import time
@@ -25,16 +26,18 @@ def _prefix():
 
 
 async def _bus(server, prefix, ensure_stream=True):
-    return await Bus(server.url, server.user, server.password, stream=prefix.upper(), prefix=prefix,
-                     producer="test").connect(ensure_stream=ensure_stream)
+    return await Bus(server.url, server.user, server.password, stream=prefix.upper(), prefix=prefix, producer="test").connect(
+        ensure_stream=ensure_stream
+    )
 
 
 def answered(iid: str | None = None) -> Interaction:
     """The interaction a replica records for an answer (`Turn.interaction`, as `KaizenServer._record` makes it)."""
     iid = iid or f"chatcmpl-{uuid.uuid4().hex}"
     req = ChatRequest.model_validate({"messages": [{"role": "user", "content": "2+2?"}]})
-    turn = Turn(req=req, messages=[ChatMessage(role="user", content="2+2?")], tools=[], memory=RetrieveReply(),
-                prompt="", iid=iid)
+    turn = Turn(
+        req=req, messages=[ChatMessage(role="user", content="2+2?")], tools=[], memory=RetrieveReply(), prompt="", iid=iid
+    )
     return turn.interaction(ChatMessage(role="assistant", content="4"), "w-000003", False, "replica-a", "key")
 
 
@@ -57,8 +60,7 @@ async def _stored(bus, kind: str) -> list:
     return [parse_event(data) for _, data in msgs]
 
 
-async def test_a_replica_on_another_node_finds_a_published_interaction_and_feedback_is_idempotent(nats_server,
-                                                                                                    tmp_path):
+async def test_a_replica_on_another_node_finds_a_published_interaction_and_feedback_is_idempotent(nats_server, tmp_path):
     p = _prefix()
     bus_a, bus_b = await _bus(nats_server, p), await _bus(nats_server, p, ensure_stream=False)
     a = Replica(tmp_path / "a", lambda: asyncio.sleep(0, bus_a))
@@ -116,6 +118,7 @@ async def test_while_the_bus_is_down_a_pending_interaction_takes_feedback_and_ot
 
         async def never_connects():  # a replica that started while the bus was down (`_ensure_bus`)
             return await asyncio.wait_for(Bus(server.url, server.user, server.password).connect(False), 3.0)
+
         starting = Replica(tmp_path / "starting", never_connects)
         t0 = time.monotonic()
         status, err = await starting.feedback(published.interaction_id)
@@ -149,11 +152,15 @@ async def test_a_stream_made_by_the_previous_release_gets_the_interaction_subjec
     await old.js.add_stream(cfg)
     before = answered()
     await old.js.publish(f"{p}.interaction", before.model_dump_json().encode())
-    await old.js.publish(f"{p}.feedback", Feedback(interaction_id=before.interaction_id, score=1.0,
-                                                   interaction=before).model_dump_json().encode())
-    await old.js.add_consumer(p.upper(), api.ConsumerConfig(  # the durable as the previous release made it
-        durable_name="attributor", ack_policy=api.AckPolicy.EXPLICIT,
-        filter_subjects=[f"{p}.interaction", f"{p}.feedback"]))
+    await old.js.publish(
+        f"{p}.feedback", Feedback(interaction_id=before.interaction_id, score=1.0, interaction=before).model_dump_json().encode()
+    )
+    await old.js.add_consumer(
+        p.upper(),
+        api.ConsumerConfig(  # the durable as the previous release made it
+            durable_name="attributor", ack_policy=api.AckPolicy.EXPLICIT, filter_subjects=[f"{p}.interaction", f"{p}.feedback"]
+        ),
+    )
 
     new = await _bus(nats_server, p)  # ensure_stream brings the stream to this release's subjects
     assert f"{p}.interaction.*" in (await new.stream_info()).config.subjects
@@ -176,7 +183,7 @@ async def test_the_attributor_and_the_navigator_read_the_rated_interaction_by_id
     from actors.bus import Poison
     from actors.events import Judgement
     from actors.navigator import Navigator
-    from policies.judge import Agreement, Budget, make_judge
+    from policies.judge.judge import Agreement, Budget, make_judge
 
     p = _prefix()
     bus = await _bus(nats_server, p)

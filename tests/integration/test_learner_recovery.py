@@ -1,6 +1,7 @@
 """kill -9 of the learner in the middle of a step and in the middle of writing a checkpoint (real nats-server,
 real SmolLM2, the learner in its own process): after restarts every judgement is trained on exactly once,
 versions follow each other, and the last checkpoint verifies."""
+
 import asyncio
 import json
 import os
@@ -23,19 +24,33 @@ N_GROUPS = 8  # 4 steps of 2 groups
 def _group(i: int) -> Judgement:
     def sample(ok: bool) -> Sample:
         call = ToolCall(id="c", name="mkdir" if ok else "rm", arguments=json.dumps({"dir_name": f"d{i}"}))
-        return Sample(sample_id=f"s{i}{ok}", messages=[
-            ChatMessage(role="system", content="You call functions."),
-            ChatMessage(role="user", content=f"Create the folder d{i}."),
-            ChatMessage(role="assistant", tool_calls=[call])], step_indices=[2])
-    return Judgement(event_id=f"j-{i:02d}", group_id=f"g{i}", source="rollout", task_id=f"t{i}",
-                     samples=[sample(True), sample(False)], outcomes=[1.0, 0.0], step_labels=[["GOOD"], ["BAD"]])
+        return Sample(
+            sample_id=f"s{i}{ok}",
+            messages=[
+                ChatMessage(role="system", content="You call functions."),
+                ChatMessage(role="user", content=f"Create the folder d{i}."),
+                ChatMessage(role="assistant", tool_calls=[call]),
+            ],
+            step_indices=[2],
+        )
+
+    return Judgement(
+        event_id=f"j-{i:02d}",
+        group_id=f"g{i}",
+        source="rollout",
+        task_id=f"t{i}",
+        samples=[sample(True), sample(False)],
+        outcomes=[1.0, 0.0],
+        step_labels=[["GOOD"], ["BAD"]],
+    )
 
 
 async def _events(bus, prefix, kind):
     from nats.js import api
 
-    sub = await bus.js.subscribe(f"{prefix}.{kind}", ordered_consumer=True,
-                                 config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
+    sub = await bus.js.subscribe(
+        f"{prefix}.{kind}", ordered_consumer=True, config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL)
+    )
     out = []
     while True:
         try:
@@ -55,11 +70,13 @@ async def test_kill_9_mid_step_and_mid_checkpoint(settings, nats_server, model_d
     settings.state.mkdir(parents=True, exist_ok=True)
     (settings.state / "settings.json").write_text(settings.model_dump_json())
     log = settings.state / "learner.log"
-    script = ("import asyncio, sys; sys.path.insert(0, %r)\n"
-              "from config import telemetry\nfrom config.settings import Settings\nfrom actors.learner import Learner\n"
-              "s = Settings.model_validate_json(open(%r).read())\n"
-              "telemetry.setup('learner', 'info', None, stream=open(%r, 'a', buffering=1))\n"
-              "asyncio.run(Learner(s).run())\n" % (str(ROOT), str(settings.state / "settings.json"), str(log)))
+    script = (
+        "import asyncio, sys; sys.path.insert(0, %r)\n"
+        "from config import telemetry\nfrom config.settings import Settings\nfrom actors.learner import Learner\n"
+        "s = Settings.model_validate_json(open(%r).read())\n"
+        "telemetry.setup('learner', 'info', None, stream=open(%r, 'a', buffering=1))\n"
+        "asyncio.run(Learner(s).run())\n" % (str(ROOT), str(settings.state / "settings.json"), str(log))
+    )
     env = {**os.environ, "KAIZEN_STRICT_EVENTS": "1", "OMP_NUM_THREADS": "1"}
     bus = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p).connect()
     ckpt_dir = settings.state / "learner"
@@ -71,8 +88,13 @@ async def test_kill_9_mid_step_and_mid_checkpoint(settings, nats_server, model_d
             return 0
 
     def start():
-        return subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=open(settings.state / "learner.err", "a"))
+        return subprocess.Popen(
+            [sys.executable, "-c", script],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=open(settings.state / "learner.err", "a"),
+        )
 
     async def wait_for(pred, timeout, what):
         deadline = time.monotonic() + timeout
@@ -80,8 +102,10 @@ async def test_kill_9_mid_step_and_mid_checkpoint(settings, nats_server, model_d
             if pred():
                 return
             await asyncio.sleep(0.05)
-        pytest.fail(f"timed out waiting for {what}; log: {log.read_text()[-2000:] if log.exists() else ''}"
-                    f"{(settings.state / 'learner.err').read_text()[-2000:]}")
+        pytest.fail(
+            f"timed out waiting for {what}; log: {log.read_text()[-2000:] if log.exists() else ''}"
+            f"{(settings.state / 'learner.err').read_text()[-2000:]}"
+        )
 
     for i in range(N_GROUPS):
         await bus.publish(_group(i))
@@ -94,8 +118,9 @@ async def test_kill_9_mid_step_and_mid_checkpoint(settings, nats_server, model_d
         assert manifest_step() == 0, "the step was committed before the kill"
         # 2) killed while a checkpoint file is being written, after one was committed (so there is one to resume)
         proc = start()
-        await wait_for(lambda: manifest_step() >= 1 and any(ckpt_dir.glob(".ckpt-*.tmp")), 300,
-                       "a second checkpoint to be written")
+        await wait_for(
+            lambda: manifest_step() >= 1 and any(ckpt_dir.glob(".ckpt-*.tmp")), 300, "a second checkpoint to be written"
+        )
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
         killed_at = manifest_step()
@@ -108,6 +133,7 @@ async def test_kill_9_mid_step_and_mid_checkpoint(settings, nats_server, model_d
                 return info.num_pending == 0 and info.num_ack_pending == 0
             except Exception:
                 return False
+
         deadline = time.monotonic() + 600
         while not (await drained() and manifest_step() == N_GROUPS // 2):
             assert time.monotonic() < deadline, f"did not finish; checkpoint step {manifest_step()}"
@@ -123,8 +149,8 @@ async def test_kill_9_mid_step_and_mid_checkpoint(settings, nats_server, model_d
     assert sorted(steps) == [1, 2, 3, 4] and 1 <= killed_at < 4
     applied = sorted(i for e in steps.values() for i in e.source_event_ids)
     assert applied == [f"j-{i:02d}" for i in range(N_GROUPS)]  # each judgement in exactly one step
-    from policies.checkpoint import CheckpointStore
-    from policies.model_store import WeightsStore
+    from policies.learning.checkpoint import CheckpointStore
+    from policies.weights.model_store import WeightsStore
 
     store = WeightsStore(settings.state)
     versions = sorted(published)

@@ -3,8 +3,8 @@
 import pytest
 
 from actors.events import ChatMessage, Judgement, Sample
-from policies.memory_pool import MemoryPool
-from policies.embedder import Embedder
+from policies.memory.embedder import Embedder
+from policies.memory.pool import MemoryPool
 
 
 @pytest.fixture(scope="module")
@@ -14,10 +14,14 @@ def embedder():
 
 def test_memory_pool_upsert_is_idempotent_and_retrieval_ranks(tmp_path, embedder):
     pool = MemoryPool(str(tmp_path / "m.db"), 384)
-    texts = {"a": "For moving a file into a folder, call mv after cd.",
-             "b": "For buying stock, call place_order with symbol and amount."}
-    rows = [{"id": k, "vector": v, "text": t, "success": True, "state": "active", "meta": "{}"}
-            for (k, t), v in zip(texts.items(), embedder.embed(list(texts.values())))]
+    texts = {
+        "a": "For moving a file into a folder, call mv after cd.",
+        "b": "For buying stock, call place_order with symbol and amount.",
+    }
+    rows = [
+        {"id": k, "vector": v, "text": t, "success": True, "state": "active", "meta": "{}"}
+        for (k, t), v in zip(texts.items(), embedder.embed(list(texts.values())))
+    ]
     pool.upsert(rows)
     pool.upsert(rows)  # a redelivered judgement is harmless
     assert pool.count() == 2
@@ -29,8 +33,9 @@ def test_memory_pool_upsert_is_idempotent_and_retrieval_ranks(tmp_path, embedder
     hits = pool.search(q, 2, min_score=0.0)
     assert "a" not in [h.experience_id for h in hits]
     # the in-process index answers like Milvus Lite itself, and is rebuilt from it on reopen
-    assert [(h.experience_id, round(h.score, 2)) for h in hits] == \
-        [(h.experience_id, round(h.score, 2)) for h in pool.search_milvus(q, 2, min_score=0.0)]
+    assert [(h.experience_id, round(h.score, 2)) for h in hits] == [
+        (h.experience_id, round(h.score, 2)) for h in pool.search_milvus(q, 2, min_score=0.0)
+    ]
     pool.close()
     again = MemoryPool(str(tmp_path / "m.db"), 384)
     assert len(again.index) == 2 and [h.experience_id for h in again.search(q, 2, 0.0)] == ["b"]
@@ -39,7 +44,7 @@ def test_memory_pool_upsert_is_idempotent_and_retrieval_ranks(tmp_path, embedder
 def test_vector_index_matches_exact_cosine():
     import numpy as np
 
-    from policies.vector_index import VectorIndex
+    from policies.memory.vector_index import VectorIndex
 
     rng = np.random.default_rng(1)
     v = rng.standard_normal((3000, 384)).astype(np.float32)
@@ -60,7 +65,8 @@ def test_vector_index_matches_exact_cosine():
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
+
     return TransformersEngine(model_dir, dtype="float32")
 
 
@@ -68,7 +74,7 @@ def test_engine_generates_and_hot_swaps(engine, tmp_path):
     import torch
 
     from policies.chat import render
-    from policies.model_store import WeightsStore
+    from policies.weights.model_store import WeightsStore
 
     prompt = render([ChatMessage(role="user", content="What is the capital of France?")])
     g = engine.generate([prompt], 12, temperature=0.0)[0]
@@ -100,8 +106,18 @@ def test_rollout_group_against_bfcl(engine):
     from policies.rollout import run_group
 
     env = BfclEnvironment(["base"], max_turns=1, max_steps_per_turn=2)
-    res = run_group(engine, env, env.entries("train")[0], 2, max_new_tokens=24, temperature=1.0,
-                    experiences=["use ls first"], guided=1, experience_ids=["e1"], call_prefix=True)
+    res = run_group(
+        engine,
+        env,
+        env.entries("train")[0],
+        2,
+        max_new_tokens=24,
+        temperature=1.0,
+        experiences=["use ls first"],
+        guided=1,
+        experience_ids=["e1"],
+        call_prefix=True,
+    )
     assert len(res.samples) == 2
     for s in res.samples:
         assert s.messages[0].role == "system" and "use ls first" not in s.messages[0].content  # stripped
@@ -113,18 +129,34 @@ def test_rollout_group_against_bfcl(engine):
 def test_learner_step_changes_weights_and_checkpoint_resumes(settings, model_dir):
     import torch
 
-    from policies.checkpoint import CheckpointStore
-    from policies.trainer import Trainer
+    from policies.learning.checkpoint import CheckpointStore
+    from policies.learning.trainer import Trainer
 
     settings.learner.lr = 1e-4
     t = Trainer(settings, model_dir)
+
     def sample(answer, guided=False):
-        return Sample(sample_id=answer, messages=[ChatMessage(role="system", content="s"),
-                                                  ChatMessage(role="user", content="2+2?"),
-                                                  ChatMessage(role="assistant", content=answer)],
-                      step_indices=[2], guided=guided, experiences=["add the numbers"] if guided else [])
-    g = Judgement(group_id="g", source="live", task_id="t", samples=[sample("4", True), sample("5", True)],
-                  outcomes=[1.0, -1.0], step_labels=[["GOOD"], ["BAD"]], source_event_ids=["a", "b"])
+        return Sample(
+            sample_id=answer,
+            messages=[
+                ChatMessage(role="system", content="s"),
+                ChatMessage(role="user", content="2+2?"),
+                ChatMessage(role="assistant", content=answer),
+            ],
+            step_indices=[2],
+            guided=guided,
+            experiences=["add the numbers"] if guided else [],
+        )
+
+    g = Judgement(
+        group_id="g",
+        source="live",
+        task_id="t",
+        samples=[sample("4", True), sample("5", True)],
+        outcomes=[1.0, -1.0],
+        step_labels=[["GOOD"], ["BAD"]],
+        source_event_ids=["a", "b"],
+    )
     before = t.model.model.norm.weight.detach().clone()
     stats = t.train_step([g])
     assert stats["samples"] == 2 and stats["grad_norm"] > 0
@@ -152,8 +184,15 @@ async def test_navigator_rebuilds_memory_from_the_stream(settings, nats_server, 
     settings.nats.stream, settings.nats.subject_prefix = p.upper(), p
     bus = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p).connect()
     for i in range(5):
-        await bus.publish(Experience(experience_id=f"e{i}", text=f"For a request like task {i}: calling ls worked.",
-                                     when=f"task {i}", success=True, origin="env"))
+        await bus.publish(
+            Experience(
+                experience_id=f"e{i}",
+                text=f"For a request like task {i}: calling ls worked.",
+                when=f"task {i}",
+                success=True,
+                origin="env",
+            )
+        )
     nav = Navigator(settings)
     await nav.start()  # a fresh state dir: the Milvus pool is empty, the stream has 5 experiences
     try:

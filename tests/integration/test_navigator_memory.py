@@ -1,5 +1,6 @@
 """Navigator memory on a real nats-server, Milvus Lite and embedder: provenance, near-duplicate merge,
 per-user caps, utility retirement, replay after loss of the database, and kill -9 in the middle of writes."""
+
 import asyncio
 import json
 import os
@@ -19,11 +20,24 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _judgement(query, ok=True, user=None, jid=None, guided=False, exp_ids=()):
     call = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c", name="mkdir", arguments='{"dir_name": "x"}')])
-    s = Sample(sample_id="s", messages=[ChatMessage(role="system", content="s"), ChatMessage(role="user", content=query),
-                                        call], step_indices=[2], guided=guided, experience_ids=list(exp_ids))
-    return Judgement(event_id=jid or str(uuid.uuid4()), group_id="g", source="live" if user else "rollout",
-                     task_id="t", samples=[s], outcomes=[1.0 if ok else 0.0], step_labels=[["GOOD"]],
-                     origin="live" if user else "env", user_hashes=[user] if user else [])
+    s = Sample(
+        sample_id="s",
+        messages=[ChatMessage(role="system", content="s"), ChatMessage(role="user", content=query), call],
+        step_indices=[2],
+        guided=guided,
+        experience_ids=list(exp_ids),
+    )
+    return Judgement(
+        event_id=jid or str(uuid.uuid4()),
+        group_id="g",
+        source="live" if user else "rollout",
+        task_id="t",
+        samples=[s],
+        outcomes=[1.0 if ok else 0.0],
+        step_labels=[["GOOD"]],
+        origin="live" if user else "env",
+        user_hashes=[user] if user else [],
+    )
 
 
 @pytest.fixture
@@ -47,8 +61,9 @@ async def _stream_state(bus, prefix):
     """Last version of every experience on the stream: id -> (state, support)."""
     from nats.js import api
 
-    sub = await bus.js.subscribe(f"{prefix}.experience", ordered_consumer=True,
-                                 config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
+    sub = await bus.js.subscribe(
+        f"{prefix}.experience", ordered_consumer=True, config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL)
+    )
     out = {}
     while True:
         try:
@@ -77,8 +92,7 @@ async def test_merge_cap_utility_and_replay(nav_env):
         assert only["support"] == 2 and len(only["sources"]) == 2
         assert "mkdir" in only["text"] and "dir_name" in only["text"]  # the call itself, not just its name
 
-        for i, q in enumerate(["Book a flight to Paris for tomorrow", "What is the weather in Oslo",
-                               "Send a message to Bob about lunch"]):
+        for q in ["Book a flight to Paris for tomorrow", "What is the weather in Oslo", "Send a message to Bob about lunch"]:
             await nav.handle_judgement(_judgement(q, user="u1"), None)
             await asyncio.sleep(0.01)
         mine = [m for m in nav.pool.meta.values() if m.get("user_hash") == "u1"]
@@ -139,7 +153,7 @@ async def test_snapshot_keeps_memory_that_retention_dropped_from_the_stream(nav_
         for q in ["Create a folder called reports", "What is the weather in Oslo"]:
             await nav.handle_judgement(_judgement(q), None)
         await nav._snapshot()
-        seq = nav._watermark()
+        seq = nav.watermark.seq()
         await bus.js.purge_stream(settings.nats.stream, seq=seq + 1)  # what max_age / max_bytes do to old events
         await nav.handle_judgement(_judgement("Send a message to Bob about lunch"), None)
         before = _pool_state(nav.pool)
@@ -160,7 +174,7 @@ async def test_snapshot_keeps_memory_that_retention_dropped_from_the_stream(nav_
 
 
 def test_guided_helped_and_utility():
-    from policies.experience import guided_helped, utility
+    from policies.memory.experience import guided_helped, utility
 
     j = _judgement("q")
     j.samples = [j.samples[0].model_copy(update={"guided": True, "experience_ids": ["e1"]}), j.samples[0]]
@@ -179,10 +193,12 @@ async def test_kill_9_mid_write_loses_nothing(nav_env, nats_server):
     settings, bus = nav_env
     settings.state.mkdir(parents=True, exist_ok=True)
     (settings.state / "settings.json").write_text(settings.model_dump_json())
-    script = ("import asyncio, sys; sys.path.insert(0, %r)\n"
-              "from config.settings import Settings\nfrom actors.navigator import Navigator\n"
-              "s = Settings.model_validate_json(open(%r).read())\nasyncio.run(Navigator(s).run())\n"
-              % (str(ROOT), str(settings.state / "settings.json")))
+    script = (
+        "import asyncio, sys; sys.path.insert(0, %r)\n"
+        "from config.settings import Settings\nfrom actors.navigator import Navigator\n"
+        "s = Settings.model_validate_json(open(%r).read())\nasyncio.run(Navigator(s).run())\n"
+        % (str(ROOT), str(settings.state / "settings.json"))
+    )
     env = {**os.environ, "KAIZEN_STRICT_EVENTS": "1"}
     entries, _ = load_category("base")
     queries = list(dict.fromkeys(e["question"][0][0]["content"][:150] for e in entries.values()))[:60]
@@ -217,7 +233,8 @@ async def test_kill_9_mid_write_loses_nothing(nav_env, nats_server):
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
     stream = await _stream_state(bus, settings.nats.subject_prefix)
-    from policies.memory_pool import MemoryPool
+    from policies.memory.pool import MemoryPool
+
     pool = MemoryPool(str(settings.state / "milvus" / "experiences.db"), settings.embedding.dim)
     assert _pool_state(pool) == stream  # the index matches the stream
     sources = sorted(s for m in pool.meta.values() for s in m["sources"])

@@ -1,8 +1,10 @@
 """The questioner's synthetic-task lifecycle on a real nats-server, Milvus Lite and embedder."""
+
 import uuid
 
 from actors.bus import Bus
-from actors.events import Judgement, Sample, TaskStatus, parse_event
+from actors.events import Judgement, Sample, parse_event
+from actors.task_events import TaskStatus
 
 
 class Scripted:
@@ -57,20 +59,27 @@ async def _questioner(settings, nats_server, share: float):
 async def test_synthetic_task_lifecycle(settings, nats_server):
     q, bus, fs = await _questioner(settings, nats_server, share=1.0)
     try:
-        q._pick_base = lambda env_name, live: fs[0]
-        q._gen = Scripted("Please create a directory named reports for me.")
+        q.writer.pick_base = lambda env_name, live: fs[0]
+        q.writer.gen = Scripted("Please create a directory named reports for me.")
         task_id = await q.synthesize()
         assert task_id and q.book.get(task_id).status == "verified"
         await q.issue_synthetic(task_id)
         # the same request from another start state is a semantic duplicate
-        q._pick_base = lambda env_name, live: fs[1]
-        q._gen = Scripted("Please create a directory named reports for me!")
+        q.writer.pick_base = lambda env_name, live: fs[1]
+        q.writer.gen = Scripted("Please create a directory named reports for me!")
         assert await q.synthesize() is None
 
         def judged(outcomes):
             samples = [Sample(sample_id=str(i), messages=[], outcome=o) for i, o in enumerate(outcomes)]
-            return Judgement(group_id="g", source="rollout", task_id=task_id, samples=samples, outcomes=outcomes,
-                             step_labels=[[] for _ in outcomes], origin="synthetic")
+            return Judgement(
+                group_id="g",
+                source="rollout",
+                task_id=task_id,
+                samples=samples,
+                outcomes=outcomes,
+                step_labels=[[] for _ in outcomes],
+                origin="synthetic",
+            )
 
         await q.handle_judgement(judged([1.0, 0.0, 1.0, 0.0]), None)  # consistency 0.5: in band
         assert q.book.get(task_id).status == "active" and q.book.get(task_id).due
@@ -88,8 +97,9 @@ async def test_synthetic_task_lifecycle(settings, nats_server):
         assert [e.status for e in dup] == ["proposed", "rejected"] and "duplicate of " + task_id in dup[1].reason
         assert st[-1] == (task_id, "retired") and "too easy" in [e for e in evs if isinstance(e, TaskStatus)][-1].reason
         tasks = [e for e in evs if e.kind == "task"]
-        assert len(tasks) == 2 and all(t.origin == "synthetic" and t.reference == ["mkdir(dir_name='reports')"]
-                                       and t.base_entry_id == fs[0] for t in tasks)
+        assert len(tasks) == 2 and all(
+            t.origin == "synthetic" and t.reference == ["mkdir(dir_name='reports')"] and t.base_entry_id == fs[0] for t in tasks
+        )
     finally:
         await q.shutdown()
         await bus.close()
@@ -115,8 +125,8 @@ async def test_dataset_tasks_flow_while_a_synthesis_explores(settings, nats_serv
             return "w-000001"
 
     try:
-        q._pick_base = lambda env_name, live: fs[0]
-        q._gen = Slow("Please create a directory named reports for me.")
+        q.writer.pick_base = lambda env_name, live: fs[0]
+        q.writer.gen = Slow("Please create a directory named reports for me.")
         q.engine, q.policy = object(), Follower()
         await q.tick()
         assert q.synthesizing()

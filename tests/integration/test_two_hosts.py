@@ -3,6 +3,7 @@ each in its own network namespace with its own state dir. A promoted version rea
 only, feedback sent to b reaches the learner on a, b's replica killed with SIGKILL comes back serving the live
 version, and `down` on a leaves nothing running on either host. Skipped where namespaces cannot be made (not
 root, no iproute2 or util-linux `unshare`)."""
+
 import json
 import os
 import shutil
@@ -16,13 +17,26 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "unshare", "curl")),
-                    reason="needs root, iproute2, util-linux unshare and curl (network and mount namespaces)")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "unshare", "curl")),
+    reason="needs root, iproute2, util-linux unshare and curl (network and mount namespaces)",
+)
 def test_two_hosts(tmp_path):
     out = tmp_path / "two_hosts.json"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "benchmarks" / "two_hosts.py"), "--out", str(out),
-                             "--logs", str(tmp_path / "logs")], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "benchmarks" / "two_hosts.py"),
+            "--out",
+            str(out),
+            "--logs",
+            str(tmp_path / "logs"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         text, _ = proc.communicate(timeout=1500)
     except subprocess.TimeoutExpired:

@@ -1,5 +1,6 @@
 """Two nodes on one machine for the tests of the pointer's key-value bucket and the weights object store: each
 node a state dir and a base model copy of its own, a real nats-server between them, stand-in engines."""
+
 import asyncio
 import time
 import uuid
@@ -9,7 +10,7 @@ import torch
 
 from actors.events import WeightsRef
 from config.settings import load_settings
-from policies.live_policy import LivePolicy
+from policies.engines.live_policy import LivePolicy
 from serve.weights import ReplicaWeights
 
 
@@ -36,8 +37,11 @@ class Log:
 
 
 def settings_for(tmp_path, name, server, stream, store="state_dir"):
-    return load_settings(None, state_dir=str(tmp_path / name), **{
-        "nats.url": server.url, "nats.password": server.password, "nats.stream": stream, "weights.store": store})
+    return load_settings(
+        None,
+        state_dir=str(tmp_path / name),
+        **{"nats.url": server.url, "nats.password": server.password, "nats.stream": stream, "weights.store": store},
+    )
 
 
 def node(tmp_path, name, server, stream, store="state_dir", log=None):
@@ -45,6 +49,7 @@ def node(tmp_path, name, server, stream, store="state_dir", log=None):
     if not base.exists():
         base.mkdir()
         from safetensors.torch import save_file
+
         save_file({"w": torch.zeros(2)}, str(base / "model.safetensors"))
     p = LivePolicy(settings_for(tmp_path, name, server, stream, store), engine=FakeEngine(), base=base, log=log)
     p.make_engine = lambda role: FakeEngine()
@@ -66,8 +71,9 @@ async def until(check, timeout=10.0):
 
 
 async def connect(server):
-    return await nats.connect(server.url, user=server.user, password=server.password, max_reconnect_attempts=-1,
-                              reconnect_time_wait=0.2)
+    return await nats.connect(
+        server.url, user=server.user, password=server.password, max_reconnect_attempts=-1, reconnect_time_wait=0.2
+    )
 
 
 def replica_of(policy, log=None):
@@ -75,6 +81,7 @@ def replica_of(policy, log=None):
 
     async def report(ev):
         reports.append(ev)
+
     return ReplicaWeights(policy, "replica-b", "evo", report, log or Log()), reports
 
 

@@ -1,15 +1,20 @@
 """Pure pieces of the actors, without Ray or NATS."""
+
 from actors.attributor import score_rollout
 from actors.events import ChatMessage, Judgement, Sample
-from policies.experience import distil
 from actors.questioner import task_event_id
-from policies.curriculum import ordered_pool
+from policies.memory.experience import distil
+from policies.tasks.curriculum import ordered_pool
 
 
 def _sample(outcome, signals, calls=()):
     from actors.events import ToolCall
-    msgs = [ChatMessage(role="system", content="s"), ChatMessage(role="user", content="move the file to temp"),
-            ChatMessage(role="assistant", tool_calls=[ToolCall(id=str(i), name=c, arguments="{}") for i, c in enumerate(calls)])]
+
+    msgs = [
+        ChatMessage(role="system", content="s"),
+        ChatMessage(role="user", content="move the file to temp"),
+        ChatMessage(role="assistant", tool_calls=[ToolCall(id=str(i), name=c, arguments="{}") for i, c in enumerate(calls)]),
+    ]
     return Sample(sample_id="x", messages=msgs, step_indices=[2], step_signals=signals, outcome=outcome)
 
 
@@ -25,8 +30,14 @@ def test_questioner_pool_order_and_ids_are_stable():
 
 
 def test_distil_gives_success_and_failure_with_stable_ids():
-    j = Judgement(group_id="g", source="rollout", task_id="t", samples=[_sample(1.0, [1.0], ["cd", "mv"]), _sample(0.0, [-1.0])],
-                  outcomes=[1.0, 0.0], step_labels=[["GOOD"], ["BAD"]])
+    j = Judgement(
+        group_id="g",
+        source="rollout",
+        task_id="t",
+        samples=[_sample(1.0, [1.0], ["cd", "mv"]), _sample(0.0, [-1.0])],
+        outcomes=[1.0, 0.0],
+        step_labels=[["GOOD"], ["BAD"]],
+    )
     exps = distil(j)
     assert [e.success for e in exps] == [True, False]
     assert "cd(), mv()" in exps[0].text and "move the file" in exps[0].when
@@ -49,8 +60,17 @@ def test_a_live_answer_made_across_a_weights_swap_is_never_trained_on(tmp_path):
     ln.trainer, ln.held, ln.live, ln.ready = SimpleNamespace(applied=set()), {}, {}, []
 
     def live(behaviour):
-        return Judgement(group_id="live:x", source="live", task_id="live:x", samples=[Sample(sample_id="a", messages=[])],
-                         outcomes=[1.0], step_labels=[["GOOD"]], behaviour_versions=behaviour, origin="live")
+        return Judgement(
+            group_id="live:x",
+            source="live",
+            task_id="live:x",
+            samples=[Sample(sample_id="a", messages=[])],
+            outcomes=[1.0],
+            step_labels=[["GOOD"]],
+            behaviour_versions=behaviour,
+            origin="live",
+        )
+
     assert asyncio.run(ln.handle_judgement(live([MIXED_WEIGHTS]), object())) is None and ln.live == {}  # acked
     assert asyncio.run(ln.handle_judgement(live([]), object())) is HOLD and len(ln.live["text"]) == 1
 
@@ -81,11 +101,23 @@ def test_rated_live_steps_are_pooled_by_kind_so_one_sided_ratings_of_a_kind_teac
             acked.append(self.i)
 
     def rated(i, call, score):
-        step = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c", name="python", arguments="{}")]) if call \
+        step = (
+            ChatMessage(role="assistant", tool_calls=[ToolCall(id="c", name="python", arguments="{}")])
+            if call
             else ChatMessage(role="assistant", content="The answer is 7.")
+        )
         smp = Sample(sample_id=f"s{i}", messages=[ChatMessage(role="user", content="q"), step], step_indices=[1])
-        return Judgement(event_id=f"e{i}", group_id=f"live:{i}", source="live", task_id=f"live:{i}", samples=[smp],
-                         outcomes=[score], step_labels=[["GOOD" if score > 0 else "BAD"]], origin="live")
+        return Judgement(
+            event_id=f"e{i}",
+            group_id=f"live:{i}",
+            source="live",
+            task_id=f"live:{i}",
+            samples=[smp],
+            outcomes=[score],
+            step_labels=[["GOOD" if score > 0 else "BAD"]],
+            origin="live",
+        )
+
     handle = lambda j: asyncio.run(ln.handle_judgement(j, Msg(j.event_id)))  # noqa: E731
     for j in [rated(1, True, 1.0), rated(2, False, -1.0), rated(3, True, -1.0), rated(4, False, -1.0)]:
         assert handle(j) is HOLD
@@ -110,8 +142,8 @@ def test_the_learner_always_trains_from_a_version_users_get_or_will_get(tmp_path
     from actors.learner import Learner
     from actors.lifecycles import CanaryRef
     from config.settings import load_settings
-    from policies.live_policy import LivePolicy
-    from policies.step_size import StepSize
+    from policies.engines.live_policy import LivePolicy
+    from policies.learning.step_size import StepSize
 
     s = load_settings(None, state_dir=str(tmp_path / "state"))
     (tmp_path / "base").mkdir()
@@ -130,12 +162,17 @@ def test_the_learner_always_trains_from_a_version_users_get_or_will_get(tmp_path
     ln.step_size = StepSize.from_settings(s.learner.model_copy(update={"kl_target": 0.1, "lr_min": 2e-6}))
 
     def reject(v):
-        asyncio.run(ln.handle_weights_rejected(WeightsRejected(weights=refs[v], candidate_score=0, live_score=0,
-                                                               reason="r"), None))
+        asyncio.run(
+            ln.handle_weights_rejected(WeightsRejected(weights=refs[v], candidate_score=0, live_score=0, reason="r"), None)
+        )
 
     def live(v):
-        asyncio.run(ln.handle_weights_promoted(WeightsPromoted(weights=refs[v], candidate_score=0, live_score=0,
-                                                               previous="", stage="live"), None))
+        asyncio.run(
+            ln.handle_weights_promoted(
+                WeightsPromoted(weights=refs[v], candidate_score=0, live_score=0, previous="", stage="live"), None
+            )
+        )
+
     r1, r2 = refs["w-000001"], refs["w-000002"]
     ln.store.set_live("w-000001", r1.path, r1.sha256, canary=CanaryRef(version="w-000002", path=r2.path, share=0.1))
     reject("w-000003")  # its parent is the canary: train on from there, not from live

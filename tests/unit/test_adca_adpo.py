@@ -1,8 +1,8 @@
 """ADCA and ADPO pinned to hand-computed values."""
+
 import math
 
-
-from policies.adca import adpo_clip_high, adpo_scale, step_advantages, step_rewards, token_advantages
+from policies.learning.adca import adpo_clip_high, adpo_scale, step_advantages, step_rewards, token_advantages
 
 
 def test_adca_two_trajectories_by_hand():
@@ -37,6 +37,7 @@ def test_adpo_scale_and_clip():
 
 
 def test_self_consistency():
-    from policies.adca import self_consistency
+    from policies.learning.adca import self_consistency
+
     assert self_consistency([1, 1, 1, 0]) == 0.75 and self_consistency([0, 0, 1, 1]) == 0.5
     assert self_consistency([0.0, 0.1, 0.2, 0.3]) == 1.0

@@ -1,7 +1,8 @@
 """Held-out scoring batches several entries' episodes into one generation, with the same per-entry results."""
+
 from actors.events import ChatMessage
 from envs.base import StepResult
-from policies.generation import Generation
+from policies.engines.generation import Generation
 from policies.rollout import evaluate, run_episodes
 
 
@@ -59,8 +60,11 @@ def test_entries_with_different_numbers_of_turns_share_a_batch_and_score_as_alon
     alone = evaluate(alone_engine, env, entries, k=2, batch=1)
     batched_engine, env = _Engine(), _Env()
     together = evaluate(batched_engine, env, entries, k=2, batch=8)
-    assert together["entries"] == alone["entries"] == {"t1_5": [1.0, 1.0], "t2_7": [1.0, 1.0], "t3_19": [0.0, 0.0],
-                                                       "t1_9": [0.0, 0.0]}
+    assert (
+        together["entries"]
+        == alone["entries"]
+        == {"t1_5": [1.0, 1.0], "t2_7": [1.0, 1.0], "t3_19": [0.0, 0.0], "t1_9": [0.0, 0.0]}
+    )
     assert together["avg"] == alone["avg"] == 0.5
     # one batch per turn round: 8 episodes, then the 4 with a second turn, then the 2 with a third
     assert batched_engine.batches == [8, 4, 2]

@@ -1,20 +1,22 @@
 """Serving batches: concurrent single-prompt calls share one padded batch, each with its own budget and
 stream, and the tokenizer is safe to share between threads."""
+
 import threading
 
-
-from policies.batching import Batcher
-from policies.generation import Generation
+from policies.engines.batching import Batcher
+from policies.engines.generation import Generation
 
 
 def _calls(batcher, specs):
     out, threads = [None] * len(specs), []
     for i, (prompt, n, temp) in enumerate(specs):
+
         def go(i=i, prompt=prompt, n=n, temp=temp):
             try:
                 out[i] = batcher.submit(prompt, n, temp)
             except Exception as exc:  # noqa: BLE001 - the test looks at it
                 out[i] = exc
+
         threads.append(threading.Thread(target=go))
     for t in threads:
         t.start()
@@ -57,17 +59,22 @@ def test_batcher_hands_an_error_to_every_caller_of_the_batch():
 def test_engine_batches_concurrent_calls_with_their_own_budgets_and_streams(model_dir):
     from actors.events import ChatMessage
     from policies.chat import render
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
 
     eng = TransformersEngine(model_dir, max_batch=4, batch_window_ms=5000)  # full at 4: no wait
-    prompts = [render([ChatMessage(role="user", content=q)]) for q in
-               ("Tell me about Paris.", "Write a long poem about the sea.", "Count from 1 to 50.", "Hi")]
+    prompts = [
+        render([ChatMessage(role="user", content=q)])
+        for q in ("Tell me about Paris.", "Write a long poem about the sea.", "Count from 1 to 50.", "Hi")
+    ]
     budgets = [3, 9, 17, 24]
     streamed = [[] for _ in prompts]
     out, threads = [None] * 4, []
     for i, (p, n) in enumerate(zip(prompts, budgets)):
-        threads.append(threading.Thread(target=lambda i=i, p=p, n=n: out.__setitem__(
-            i, eng.generate([p], n, stream_cb=streamed[i].append)[0])))
+        threads.append(
+            threading.Thread(
+                target=lambda i=i, p=p, n=n: out.__setitem__(i, eng.generate([p], n, stream_cb=streamed[i].append)[0])
+            )
+        )
     errors = []
 
     def count():  # another thread tokenises while the batch runs ("Already borrowed" before the lock)
@@ -76,6 +83,7 @@ def test_engine_batches_concurrent_calls_with_their_own_budgets_and_streams(mode
                 eng.count_tokens("a\u00e9b " * 200)
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
+
     threads.append(threading.Thread(target=count))
     for t in threads:
         t.start()

@@ -1,4 +1,5 @@
 """BFCL v4 single-turn entries scored by BFCL's own AST checker, loaded without any vendor's API client."""
+
 import subprocess
 import sys
 
@@ -39,11 +40,18 @@ def test_episodes_split_and_references():
 
 
 def test_the_checker_does_not_import_any_vendor_client():
-    code = ("import sys; sys.path.insert(0, '.'); from envs.bfcl_single import check, reference_calls; "
-            "assert check('multiple_0', reference_calls('multiple_0'))[0]; "
-            "print(sorted(m for m in sys.modules if 'model_handler' in m or m.split('.')[0] in "
-            "('anthropic', 'openai', 'google', 'cohere', 'mistralai')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=__import__("pathlib").Path(__file__).resolve().parents[2])
+    code = (
+        "import sys; sys.path.insert(0, '.'); from envs.bfcl_single import check, reference_calls; "
+        "assert check('multiple_0', reference_calls('multiple_0'))[0]; "
+        "print(sorted(m for m in sys.modules if 'model_handler' in m or m.split('.')[0] in "
+        "('anthropic', 'openai', 'google', 'cohere', 'mistralai')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=__import__("pathlib").Path(__file__).resolve().parents[2],
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"

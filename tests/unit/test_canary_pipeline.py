@@ -4,16 +4,18 @@ goes live on its own verdict); a passed version whose baseline did not go live i
 
 The broadcaster here runs on a fake bus with fixed gate scores (the real gate and bus are covered by
 tests/integration/test_broadcaster.py)."""
+
 import asyncio
 import time
 from types import SimpleNamespace
 
+from test_live_policy import _policy, _version  # noqa: E402  (tests/unit is on sys.path)
+
 from actors.events import WeightsPromoted, WeightsStatus
 from actors.lifecycles import WeightsState as S
-from policies.gate import handoff_verdict
-from policies.promotion import PromotionBook
-from policies.promotion_models import GateScore
-from test_live_policy import _policy, _version  # noqa: E402  (tests/unit is on sys.path)
+from policies.promotion.book import PromotionBook
+from policies.promotion.feedback_checks import handoff_verdict
+from policies.promotion.models import GateScore
 
 
 class FakeBus:
@@ -35,8 +37,9 @@ def _broadcaster(tmp_path, min_s=60.0):
     b.gated = []  # (candidate, against)
     b._score = lambda version, success=True, counts=None: GateScore(success=0.5, nll=1.0)
     # every candidate passes the first look; every version's first look is cached (nothing to score when idle)
-    b.scores = SimpleNamespace(looks=({"code": 2}, {"code": 8}), recent=dict, unscored=lambda version: {},
-                               drop_p=lambda cand, live, counts: 0.0)  # every shortfall counts (the point rule)
+    b.scores = SimpleNamespace(
+        looks=({"code": 2}, {"code": 8}), recent=dict, unscored=lambda version: {}, drop_p=lambda cand, live, counts: 0.0
+    )  # every shortfall counts (the point rule)
     refs = {"w-000000": None}
     for n in (1, 2, 3):
         refs[f"w-{n:06d}"] = _version(p, n, f"w-{n - 1:06d}")
@@ -147,11 +150,16 @@ def test_an_idle_broadcaster_scores_the_next_gates_comparator_one_environment_a_
     """A gate needs its comparator's greedy first look (to know where the candidate may fall short); a version
     that passed without its own episodes gets them scored while no gate runs, so its successor's gate waits for
     the successor's scores only. Never while a candidate waits for its gate."""
+
     async def go():
         b, refs = _broadcaster(tmp_path)
         looks, cached, calls = {"code": 2, "bfcl": 2}, {}, []
-        b.scores = SimpleNamespace(looks=(looks, {"code": 8, "bfcl": 8}), recent=dict, drop_p=lambda c, lv, n: 0.0,
-                                   unscored=lambda v: {e: n for e, n in looks.items() if e not in cached.get(v, ())})
+        b.scores = SimpleNamespace(
+            looks=(looks, {"code": 8, "bfcl": 8}),
+            recent=dict,
+            drop_p=lambda c, lv, n: 0.0,
+            unscored=lambda v: {e: n for e, n in looks.items() if e not in cached.get(v, ())},
+        )
 
         def score(version, success=True, counts=None):
             if success and counts:
@@ -172,7 +180,6 @@ def test_an_idle_broadcaster_scores_the_next_gates_comparator_one_environment_a_
         assert b.book.status["w-000001"] == S.CANARY and calls[-1] == ("w-000001", ("code",))
         await _publish(b, refs["w-000002"])
         await b.tick()  # gated against the canary (its bfcl scored in the gate), passed: the next comparator
-        assert b.book.status["w-000002"] == S.PASSED and calls[-2:] == [("w-000001", ("code", "bfcl")),
-                                                                          ("w-000002", ("code",))]
+        assert b.book.status["w-000002"] == S.PASSED and calls[-2:] == [("w-000001", ("code", "bfcl")), ("w-000002", ("code",))]
 
     asyncio.run(go())

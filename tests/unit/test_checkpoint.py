@@ -1,9 +1,10 @@
 """Learner checkpoints: the manifest is the commit point, sha256 is checked, the previous one is the fallback."""
+
 import json
 
 import torch
 
-from policies.checkpoint import MANIFEST, PREVIOUS, CheckpointStore
+from policies.learning.checkpoint import MANIFEST, PREVIOUS, CheckpointStore
 
 
 def _state(step):

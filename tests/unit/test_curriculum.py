@@ -1,7 +1,8 @@
 """The ladder: the questioner issues dataset tasks from the lowest rung the policy has not mastered."""
+
 import pytest
 
-from policies.curriculum import Ladder
+from policies.tasks.curriculum import Ladder
 
 
 def test_rung_climbs_after_mastery_and_falls_back_when_forgotten():
@@ -25,12 +26,14 @@ def test_ladder_state_round_trips_and_summarises():
     lad.record("code", 1, [0.0, 0.0])
     again = Ladder(window=3, min_groups=1, mastery=0.5, state=lad.state())
     assert again.summary({"code": [0, 1, 2], "bfcl": [0]}) == {
-        "code": {"rung": 1, "success": {0: 0.5, 1: 0.0}}, "bfcl": {"rung": 0, "success": {}}}
+        "code": {"rung": 1, "success": {0: 0.5, 1: 0.0}},
+        "bfcl": {"rung": 0, "success": {}},
+    }
     assert again.rung("code", [0]) == 0  # all mastered: stay on the top rung
 
 
 def test_schedule_spreads_turns_by_weight():
-    from policies.curriculum import schedule
+    from policies.tasks.curriculum import schedule
 
     assert schedule(["bfcl", "code"], {}) == ["bfcl", "code"]
     turns = schedule(["bfcl", "code"], {"code": 3})

@@ -1,5 +1,6 @@
 """Every role that loads weights onto a CUDA device waits for the deployment's device start-up lock (vLLM asserts that
 free GPU memory did not change while it profiles at start-up); on the CPU nothing waits."""
+
 import subprocess
 import sys
 import time
@@ -20,8 +21,7 @@ def test_a_cuda_start_up_waits_for_another_process_start_up_and_a_cpu_one_does_n
     from pathlib import Path
 
     root = str(Path(__file__).resolve().parents[2])
-    p = subprocess.Popen([sys.executable, "-c", HOLD.format(root=root, state=str(tmp_path))], stdout=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen([sys.executable, "-c", HOLD.format(root=root, state=str(tmp_path))], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
     t0 = time.monotonic()
     with device_startup(tmp_path, "cpu"):
@@ -36,7 +36,8 @@ def test_engines_and_the_learner_load_under_the_lock(tmp_path, tiny_dir, monkeyp
     import contextlib
 
     from config.settings import load_settings
-    from policies import engine, trainer
+    from policies.engines import engine
+    from policies.learning import trainer
 
     seen = []
 

@@ -1,9 +1,10 @@
 """A replica's engines (live, canary, role swap, routing), with stand-in engines."""
+
 import pytest
 import torch
 
 from actors.lifecycles import LivePointer
-from policies.model_store import BASE_VERSION, sha256_file
+from policies.weights.model_store import BASE_VERSION, sha256_file
 from serve.weights import EngineSet
 
 
@@ -22,8 +23,10 @@ class FakeEngine:
 
 def _set(live, make_canary, tmp_path):
     """An engine set whose base version's file is tmp_path/model.safetensors (as LivePolicy.file resolves it)."""
+
     def file(version, path):
         return path or (str(tmp_path / "model.safetensors") if version == BASE_VERSION else None)
+
     return EngineSet(live, make_canary, file)
 
 
@@ -64,6 +67,7 @@ def test_engine_set_follows_the_live_pointer(tmp_path):
 def test_a_canary_on_another_kind_of_engine_goes_live_in_the_live_engine(tmp_path):
     """On a GPU replica the canary is a transformers engine beside vLLM: when it goes live, users must stay
     on vLLM (loaded in place), not be handed to the canary's engine."""
+
     class VllmLike(FakeEngine):
         pass
 
@@ -81,7 +85,7 @@ def test_a_swap_checks_the_pinned_stat_not_the_hash(tmp_path, monkeypatch):
     import os
 
     import serve.weights as engines
-    from policies.model_store import WeightsStore
+    from policies.weights.model_store import WeightsStore
 
     store = WeightsStore(tmp_path)
     path, digest = store.save({"w": torch.ones(2)}, "w-000001")

@@ -1,4 +1,5 @@
 """The environment pool's contract with in-process workers (the Ray actors run the same class)."""
+
 import inspect
 import json
 import time
@@ -16,8 +17,7 @@ def _pool(max_concurrent=2, idle_s=300.0, keepalive_s=30.0):
     es = EnvSettings(names=["bfcl"], bfcl_categories=["base"], max_turns=99, max_steps_per_turn=99)
     worker = EnvWorker(es.model_dump_json(), idle_s)
     local = BfclEnvironment(["base"], max_turns=99, max_steps_per_turn=99)
-    return worker, PooledEnvironment(local, [worker], max_concurrent, remote=False, slot_timeout_s=0.2,
-                                     keepalive_s=keepalive_s)
+    return worker, PooledEnvironment(local, [worker], max_concurrent, remote=False, slot_timeout_s=0.2, keepalive_s=keepalive_s)
 
 
 def test_ground_truth_through_the_pool_passes_and_releases():

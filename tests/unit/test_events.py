@@ -4,11 +4,12 @@ import pytest
 from pydantic import ValidationError
 
 from actors import events as ev
+from actors.task_events import Task
 
 
 def test_every_kind_has_a_subject_and_round_trips():
     samples = {
-        "task": ev.Task(task_id="t", env="bfcl", entry_id="multi_turn_base_1"),
+        "task": Task(task_id="t", env="bfcl", entry_id="multi_turn_base_1"),
         "feedback": ev.Feedback(interaction_id="i", score=0.5),
         "weights_swapped": ev.WeightsSwapped(replica="r", version="w-000001", swap_ms=3.0),
     }
@@ -22,8 +23,9 @@ def test_every_kind_has_a_subject_and_round_trips():
 def test_an_interaction_has_a_subject_of_its_own_and_every_subject_names_its_kind():
     """`evo.interaction.<id>`: the stream's subject index finds an interaction by id. Filters cover the bare
     subject too (events of earlier releases), and a key that is not one subject token makes no subject."""
-    it = ev.Interaction(interaction_id="chatcmpl-1f0c", user_hash="u", messages=[],
-                        response=ev.ChatMessage(role="assistant", content="hi"))
+    it = ev.Interaction(
+        interaction_id="chatcmpl-1f0c", user_hash="u", messages=[], response=ev.ChatMessage(role="assistant", content="hi")
+    )
     assert ev.subject_for(it) == ev.subject_for("interaction", key="chatcmpl-1f0c") == "evo.interaction.chatcmpl-1f0c"
     assert ev.subjects_of("interaction", "t1") == ["t1.interaction", "t1.interaction.*"]
     assert ev.subjects_of("feedback") == ["evo.feedback"]
@@ -40,8 +42,20 @@ def test_an_interaction_has_a_subject_of_its_own_and_every_subject_names_its_kin
 
 
 def test_design_kinds_are_all_present():
-    required = {"interaction", "feedback", "task", "rollout", "judgement", "experience", "learner_step",
-                "weights_published", "weights_promoted", "weights_rejected", "weights_rolled_back", "dead_letter"}
+    required = {
+        "interaction",
+        "feedback",
+        "task",
+        "rollout",
+        "judgement",
+        "experience",
+        "learner_step",
+        "weights_published",
+        "weights_promoted",
+        "weights_rejected",
+        "weights_rolled_back",
+        "dead_letter",
+    }
     assert required <= set(ev.KINDS)
 
 
@@ -55,14 +69,14 @@ def test_unknown_kind_and_bad_values_are_rejected():
 
 
 def test_strict_mode_in_tests_forbids_extra_fields():
-    data = json.loads(ev.Task(task_id="t", env="bfcl", entry_id="x").model_dump_json())
+    data = json.loads(Task(task_id="t", env="bfcl", entry_id="x").model_dump_json())
     data["surprise"] = 1
     with pytest.raises(ValidationError):
         ev.parse_event(json.dumps(data))
 
 
 def test_envelope_fields():
-    e = ev.Task(task_id="t", env="bfcl", entry_id="x")
+    e = Task(task_id="t", env="bfcl", entry_id="x")
     for f in ("event_id", "kind", "schema_version", "occurred_at", "producer", "weights_version", "trace_id"):
         assert f in e.model_dump()
 
@@ -77,6 +91,10 @@ def test_derived_ids_keep_their_values_and_are_made_in_one_place():
 
     assert derived_id("judgement", "e1") == str(uuid.uuid5(uuid.NAMESPACE_URL, "kaizen:judgement:e1"))
     root = Path(__file__).resolve().parents[2]
-    makers = [str(p.relative_to(root)) for d in ("actors", "policies", "serve", "deploy", "envs")
-              for p in (root / d).rglob("*.py") if "uuid5" in p.read_text()]
+    makers = [
+        str(p.relative_to(root))
+        for d in ("actors", "policies", "serve", "deploy", "envs")
+        for p in (root / d).rglob("*.py")
+        if "uuid5" in p.read_text()
+    ]
     assert makers == ["actors/messages.py"]

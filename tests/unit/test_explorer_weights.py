@@ -1,4 +1,5 @@
 """Which weights the explorer samples training rollouts with (handlers called directly, no bus)."""
+
 import asyncio
 
 import pytest
@@ -6,8 +7,8 @@ import pytest
 from actors.events import WeightsPublished, WeightsRef, WeightsRejected, WeightsRolledBack
 from actors.explorer import Explorer
 from config.settings import load_settings
-from policies.live_policy import LivePolicy
-from policies.model_store import WeightsStore
+from policies.engines.live_policy import LivePolicy
+from policies.weights.model_store import WeightsStore
 
 
 class FakeEngine:

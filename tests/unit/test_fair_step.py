@@ -1,14 +1,21 @@
 """One user's burst of live traffic cannot fill a learner step while other users' live groups wait
-(policies/groups.fair_step); a user alone, or rollouts alone, train as before (the newest groups first)."""
+(policies/learning/groups.fair_step); a user alone, or rollouts alone, train as before (the newest groups first)."""
+
 from actors.events import Judgement, Sample
-from policies.groups import fair_step
+from policies.learning.groups import fair_step
 
 
 def _g(name: str, user: str | None = None) -> Judgement:
     live = user is not None
-    return Judgement(group_id=name, source="live" if live else "rollout", task_id=name,
-                     samples=[Sample(sample_id=f"{name}{i}", messages=[]) for i in range(2)], outcomes=[1.0, 0.0],
-                     step_labels=[[], []], user_hashes=[user, user] if live else [])
+    return Judgement(
+        group_id=name,
+        source="live" if live else "rollout",
+        task_id=name,
+        samples=[Sample(sample_id=f"{name}{i}", messages=[]) for i in range(2)],
+        outcomes=[1.0, 0.0],
+        step_labels=[[], []],
+        user_hashes=[user, user] if live else [],
+    )
 
 
 def _names(groups):

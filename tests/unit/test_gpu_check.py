@@ -2,10 +2,12 @@
 machine: every step's plumbing, one step that fails and one that outlives its budget, the JSON and the summary; and
 the carried wheel set's checks against SHA256SUMS, which refuse a damaged part and a damaged whole, and its unpacking
 with or without an xz binary."""
+
 import importlib.util
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _module(name: str):
+    """A script of scripts/ as a module, its siblings importable as when it runs (gpu_check imports gpu_steps)."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -25,9 +30,25 @@ def _module(name: str):
 def dry(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-dry")
     t0 = time.monotonic()
-    r = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run", "--out", str(out), "--inject-fail", "bench",
-                        "--inject-hang", "models", "--budget", "models=14"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [
+            "bash",
+            "scripts/gpu_check.sh",
+            "--dry-run",
+            "--out",
+            str(out),
+            "--inject-fail",
+            "bench",
+            "--inject-hang",
+            "models",
+            "--budget",
+            "models=14",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     return r, out, json.loads((out / "gpu_check.json").read_text()), time.monotonic() - t0
 
 
@@ -107,8 +128,10 @@ def test_a_damaged_part_or_archive_is_refused_and_a_good_set_unpacked(tmp_path, 
     assert (tmp_path / "cache2" / "site" / "kz_fake_wheel" / "__init__.py").exists()
     assert '"kz_fake_wheel": "0.0.1"' in capsys.readouterr().out
     monkeypatch.setattr(w.shutil, "which", lambda name: None)  # a machine without xz: Python's lzma unpacks
-    assert w.install(w.parser().parse_args(["install", "--wheels", str(tmp_path / "parts2"), "--site",
-                                            str(tmp_path / "cache3")])) == 0
+    assert (
+        w.install(w.parser().parse_args(["install", "--wheels", str(tmp_path / "parts2"), "--site", str(tmp_path / "cache3")]))
+        == 0
+    )
     assert (tmp_path / "cache3" / "site" / "kz_fake_wheel" / "blob.bin").stat().st_size == 24 * 1024
 
 
@@ -120,16 +143,23 @@ def test_the_up_steps_figures_and_preset_from_real_event_models(tmp_path, monkey
     spec = importlib.util.spec_from_file_location("gpu_up_check", ROOT / "tests" / "benchmarks" / "gpu_up_check.py")
     up = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(up)
-    ref = {v: E.WeightsRef(version=v, path=f"/w/{v}", sha256="0" * 64, parent="w-000000", step=i)
-           for i, v in enumerate(["w-000001", "w-000002"], 1)}
-    evs = [E.LearnerStep(step=i, groups=2, samples=16, loss=0.1, mean_reward=0.5, grad_norm=1.0, duration_s=d)
-           for i, d in ((1, 4.0), (2, 6.0))]
+    ref = {
+        v: E.WeightsRef(version=v, path=f"/w/{v}", sha256="0" * 64, parent="w-000000", step=i)
+        for i, v in enumerate(["w-000001", "w-000002"], 1)
+    }
+    evs = [
+        E.LearnerStep(step=i, groups=2, samples=16, loss=0.1, mean_reward=0.5, grad_norm=1.0, duration_s=d)
+        for i, d in ((1, 4.0), (2, 6.0))
+    ]
     evs += [E.WeightsPublished(weights=r) for r in ref.values()]
-    evs += [E.WeightsPromoted(weights=ref["w-000001"], candidate_score=0.5, live_score=0.4, previous="w-000000"),
-            E.WeightsSwapped(replica="r0", version="w-000000", swap_ms=0.0, reason="joined"),
-            E.WeightsSwapped(replica="r0", version="w-000000", swap_ms=80.0, canary="w-000002", reason="canary"),
-            E.WeightsSwapped(replica="r0", version="w-000001", swap_ms=73.0, reason="promoted"),
-            E.WeightsStatus(version="w-000002", status="evaluating"), E.WeightsStatus(version="w-000003", status="rejected")]
+    evs += [
+        E.WeightsPromoted(weights=ref["w-000001"], candidate_score=0.5, live_score=0.4, previous="w-000000"),
+        E.WeightsSwapped(replica="r0", version="w-000000", swap_ms=0.0, reason="joined"),
+        E.WeightsSwapped(replica="r0", version="w-000000", swap_ms=80.0, canary="w-000002", reason="canary"),
+        E.WeightsSwapped(replica="r0", version="w-000001", swap_ms=73.0, reason="promoted"),
+        E.WeightsStatus(version="w-000002", status="evaluating"),
+        E.WeightsStatus(version="w-000003", status="rejected"),
+    ]
     f = up.figures_of(evs, {"requests": 40, "failed": 1, "traffic_s": 180}, 52.5, None)
     assert (f["learner_steps"], f["learner_step_s_p50"], f["learner_step_s_max"]) == (2, 5.0, 6.0)
     assert (f["published"], f["promoted_by_gate"], f["rejected_by_gate"]) == (2, 1, 1)
@@ -138,8 +168,19 @@ def test_the_up_steps_figures_and_preset_from_real_event_models(tmp_path, monkey
     assert up.force_candidate(evs) == "w-000003"  # decided by the gate; w-000002 is still being scored
     assert up.force_candidate(evs + [E.WeightsStatus(version="w-000003", status="live")]) is None
 
-    a = up.parser().parse_args(["up", "--json", str(tmp_path / "up.json"), "--model", str(tmp_path / "tiny"),
-                                "--set", "gate.heldout_tasks=8", "--set", "serve.weights_transport=file"])
+    a = up.parser().parse_args(
+        [
+            "up",
+            "--json",
+            str(tmp_path / "up.json"),
+            "--model",
+            str(tmp_path / "tiny"),
+            "--set",
+            "gate.heldout_tasks=8",
+            "--set",
+            "serve.weights_transport=file",
+        ]
+    )
     s = load_settings(up.derived_config(a, tmp_path / "state"))
     assert (s.model.source, s.model.path, s.model.name) == ("hf-folder", str(tmp_path / "tiny"), "tiny")
     assert (s.model.engine, s.gate.heldout_tasks, s.serve.weights_transport) == ("vllm", 8, "file")

@@ -1,11 +1,12 @@
 """Pins the GRPO maths (verl's estimator and loss) to hand-computed values."""
+
 import math
 
 import pytest
 import torch
 
 from actors.events import ChatMessage, Sample
-from policies import grpo
+from policies.learning import grpo
 
 
 def test_group_advantages_match_hand_computation():
@@ -53,12 +54,19 @@ class _Tok:
 
 
 def test_tokenize_marks_exactly_the_assistant_steps():
-    s = Sample(sample_id="x", messages=[ChatMessage(role="system", content="S"), ChatMessage(role="user", content="U"),
-                                       ChatMessage(role="assistant", content="AB"),
-                                       ChatMessage(role="tool", content="T"),
-                                       ChatMessage(role="assistant", content="CD")])
+    s = Sample(
+        sample_id="x",
+        messages=[
+            ChatMessage(role="system", content="S"),
+            ChatMessage(role="user", content="U"),
+            ChatMessage(role="assistant", content="AB"),
+            ChatMessage(role="tool", content="T"),
+            ChatMessage(role="assistant", content="CD"),
+        ],
+    )
     t = grpo.tokenize_sample(_Tok(), s, 10_000)
     from policies.chat import assistant_spans
+
     text, spans = assistant_spans(s.messages)
     chosen = "".join(ch for ch, m in zip(text, t.response_mask) if m)
     assert chosen == "AB<|im_end|>CD<|im_end|>"
@@ -68,25 +76,41 @@ def test_tokenize_marks_exactly_the_assistant_steps():
 def test_only_the_samples_own_steps_are_trained():
     """A live sample of a conversation's second request: the first request's tool call is context; the answer
     being rated is the one step, and its advantage lands on its own tokens."""
-    s = Sample(sample_id="x", step_indices=[4],
-               messages=[ChatMessage(role="system", content="S"), ChatMessage(role="user", content="U"),
-                         ChatMessage(role="assistant", content="AB"), ChatMessage(role="tool", content="T"),
-                         ChatMessage(role="assistant", content="CD")])
+    s = Sample(
+        sample_id="x",
+        step_indices=[4],
+        messages=[
+            ChatMessage(role="system", content="S"),
+            ChatMessage(role="user", content="U"),
+            ChatMessage(role="assistant", content="AB"),
+            ChatMessage(role="tool", content="T"),
+            ChatMessage(role="assistant", content="CD"),
+        ],
+    )
     t = grpo.tokenize_sample(_Tok(), s, 10_000)
     from policies.chat import render
+
     text = render(s.messages, add_generation_prompt=False)
     assert "".join(ch for ch, m in zip(text, t.response_mask) if m) == "CD<|im_end|>"
     assert sorted(set(t.step_ids) - {-1}) == [0]
-    from policies import adca
+    from policies.learning import adca
+
     adv = adca.token_advantages([t.step_ids], [[-1.0]], len(t.step_ids))[0]
     assert [ch for ch, a in zip(text, adv.tolist()) if a] == list("CD<|im_end|>")
 
 
 def test_keep_and_strip_modes_really_differ():
     """AgentEvolver's two modes end up identical through a metadata key bug; ours must not."""
-    s = Sample(sample_id="x", messages=[ChatMessage(role="system", content="S"), ChatMessage(role="user", content="U"),
-                                       ChatMessage(role="assistant", content="AB")],
-               guided=True, experiences=["call mv after cd"])
+    s = Sample(
+        sample_id="x",
+        messages=[
+            ChatMessage(role="system", content="S"),
+            ChatMessage(role="user", content="U"),
+            ChatMessage(role="assistant", content="AB"),
+        ],
+        guided=True,
+        experiences=["call mv after cd"],
+    )
     strip, keep = grpo.tokenize_sample(_Tok(), s, 10_000), grpo.tokenize_sample(_Tok(), s, 10_000, keep_experience=True)
     strip_text, keep_text = "".join(map(chr, strip.input_ids)), "".join(map(chr, keep.input_ids))
     assert "call mv after cd" in keep_text and "call mv after cd" not in strip_text
@@ -116,13 +140,13 @@ def test_off_policy_loss_matches_luffy_by_hand():
     loss.backward()
     g = lp.grad[0]
     assert float(g[0]) == 0.0  # masked
-    assert float(g[1]) == pytest.approx(-2.0 * 0.1 * 0.1 / 0.2 ** 2 / 2)  # -0.25
-    assert float(g[2]) == pytest.approx(1.0 * 0.1 * 0.9 / 1.0 ** 2 / 2)  # +0.045
+    assert float(g[1]) == pytest.approx(-2.0 * 0.1 * 0.1 / 0.2**2 / 2)  # -0.25
+    assert float(g[2]) == pytest.approx(1.0 * 0.1 * 0.9 / 1.0**2 / 2)  # +0.045
 
 
 def test_a_reference_in_an_all_failed_group_gets_the_only_positive_advantage():
     """Mixed-policy group normalisation (LUFFY): four failures and one verified reference."""
-    from policies import adca
+    from policies.learning import adca
 
     adv = adca.step_advantages([["BAD"]] * 4 + [["GOOD"]], [0.0] * 4 + [1.0], alpha=0.0)
     # outcomes mean 0.2, population std 0.4 -> failures -0.5, reference +2.0
@@ -142,8 +166,16 @@ def test_a_shared_prompt_and_a_late_head_give_the_same_logprobs_and_gradients(bf
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=100,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     prompt = torch.randint(0, 100, (12,)).tolist()
     rows = [prompt + torch.randint(0, 100, (k,)).tolist() for k in (5, 9, 3, 1)]
     lens = [len(r) for r in rows]

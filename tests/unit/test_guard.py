@@ -1,14 +1,15 @@
 """The guard: served versions checked against the base (sequential, futility stop only), and what a version found
 below the base rolls back. Decisions on tables; the broadcaster's hands on a fake bus (as test_canary_pipeline)."""
+
 import asyncio
 
 import pytest
+from test_canary_pipeline import _broadcaster, _publish  # noqa: E402  (tests/unit is on sys.path)
+from test_live_policy import _version  # noqa: E402
 
 from actors.events import HeldoutScored, WeightsRolledBack, WeightsStatus
 from actors.lifecycles import WeightsState as S
-from policies.guard import Check, Guard, anchor, look, rollback_plan
-from test_canary_pipeline import _broadcaster, _publish  # noqa: E402  (tests/unit is on sys.path)
-from test_live_policy import _version  # noqa: E402
+from policies.promotion.guard import Check, Guard, anchor, look, rollback_plan
 
 
 def _check(version, base, n=None):
@@ -31,11 +32,12 @@ def test_look_stops_early_only_when_no_loss_so_far():
     assert c.stats["wins"] == 0 and c.stats["losses"] == 6
     # one success in 16 on 5 entries, none in 4: 0.8 ** 5 = 0.33, not significant
     c = _check([0.0] * 8, [1 / 16] * 5 + [0.0] * 3)
-    assert look(c, 0.5, 0.05) == "not_below" and c.stats["p_value"] == pytest.approx(0.8 ** 5)
+    assert look(c, 0.5, 0.05) == "not_below" and c.stats["p_value"] == pytest.approx(0.8**5)
     c2 = _check([0.5, 0.0, 0.5, 0.0], [0.0] * 4, n=8)
     assert look(c2, 0.5, 0.05) == "not_below"
-    assert c2.summary() == ("code 0.0% -> 25.0% (+25.0 points, p=1.0000, +2/-0, 4 of 8 entries x4 vs the base's "
-                            "x16, stopped early)")
+    assert c2.summary() == (
+        "code 0.0% -> 25.0% (+25.0 points, p=1.0000, +2/-0, 4 of 8 entries x4 vs the base's x16, stopped early)"
+    )
 
 
 def _lineage(*pairs):
@@ -47,39 +49,78 @@ def _lineage(*pairs):
                 return True
             v = parent.get(v)
         return False
+
     return descends
 
 
 LINE = _lineage(("w1", "w0"), ("w2", "w1"), ("w3", "w2"), ("w4", "w3"), ("x2", "w1"))
 
 
-@pytest.mark.parametrize("bad,live,canary,passed,history,checks,want", [
-    # the checked version is live: back to the newest live version checked no worse
-    ("w3", "w3", None, None, ["w0", "w1", "w2", "w3"], {"w1": "not_below", "w3": "below"},
-     [("rollback", "w3", "w1", "W; back to w1, the newest live version no worse than the base")]),
-    # found below after it was replaced: what descends from it is undone too (canary w4 to live w3, then w3)
-    ("w2", "w3", "w4", None, ["w0", "w1", "w2", "w3"], {"w1": "not_below", "w2": "below"},
-     [("rollback", "w4", "w3", "descends from w2, W"),
-      ("rollback", "w3", "w1", "descends from w2, W; back to w1, the newest live version no worse than the base")]),
-    # nothing checked no worse: the base; the passed successor is superseded first
-    ("w2", "w2", "w3", "w4", ["w0", "w1", "w2"], {"w2": "below"},
-     [("supersede", "w4", None, "descends from w2, W"), ("rollback", "w3", "w2", "descends from w2, W"),
-      ("rollback", "w2", "w-000000", "W; back to w-000000, the newest live version no worse than the base")]),
-    # a branch that does not descend from the bad version stays
-    ("x2", "w3", None, None, ["w0", "w1", "x2", "w2", "w3"], {"x2": "below"}, []),
-    # a served descendant checked no worse itself stays
-    ("w2", "w3", None, None, ["w0", "w2", "w3"], {"w2": "below", "w3": "not_below"}, []),
-    # a canary checked no worse still ends when the live version it was measured against goes
-    ("w2", "w2", "w3", None, ["w0", "w1", "w2"], {"w1": "not_below", "w2": "below", "w3": "not_below"},
-     [("rollback", "w3", "w2", "w2, its baseline, goes: W"),
-      ("rollback", "w2", "w1", "W; back to w1, the newest live version no worse than the base")]),
-])
+@pytest.mark.parametrize(
+    "bad,live,canary,passed,history,checks,want",
+    [
+        # the checked version is live: back to the newest live version checked no worse
+        (
+            "w3",
+            "w3",
+            None,
+            None,
+            ["w0", "w1", "w2", "w3"],
+            {"w1": "not_below", "w3": "below"},
+            [("rollback", "w3", "w1", "W; back to w1, the newest live version no worse than the base")],
+        ),
+        # found below after it was replaced: what descends from it is undone too (canary w4 to live w3, then w3)
+        (
+            "w2",
+            "w3",
+            "w4",
+            None,
+            ["w0", "w1", "w2", "w3"],
+            {"w1": "not_below", "w2": "below"},
+            [
+                ("rollback", "w4", "w3", "descends from w2, W"),
+                ("rollback", "w3", "w1", "descends from w2, W; back to w1, the newest live version no worse than the base"),
+            ],
+        ),
+        # nothing checked no worse: the base; the passed successor is superseded first
+        (
+            "w2",
+            "w2",
+            "w3",
+            "w4",
+            ["w0", "w1", "w2"],
+            {"w2": "below"},
+            [
+                ("supersede", "w4", None, "descends from w2, W"),
+                ("rollback", "w3", "w2", "descends from w2, W"),
+                ("rollback", "w2", "w-000000", "W; back to w-000000, the newest live version no worse than the base"),
+            ],
+        ),
+        # a branch that does not descend from the bad version stays
+        ("x2", "w3", None, None, ["w0", "w1", "x2", "w2", "w3"], {"x2": "below"}, []),
+        # a served descendant checked no worse itself stays
+        ("w2", "w3", None, None, ["w0", "w2", "w3"], {"w2": "below", "w3": "not_below"}, []),
+        # a canary checked no worse still ends when the live version it was measured against goes
+        (
+            "w2",
+            "w2",
+            "w3",
+            None,
+            ["w0", "w1", "w2"],
+            {"w1": "not_below", "w2": "below", "w3": "not_below"},
+            [
+                ("rollback", "w3", "w2", "w2, its baseline, goes: W"),
+                ("rollback", "w2", "w1", "W; back to w1, the newest live version no worse than the base"),
+            ],
+        ),
+    ],
+)
 def test_rollback_plan(bad, live, canary, passed, history, checks, want):
     assert rollback_plan(bad, "W", live, canary, passed, history, checks, LINE) == want
 
 
 def test_categories_are_interleaved_so_a_first_half_holds_each_of_them():
-    from policies.guard import interleave
+    from policies.promotion.guard import interleave
 
     ids = ["add_1", "add_2", "add_3", "mul_1", "mul_2"]
     assert interleave(ids, lambda e: e.split("_")[0]) == ["add_1", "mul_1", "add_2", "mul_2", "add_3"]
@@ -98,18 +139,29 @@ def test_anchor_is_the_newest_live_version_checked_no_worse():
 class _Settings:
     class guard:
         suite, per_category, k, base_k, chunk_entries, early_fraction, alpha, batch, nice = (
-            {"code": []}, 32, 4, 16, 2, 0.5, 0.05, 8, 19)
+            {"code": []},
+            32,
+            4,
+            16,
+            2,
+            0.5,
+            0.05,
+            8,
+            19,
+        )
 
 
 def _guard(tmp_path, base, version, monkeypatch):
     """A Guard whose episodes are replaced by fixed per-entry scores (no engine, no thread)."""
-    from policies.heldout import HeldoutCache
+    from policies.evaluation.heldout import HeldoutCache
 
     g = Guard.__new__(Guard)
     g.g, g.envs, g.current = _Settings.guard, {"code": _Cats()}, None
     g.suite = {"code": [f"e{i}" for i in range(len(base))]}
-    g.cache, g.base_cache = (HeldoutCache(tmp_path / "heldout.json", g.suite, k=k, temperature=0.7, max_new_tokens=8,
-                                          call_prefix=True) for k in (4, 16))
+    g.cache, g.base_cache = (
+        HeldoutCache(tmp_path / "heldout.json", g.suite, k=k, temperature=0.7, max_new_tokens=8, call_prefix=True)
+        for k in (4, 16)
+    )
     g.base_cache.put("w-000000", g.envs, {"code": base})
     g.scored = []
     table = {"v": version}
@@ -117,6 +169,7 @@ def _guard(tmp_path, base, version, monkeypatch):
     def scores(v, env, ids, no):
         g.scored.append((v, no, list(ids)))
         return [table[v][int(e[1:])] for e in ids]
+
     monkeypatch.setattr(g, "_scores", scores)
     monkeypatch.setattr(g, "_load", lambda v: None)
     return g
@@ -141,8 +194,7 @@ def test_a_version_below_the_base_is_scored_in_full_and_cached(tmp_path, monkeyp
     g = _guard(tmp_path, base, [0.0] * 8, monkeypatch)
     (c,) = g.check("v")
     # per entry C(16,t)/C(20,t) for the base's t successes: t = 4 on four entries, 8 on two
-    assert c.verdict == "below" and c.complete and c.stats["p_value"] == pytest.approx(
-        (1820 / 4845) ** 4 * (12870 / 125970) ** 2)
+    assert c.verdict == "below" and c.complete and c.stats["p_value"] == pytest.approx((1820 / 4845) ** 4 * (12870 / 125970) ** 2)
     assert g.cache.get("v")["code"]["per_entry"] == [0.0] * 8
     g.scored.clear()
     (again,) = g.check("v")  # cached: no episode runs
@@ -200,6 +252,7 @@ def test_the_broadcaster_offers_the_newest_served_version_and_rolls_back_a_linea
 
         async def broken(*a):  # the first try fails half-way (the bus, say): the check stays pending
             raise RuntimeError("bus down")
+
         b._rollback = broken
         with pytest.raises(RuntimeError):
             await b.tick()

@@ -1,4 +1,5 @@
 """'auto' float types: bf16 only where the hardware does bf16 natively (config/hardware.py)."""
+
 import pytest
 
 import config.hardware as hw

@@ -1,15 +1,16 @@
 """Held-out entries never reach the questioner, the explorer, the navigator's memory or the learner."""
+
 import asyncio
 
 import pytest
 
 from actors.bus import Poison
-from actors.events import Task
 from actors.explorer import Explorer
-from policies.curriculum import train_pool
-from policies.task_book import TaskBook
+from actors.task_events import Task
 from config.settings import load_settings
 from envs.registry import make_envs
+from policies.tasks.book import TaskBook
+from policies.tasks.curriculum import train_pool
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,7 @@ def _questioner(envs, tmp_path):
 
 def test_questioner_alternates_envs_and_climbs_the_code_ladder(envs, tmp_path):
     from actors.events import Judgement, Sample
+
     q = _questioner(envs, tmp_path)
     q._save, q.book, q.proposed = (lambda: None), TaskBook(), 0
     code, train = envs["code"], {n: set(e.entries("train")) for n, e in envs.items()}
@@ -64,9 +66,21 @@ def test_questioner_alternates_envs_and_climbs_the_code_ladder(envs, tmp_path):
     for i in range(4):  # the policy now solves rung 0 (a reference sample does not count as its own)
         smp = [Sample(sample_id=str(k), messages=[], outcome=1.0) for k in range(4)]
         ref = Sample(sample_id="r", messages=[], outcome=1.0, off_policy=True)
-        asyncio.run(q.handle_judgement(Judgement(group_id=str(i), source="rollout", task_id=f"code:code_add_{i}:0", env="code",
-                                                 entry_id=f"code_add_{i}",
-                                                 samples=smp + [ref], outcomes=[1.0] * 5, step_labels=[[]] * 5), None))
+        asyncio.run(
+            q.handle_judgement(
+                Judgement(
+                    group_id=str(i),
+                    source="rollout",
+                    task_id=f"code:code_add_{i}:0",
+                    env="code",
+                    entry_id=f"code_add_{i}",
+                    samples=smp + [ref],
+                    outcomes=[1.0] * 5,
+                    step_labels=[[]] * 5,
+                ),
+                None,
+            )
+        )
     assert q.ladder.mastered("code", 0)
     nxt = [q.next_entry()[0].split("\t") for _ in range(4)]
     assert {code.level_of(e) for n, e in nxt if n == "code"} == {1}
@@ -82,12 +96,37 @@ def test_synthetic_tasks_start_with_one_call_and_climb(envs, tmp_path):
 
     async def status(*a):
         pass
+
     q._status = status  # retiring a too-easy task publishes its status; no bus here
     assert q.ladder.rung(SYNTHETIC, [0, 1]) == 0  # one explicit call first
     for i in range(4):
-        q.book = TaskBook({f"t{i}": {"task_id": f"t{i}", "env": "bfcl", "entry": "e", "base": "b", "query": "q",
-                                     "status": "active", "reference": ["ls()"], "issued": 1}})
+        q.book = TaskBook(
+            {
+                f"t{i}": {
+                    "task_id": f"t{i}",
+                    "env": "bfcl",
+                    "entry": "e",
+                    "base": "b",
+                    "query": "q",
+                    "status": "active",
+                    "reference": ["ls()"],
+                    "issued": 1,
+                }
+            }
+        )
         smp = [Sample(sample_id=str(k), messages=[], outcome=1.0) for k in range(4)]
-        asyncio.run(q.handle_judgement(Judgement(group_id=str(i), source="rollout", task_id=f"t{i}", origin="synthetic",
-                                                 samples=smp, outcomes=[1.0] * 4, step_labels=[[]] * 4), None))
+        asyncio.run(
+            q.handle_judgement(
+                Judgement(
+                    group_id=str(i),
+                    source="rollout",
+                    task_id=f"t{i}",
+                    origin="synthetic",
+                    samples=smp,
+                    outcomes=[1.0] * 4,
+                    step_labels=[[]] * 4,
+                ),
+                None,
+            )
+        )
     assert q.ladder.rung(SYNTHETIC, [0, 1]) == 1  # mastered single calls: two-call tasks next

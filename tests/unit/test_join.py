@@ -1,6 +1,7 @@
 """`main.py join` (deploy/join.py) and the head's side of several hosts, without Ray: the worker node's environment and
 command, the token it must be given, and an embedded nats-server on an address other than 127.0.0.1.
 tests/benchmarks/two_hosts.py runs the whole of it across two network namespaces."""
+
 import argparse
 import socket
 

@@ -1,6 +1,7 @@
 """deploy/k8s checked without a cluster: every manifest against the upstream schema kept in deploy/k8s/schemas
 (KubeRay 1.7.0's RayService CRD, strict on unknown fields; the nats chart 2.14.2's values), then what no schema
 sees: the names and paths one file gives another (Secrets, the PVC, the NATS service, the Serve args)."""
+
 from __future__ import annotations
 
 import copy
@@ -21,8 +22,11 @@ from deploy import ray_local
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 SCHEMAS = K8S / "schemas"
-SCHEMA_OF = {"RayService": "rayservice-v1.json", "PersistentVolumeClaim": "persistentvolumeclaim-v1.json",
-             None: "nats-values.schema.json"}  # a file without `kind` is the nats chart's values
+SCHEMA_OF = {
+    "RayService": "rayservice-v1.json",
+    "PersistentVolumeClaim": "persistentvolumeclaim-v1.json",
+    None: "nats-values.schema.json",
+}  # a file without `kind` is the nats chart's values
 
 
 def _load(name: str):
@@ -31,8 +35,10 @@ def _load(name: str):
 
 def _errors(doc) -> list[str]:
     schema = json.loads((SCHEMAS / SCHEMA_OF[doc.get("kind")]).read_text())
-    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message[:300]}"
-            for e in jsonschema.Draft202012Validator(schema).iter_errors(doc)]
+    return [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message[:300]}"
+        for e in jsonschema.Draft202012Validator(schema).iter_errors(doc)
+    ]
 
 
 def _service():
@@ -59,14 +65,17 @@ def test_every_manifest_passes_its_upstream_schema(name):
     assert _errors(doc) == []
 
 
-@pytest.mark.parametrize("name, path, key", [
-    ("rayservice.yaml", ["spec", "rayClusterConfig"], "headStartParams"),
-    ("rayservice.yaml", ["spec", "rayClusterConfig", "headGroupSpec", "template", "spec", "containers", 0], "envs"),
-    ("rayservice.yaml", ["spec", "rayClusterConfig", "authOptions"], "token"),
-    ("storage.yaml", ["spec"], "size"),
-    ("nats-jetstream.yaml", ["config", "jetstream"], "replicas"),
-    ("nats-jetstream.yaml", [], "auth"),
-])
+@pytest.mark.parametrize(
+    "name, path, key",
+    [
+        ("rayservice.yaml", ["spec", "rayClusterConfig"], "headStartParams"),
+        ("rayservice.yaml", ["spec", "rayClusterConfig", "headGroupSpec", "template", "spec", "containers", 0], "envs"),
+        ("rayservice.yaml", ["spec", "rayClusterConfig", "authOptions"], "token"),
+        ("storage.yaml", ["spec"], "size"),
+        ("nats-jetstream.yaml", ["config", "jetstream"], "replicas"),
+        ("nats-jetstream.yaml", [], "auth"),
+    ],
+)
 def test_the_schemas_refuse_a_field_that_does_not_exist(name, path, key):
     doc = copy.deepcopy(_load(name))
     node = doc
@@ -107,8 +116,10 @@ def test_the_api_autoscales_within_bounds_and_the_cluster_with_it():
     assert 1 <= bounds["min_replicas"] < bounds["max_replicas"]
     cluster = _service()["spec"]["rayClusterConfig"]
     assert cluster["enableInTreeAutoscaling"] is True
-    assert all(g["minReplicas"] <= g["replicas"] <= g["maxReplicas"] and g["minReplicas"] < g["maxReplicas"]
-               for g in cluster["workerGroupSpecs"])
+    assert all(
+        g["minReplicas"] <= g["replicas"] <= g["maxReplicas"] and g["minReplicas"] < g["maxReplicas"]
+        for g in cluster["workerGroupSpecs"]
+    )
 
 
 def test_token_auth_on_every_pod_and_the_dashboard_reachable_by_the_operator():
@@ -171,7 +182,7 @@ def _mounted(pod: dict, path: str) -> tuple[dict, str]:
     volumes = {v["name"]: v for v in pod["volumes"]}
     for m in container["volumeMounts"]:
         if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/"):
-            return volumes[m["name"]], path[len(m["mountPath"]):].strip("/")
+            return volumes[m["name"]], path[len(m["mountPath"]) :].strip("/")
     raise AssertionError(f"{path} is on no volume of the pod")
 
 
@@ -221,9 +232,10 @@ def test_the_image_installs_the_packages_setup_sh_installs_and_bakes_the_model_t
 
     def pins(text):
         return {p for line in re.findall(r"pip install (?:-q )?--no-deps ([^;\n]+)", text) for p in line.split()}
+
     assert pins(docker) == pins(setup) != set()
     (home,) = re.findall(r"ensure_base_model\(Path\('([^']+)'\)\)", docker)
-    from policies.model_store import ensure_base_model
+    from policies.weights.model_store import ensure_base_model
 
     folder = tmp_path / Path(load_settings(ROOT / "config" / "k8s.yaml").model.path).relative_to(home)
     folder.mkdir(parents=True)

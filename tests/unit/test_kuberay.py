@@ -1,5 +1,6 @@
 """The KubeRay entry points (deploy/kuberay.py) without a cluster: the Serve args, the `Evolution` deployment's
 start / health logic over stand-ins for the stream and the actor start, and `start_actors(detached=True)`."""
+
 from __future__ import annotations
 
 from concurrent.futures import Future
@@ -13,22 +14,31 @@ from deploy import kuberay, launch, ray_local
 def _args(tmp_path, config="config/k8s.yaml", **extra) -> dict:
     (tmp_path / "api-key").write_text("sk-test\n")
     (tmp_path / "nats-password").write_text("kpass\n")
-    return {"config": config, "state_dir": str(tmp_path / "state"), "nats_url": "nats://kaizen-nats:4222",
-            "nats_password_file": str(tmp_path / "nats-password"), "api_key_file": str(tmp_path / "api-key"), **extra}
+    return {
+        "config": config,
+        "state_dir": str(tmp_path / "state"),
+        "nats_url": "nats://kaizen-nats:4222",
+        "nats_password_file": str(tmp_path / "nats-password"),
+        "api_key_file": str(tmp_path / "api-key"),
+        **extra,
+    }
 
 
 def test_the_args_become_settings_with_the_secrets_read_from_their_files(tmp_path):
     s = kuberay.settings_from_args(_args(tmp_path))
     assert (s.state_dir, s.nats.url, s.nats.password, s.serve.api_key) == (
-        str(tmp_path / "state"), "nats://kaizen-nats:4222", "kpass", "sk-test")
+        str(tmp_path / "state"),
+        "nats://kaizen-nats:4222",
+        "kpass",
+        "sk-test",
+    )
     assert s.nats.replicas == 3 and s.judge.base_url is None
 
 
 def test_self_endpoints_point_at_the_api_inside_the_cluster(tmp_path):
     s = kuberay.settings_from_args(_args(tmp_path, "config/gpu-7b.yaml", own_url="http://kaizen-serve-svc:8000/v1"))
     assert (s.judge.base_url, s.judge.api_key) == ("http://kaizen-serve-svc:8000/v1", "sk-test")
-    assert (s.questioner.generator_base_url, s.questioner.generator_api_key) == ("http://kaizen-serve-svc:8000/v1",
-                                                                                 "sk-test")
+    assert (s.questioner.generator_base_url, s.questioner.generator_api_key) == ("http://kaizen-serve-svc:8000/v1", "sk-test")
 
 
 def test_no_key_is_refused(tmp_path):
@@ -40,12 +50,20 @@ def test_no_key_is_refused(tmp_path):
 
 def test_the_cluster_preset_is_the_gpu_preset_with_five_changes():
     def flat(d, p=""):
-        return {k: v for key, val in d.items()
-                for k, v in (flat(val, f"{p}{key}.").items() if isinstance(val, dict) else [(p + key, val)])}
+        return {
+            k: v
+            for key, val in d.items()
+            for k, v in (flat(val, f"{p}{key}.").items() if isinstance(val, dict) else [(p + key, val)])
+        }
+
     k8s, gpu = flat(load_settings("config/k8s.yaml").model_dump()), flat(load_settings("config/gpu.yaml").model_dump())
     assert {k: v for k, v in k8s.items() if gpu[k] != v} == {
-        "nats.replicas": 3, "weights.store": "nats", "serve.weights_transport": "file", "model.source": "hf-folder",
-        "model.path": "/opt/kaizen/model/smollm2-135m-instruct"}
+        "nats.replicas": 3,
+        "weights.store": "nats",
+        "serve.weights_transport": "file",
+        "model.source": "hf-folder",
+        "model.path": "/opt/kaizen/model/smollm2-135m-instruct",
+    }
 
 
 class _Handle:
@@ -82,6 +100,7 @@ class _Cluster:
                 raise self.start_error
             self.starts.append(detached)
             return self.handles
+
         monkeypatch.setattr(launch, "ensure_stream", ensure_stream)
         monkeypatch.setattr(ray_local, "start_actors", start_actors)
 
@@ -153,12 +172,15 @@ def test_detached_actors_are_named_and_started_only_where_none_runs(monkeypatch)
 
         def remote(self, target, settings_json):
             return target
+
     monkeypatch.setattr(ray, "remote", lambda cls: Remote())
     s = load_settings("config/k8s.yaml")
     assert ray_local.start_actors(s, detached=True) == ray_local.ACTORS
     assert [c["name"] for c in calls] == [f"kaizen-{n}" for n in ray_local.ACTORS]
-    assert all(c["lifetime"] == "detached" and c["get_if_exists"] and c["namespace"] == ray_local.NAMESPACE
-               and c["max_restarts"] == -1 for c in calls)
+    assert all(
+        c["lifetime"] == "detached" and c["get_if_exists"] and c["namespace"] == ray_local.NAMESPACE and c["max_restarts"] == -1
+        for c in calls
+    )
     assert {c["name"]: c["num_gpus"] for c in calls}["kaizen-learner"] == 0.2
     assert not any("scheduling_strategy" in c for c in calls)  # KubeRay: the state dir is a volume every pod mounts
     calls.clear()

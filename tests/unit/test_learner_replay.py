@@ -3,6 +3,7 @@ trained, importance-corrected against the version that sampled them; the step na
 groups as sources (the cycle is measured from those), a replayed group is never acked twice, and a
 stale or abandoned one is not trained again. A real learner and trainer on a tiny model; the bus and
 the messages are doubles that record what happens to them."""
+
 import asyncio
 
 from actors.events import ChatMessage, Judgement, LearnerStep, Sample, ToolCall
@@ -30,22 +31,36 @@ class Msg:
 def _group(i: int, version: str) -> Judgement:
     def sample(ok: bool) -> Sample:
         call = ToolCall(id="c", name="mkdir" if ok else "rm", arguments=f'{{"dir_name": "d{i}"}}')
-        return Sample(sample_id=f"s{i}{ok}", messages=[
-            ChatMessage(role="system", content="You call functions."),
-            ChatMessage(role="user", content=f"Create the folder d{i}."),
-            ChatMessage(role="assistant", tool_calls=[call])], step_indices=[2])
-    return Judgement(event_id=f"j-{i}", group_id=f"g{i}", source="rollout", task_id=f"t{i}", weights_version=version,
-                     samples=[sample(True), sample(False)], outcomes=[1.0, 0.0], step_labels=[["GOOD"], ["BAD"]])
+        return Sample(
+            sample_id=f"s{i}{ok}",
+            messages=[
+                ChatMessage(role="system", content="You call functions."),
+                ChatMessage(role="user", content=f"Create the folder d{i}."),
+                ChatMessage(role="assistant", tool_calls=[call]),
+            ],
+            step_indices=[2],
+        )
+
+    return Judgement(
+        event_id=f"j-{i}",
+        group_id=f"g{i}",
+        source="rollout",
+        task_id=f"t{i}",
+        weights_version=version,
+        samples=[sample(True), sample(False)],
+        outcomes=[1.0, 0.0],
+        step_labels=[["GOOD"], ["BAD"]],
+    )
 
 
 def _learner(tmp_path, tiny_dir, **learner):
     from actors.learner import Learner
     from config.settings import load_settings
-    from policies.checkpoint import CheckpointStore
-    from policies.live_policy import LivePolicy
-    from policies.model_store import BASE_VERSION
-    from policies.step_size import StepSize
-    from policies.trainer import Trainer
+    from policies.engines.live_policy import LivePolicy
+    from policies.learning.checkpoint import CheckpointStore
+    from policies.learning.step_size import StepSize
+    from policies.learning.trainer import Trainer
+    from policies.weights.model_store import BASE_VERSION
 
     pinned = {"groups_per_step": 1, "replay_groups": 0, "lr": 1e-3, **learner}  # not the preset's
     s = load_settings(None, **{f"learner.{k}": v for k, v in pinned.items()})

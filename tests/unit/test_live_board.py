@@ -1,13 +1,15 @@
 """The live pointer in a JetStream key-value bucket, on a real nats-server, with stand-in engines. Two state dirs
 play two nodes that share no disk: node A is the broadcaster's, node B a serve replica's (its pointer copy and its
 files are its own)."""
+
 import asyncio
 import os
 import shutil
 
-from actors.events import WeightsRef
-from policies.model_store import file_stat, sha256_file
 from bus_nodes import connect, node, replica_of, save, stream_name, until  # noqa: E402  (tests/unit is on sys.path)
+
+from actors.events import WeightsRef
+from policies.weights.model_store import file_stat, sha256_file
 
 
 def test_the_kv_watch_wakes_a_replica_and_its_engines_follow_the_pointer(tmp_path, nats_server):
@@ -47,6 +49,7 @@ def test_the_kv_watch_wakes_a_replica_and_its_engines_follow_the_pointer(tmp_pat
         watch.cancel()
         await nc_a.close()
         await nc_b.close()
+
     asyncio.run(go())
 
 
@@ -69,6 +72,7 @@ def test_a_replica_started_with_the_bus_down_serves_the_pointer_it_saw_last(tmp_
         assert await asyncio.to_thread(b.sync) == "w-000001"  # fetched into node B's state dir
         await nc_a.close()
         await nc_b.close()
+
     try:
         asyncio.run(seen_on_b())
     finally:
@@ -107,6 +111,7 @@ def test_the_watch_resumes_after_a_bus_outage(tmp_path):
         watch.cancel()
         await nc_a.close()
         await nc_b.close()
+
     try:
         asyncio.run(go())
     finally:
@@ -116,6 +121,7 @@ def test_the_watch_resumes_after_a_bus_outage(tmp_path):
 def test_a_pointer_older_than_the_nodes_copy_by_the_writers_clock_is_still_followed(tmp_path, nats_server):
     """The node's copy says it was written later than the new pointer (a broadcaster restarted on a node whose
     clock is behind): the copy on disk keeps the newest by that clock, but the replica follows the bus."""
+
     async def go():
         stream = stream_name()
         a, b = node(tmp_path, "a", nats_server, stream), node(tmp_path, "b", nats_server, stream)
@@ -131,12 +137,14 @@ def test_a_pointer_older_than_the_nodes_copy_by_the_writers_clock_is_still_follo
         watch.cancel()
         await nc_a.close()
         await nc_b.close()
+
     asyncio.run(go())
 
 
 def test_an_event_handler_reads_the_pointer_as_the_bus_holds_it(tmp_path, nats_server):
     """The broadcaster puts the pointer before it publishes the event that announces it; a handler of that event
     (the learner's, on a rejection) asks the bucket, which already has it, whether or not the watch delivered it."""
+
     async def go():
         stream = stream_name()
         a, b = node(tmp_path, "a", nats_server, stream), node(tmp_path, "b", nats_server, stream)
@@ -150,4 +158,5 @@ def test_an_event_handler_reads_the_pointer_as_the_bus_holds_it(tmp_path, nats_s
         await nc_b.close()
         assert (await b.current()).version == "w-000000"  # the bus does not answer: this node's copy
         await nc_a.close()
+
     asyncio.run(go())

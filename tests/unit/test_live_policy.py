@@ -1,4 +1,5 @@
 """LivePolicy (the one follower of the live policy) and the broadcaster keeping LIVE a projection of the lifecycle."""
+
 from pathlib import Path
 
 import torch
@@ -7,9 +8,9 @@ from safetensors.torch import save_file
 from actors.events import WeightsRef
 from actors.lifecycles import WeightsState as S
 from config.settings import load_settings
-from policies.live_policy import LivePolicy
-from policies.promotion import PromotionBook
-from policies.promotion_models import Canary
+from policies.engines.live_policy import LivePolicy
+from policies.promotion.book import PromotionBook
+from policies.promotion.models import Canary
 
 
 class FakeEngine:
@@ -35,7 +36,7 @@ def _version(policy, n: int, parent: str) -> WeightsRef:
 
 
 def test_the_pointer_shares_the_gate_engines_weights_only_for_a_version_it_names(tmp_path):
-    from policies.shared_weights import SharedChanged
+    from policies.weights.shared import SharedChanged
 
     class Shared:
         writing = False
@@ -100,8 +101,9 @@ def test_the_broadcaster_rewrites_a_pointer_that_ran_ahead_of_the_lifecycle(tmp_
     r1, r2 = _version(p, 1, "w-000000"), _version(p, 2, "w-000001")
     b = Broadcaster(p.settings, bus=object())
     b.policy, b.store, b.base_path = p, p.store, p.base
-    b.book = PromotionBook(tmp_path / "state.json", {"w-000000": S.RETIRED, "w-000001": S.LIVE,
-                                                      "w-000002": S.EVALUATING}, ["w-000000", "w-000001"])
+    b.book = PromotionBook(
+        tmp_path / "state.json", {"w-000000": S.RETIRED, "w-000001": S.LIVE, "w-000002": S.EVALUATING}, ["w-000000", "w-000001"]
+    )
     p.publish_live(r2)  # written, then the crash: w-000002 never became live on the stream
     b._repair_pointer()
     assert p.pointer().version == "w-000001" and p.pointer().canary is None
@@ -117,14 +119,15 @@ def test_the_broadcaster_rewrites_a_pointer_that_ran_ahead_of_the_lifecycle(tmp_
 def test_a_version_is_hashed_once_on_its_node(tmp_path, monkeypatch):
     """The learner hashes what it saves; another process of the node (the broadcaster) accepts the file by the stat
     its manifest pins, and hashes it again only when the file changed since. The base is hashed once too."""
-    import policies.model_store as model_store
-    import policies.promotion as promotion
+    import policies.promotion.book as promotion
+    import policies.weights.model_store as model_store
 
     hashed = []
 
     def counted(path):
         hashed.append(str(path))
         return model_store.hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
     p = _policy(tmp_path)
     r1, r2 = _version(p, 1, "w-000000"), _version(p, 2, "w-000001")
     monkeypatch.setattr(model_store, "sha256_file", counted)

@@ -1,8 +1,9 @@
 """The experience pool is reached by URI: Milvus Lite in the state dir by default, a Milvus server (with its token)
 when `memory.uri` is set; closing a server's client never touches Milvus Lite's in-process servers."""
+
 import pytest
 
-from policies.memory_pool import MemoryPool, is_server
+from policies.memory.pool import MemoryPool, is_server
 
 
 class _Client:
@@ -30,4 +31,3 @@ def test_a_server_uri_and_its_token_reach_the_client_and_its_errors_are_not_a_li
     c = _Client.made[-1]
     assert (c.uri, c.token, c.closed) == ("http://milvus:19530", "root:Milvus", True) and released == []
     assert is_server("https://x:443") and not is_server("/state/milvus/experiences.db")
-

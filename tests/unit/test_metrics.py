@@ -1,5 +1,6 @@
 """A replica's Prometheus metrics (serve/metrics.py): what it measured itself and what the event stream told it,
 read back through prometheus_client's own parser."""
+
 from datetime import datetime, timedelta, timezone
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -11,8 +12,11 @@ T0 = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
 
 
 def _samples(m: Metrics) -> dict:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(m.render().decode()) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(m.render().decode())
+        for s in fam.samples
+    }
 
 
 def _ref(v: str, step: int) -> WeightsRef:
@@ -24,17 +28,47 @@ def test_what_the_replica_measures_and_what_the_stream_says():
     m.answered(stream=False, seconds=2.0, tokens=40)
     m.answered(stream=True, seconds=0.5, tokens=0)
     m.swapped(0.3)
-    m.on_event(LearnerStep(step=1, groups=2, samples=8, loss=0.1, mean_reward=0.2, grad_norm=1.0, duration_s=30,
-                           metrics={"learned_from_ts": T0.timestamp(), "informative_share": 0.75,
-                                    "groups_env": 1.0, "groups_live": 1.0}))
+    m.on_event(
+        LearnerStep(
+            step=1,
+            groups=2,
+            samples=8,
+            loss=0.1,
+            mean_reward=0.2,
+            grad_norm=1.0,
+            duration_s=30,
+            metrics={"learned_from_ts": T0.timestamp(), "informative_share": 0.75, "groups_env": 1.0, "groups_live": 1.0},
+        )
+    )
     m.on_event(WeightsPublished(weights=_ref("w-000001", 1)))
-    promoted = WeightsPromoted(weights=_ref("w-000001", 1), candidate_score=0.5, live_score=0.4, previous="w-000000",
-                               stage="canary", occurred_at=(T0 + timedelta(seconds=150)).isoformat())
+    promoted = WeightsPromoted(
+        weights=_ref("w-000001", 1),
+        candidate_score=0.5,
+        live_score=0.4,
+        previous="w-000000",
+        stage="canary",
+        occurred_at=(T0 + timedelta(seconds=150)).isoformat(),
+    )
     m.on_event(promoted)
     m.on_event(promoted.model_copy(update={"stage": "live", "occurred_at": (T0 + timedelta(seconds=400)).isoformat()}))
     m.on_event(WeightsStatus(version="w-000002", status="rejected", reason="held-out success 0.250 vs live 0.500"))
-    m.on_event(HeldoutScored(version="w-000001", env="code", entries=24, suite_entries=24, k=8, avg=0.2,
-                             base_avg=0.05, delta=0.15, p_value=0.01, wins=5, losses=0, verdict="not_below", duration_s=60))
+    m.on_event(
+        HeldoutScored(
+            version="w-000001",
+            env="code",
+            entries=24,
+            suite_entries=24,
+            k=8,
+            avg=0.2,
+            base_avg=0.05,
+            delta=0.15,
+            p_value=0.01,
+            wins=5,
+            losses=0,
+            verdict="not_below",
+            duration_s=60,
+        )
+    )
     s = _samples(m)
     assert s[("kaizen_request_seconds_count", (("stream", "false"),))] == 1
     assert s[("kaizen_request_seconds_count", (("stream", "true"),))] == 1
@@ -55,10 +89,26 @@ def test_labels_stay_bounded():
     assert reason_kind("") == "other" and reason_kind("0.5 is lower") == "other"
     m = Metrics()
     for i in range(KEEP_VERSIONS + 10):
-        m.on_event(HeldoutScored(version=f"w-{i:06d}", env="code", entries=1, suite_entries=1, k=1, avg=0.1,
-                                 base_avg=0.1, delta=0.0, p_value=1.0, wins=0, losses=0, verdict="not_below", duration_s=60))
-    versions = {lbl["version"] for (name, labels), _ in _samples(m).items() if name == "kaizen_heldout_score"
-                for lbl in [dict(labels)]}
+        m.on_event(
+            HeldoutScored(
+                version=f"w-{i:06d}",
+                env="code",
+                entries=1,
+                suite_entries=1,
+                k=1,
+                avg=0.1,
+                base_avg=0.1,
+                delta=0.0,
+                p_value=1.0,
+                wins=0,
+                losses=0,
+                verdict="not_below",
+                duration_s=60,
+            )
+        )
+    versions = {
+        lbl["version"] for (name, labels), _ in _samples(m).items() if name == "kaizen_heldout_score" for lbl in [dict(labels)]
+    }
     assert len(versions) == KEEP_VERSIONS and "w-000000" not in versions
 
 

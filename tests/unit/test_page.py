@@ -1,17 +1,18 @@
 """The live page's side in a replica (serve/page.py): its files, the key on its data, the state it serves (the
 report's document), and the event stream: SSE framing, a bounded queue per client, heartbeats, unsubscribe on
 disconnect, 4xx for bad input. A stand-in bus holds stored events; no Ray, no NATS."""
+
 import asyncio
 import json
 
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
+from test_evolution import _stored, history
 
-from policies.evolution import Evolution
+from policies.evaluation.evolution import Evolution
 from serve import page as P
 from serve.wire import answer_errors
-from test_evolution import _stored, history
 
 
 class _Sub:
@@ -43,7 +44,7 @@ class _Bus:
         self.stored, self.nc = stored, _NC()
 
     async def stored_since(self, seq, limit, kinds):
-        return self.stored[seq:seq + limit], min(len(self.stored), seq + limit)
+        return self.stored[seq : seq + limit], min(len(self.stored), seq + limit)
 
 
 def _app(bus):
@@ -62,6 +63,7 @@ def _app(bus):
     @app.get("/page/events")
     async def events(request: Request):
         return await page.events(request, ensure_bus)
+
     return app, page
 
 
@@ -109,6 +111,7 @@ def test_a_slow_client_loses_events_and_never_grows():
 
     async def drain():
         return [await feed.next(1.0) for _ in range(3)] + [await feed.next(0.01)]
+
     assert asyncio.run(drain()) == [("k", "0"), ("k", "1"), ("k", "2"), None] and feed.bytes == 0
 
 
@@ -121,6 +124,7 @@ def test_stream_frames_heartbeats_drops_and_unsubscribes_on_disconnect():
 
         async def stop():
             calls.append("stop")
+
         gen = P.sse(feed, start, stop, heartbeat_s=0.05)
         assert await gen.__anext__() == ": kaizen events\n\n" and calls == ["start"]
         assert await gen.__anext__() == ": keep-alive\n\n"  # idle
@@ -131,6 +135,7 @@ def test_stream_frames_heartbeats_drops_and_unsubscribes_on_disconnect():
         assert got[1:] == [P.frame("learner_step", '{"step": 0}'), P.frame("learner_step", '{"step": 1}')]
         await gen.aclose()  # the client went away
         assert calls == ["start", "stop"]
+
     asyncio.run(run())
 
 
@@ -138,11 +143,19 @@ def test_a_page_gets_its_own_subscription_until_it_disconnects_and_at_most_max_s
     async def run():
         bus = _Bus([])
         _, page = _app(bus)
-        req = Request({"type": "http", "method": "GET", "path": "/page/events", "query_string": b"",
-                       "headers": [(b"authorization", b"Bearer sekrit")]})
+        req = Request(
+            {
+                "type": "http",
+                "method": "GET",
+                "path": "/page/events",
+                "query_string": b"",
+                "headers": [(b"authorization", b"Bearer sekrit")],
+            }
+        )
 
         async def ensure_bus():
             return bus
+
         resp = await page.events(req, ensure_bus)
         body = resp.body_iterator
         assert await body.__anext__() == ": kaizen events\n\n" and [s.subject for s in bus.nc.subs] == ["evo.>"]
@@ -164,6 +177,7 @@ def test_a_page_gets_its_own_subscription_until_it_disconnects_and_at_most_max_s
         with pytest.raises(asyncio.CancelledError):
             await waiting
         assert bus.nc.subs == [] and page.streams == P.MAX_STREAMS - 1
+
     asyncio.run(run())
 
 
@@ -171,15 +185,27 @@ def test_kinds_narrow_the_subscription():
     async def run():
         bus = _Bus([])
         _, page = _app(bus)
-        req = Request({"type": "http", "method": "GET", "path": "/page/events",
-                       "query_string": b"kinds=weights_status,heldout_scored,interaction",
-                       "headers": [(b"authorization", b"Bearer sekrit")]})
+        req = Request(
+            {
+                "type": "http",
+                "method": "GET",
+                "path": "/page/events",
+                "query_string": b"kinds=weights_status,heldout_scored,interaction",
+                "headers": [(b"authorization", b"Bearer sekrit")],
+            }
+        )
 
         async def ensure_bus():
             return bus
+
         body = (await page.events(req, ensure_bus)).body_iterator
         await body.__anext__()
-        assert [s.subject for s in bus.nc.subs] == ["evo.weights_status", "evo.heldout_scored", "evo.interaction",
-                                                   "evo.interaction.*"]  # an interaction has a subject of its own
+        assert [s.subject for s in bus.nc.subs] == [
+            "evo.weights_status",
+            "evo.heldout_scored",
+            "evo.interaction",
+            "evo.interaction.*",
+        ]  # an interaction has a subject of its own
         await body.aclose()
+
     asyncio.run(run())

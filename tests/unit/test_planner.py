@@ -1,13 +1,28 @@
 """The GPU memory and disk planner on real model configs (no GPU needed)."""
+
 import pytest
 
 from config.settings import load_settings
 from deploy.planner import Shape, plan
 
-QWEN2_7B = {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-            "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False}
-SMOLLM2_135M = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-                "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True}
+QWEN2_7B = {
+    "hidden_size": 3584,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "intermediate_size": 18944,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+}
+SMOLLM2_135M = {
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}
 
 
 def test_parameter_count_from_config():
@@ -44,8 +59,12 @@ def test_shared_swaps_need_the_gate_on_the_gpu_and_cost_no_memory():
     s = load_settings("config/gpu-7b.yaml")
     assert s.serve.weights_transport == "shared"
     shared = plan(s, Shape.from_config(QWEN2_7B), gpu_gib=78, disk_gib=64)
-    by_file = plan(load_settings("config/gpu-7b.yaml", **{"serve.weights_transport": "file"}),
-                   Shape.from_config(QWEN2_7B), gpu_gib=78, disk_gib=64)
+    by_file = plan(
+        load_settings("config/gpu-7b.yaml", **{"serve.weights_transport": "file"}),
+        Shape.from_config(QWEN2_7B),
+        gpu_gib=78,
+        disk_gib=64,
+    )
     assert shared.fits and shared.gpu_total == by_file.gpu_total  # the gate's copy is the shared one
     cpu_gate = load_settings("config/gpu-7b.yaml", **{"model.device": "cpu"})
     p = plan(cpu_gate, Shape.from_config(QWEN2_7B), gpu_gib=78, disk_gib=64)

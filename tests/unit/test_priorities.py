@@ -1,5 +1,6 @@
 """Users first, for real: an actor's niceness reaches every thread of its process (Linux niceness is per
 thread). tests/integration/test_e2e.py checks the priorities of a running `up`."""
+
 import subprocess
 import sys
 import textwrap
@@ -34,4 +35,3 @@ def test_renice_process_lowers_every_thread_and_threads_started_after():
     base, rest = r.stdout.split(" ", 1)
     want = min(19, int(base) + 3)
     assert rest.strip() == f"[{want}] {want}", r.stdout  # every thread, and one the main thread starts afterwards
-

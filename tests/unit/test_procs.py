@@ -1,4 +1,5 @@
 """Listener discovery from /proc: what the loopback-only check of `up` relies on."""
+
 import os
 import socket
 

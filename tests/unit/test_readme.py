@@ -1,5 +1,6 @@
 """README's "Current figures": at most ten rows, each naming results files that exist, and every number it
 quotes found in them (as recorded, or x100 for shares and points, at the precision the README shows)."""
+
 import json
 import re
 from pathlib import Path
@@ -32,7 +33,7 @@ def _found(quoted: str, values: list[float]) -> bool:
     q = abs(float(quoted))
     for v in values:
         for x in (abs(v), abs(100 * v)):
-            if abs(round(x, digits) - q) <= 10 ** -digits / 2 + 1e-9:
+            if abs(round(x, digits) - q) <= 10**-digits / 2 + 1e-9:
                 return True
     return False
 

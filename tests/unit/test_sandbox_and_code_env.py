@@ -1,4 +1,5 @@
 """The code sandbox stops hostile programs within its limits; the code environment scores correctly."""
+
 import json
 import os
 import subprocess

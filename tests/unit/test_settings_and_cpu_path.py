@@ -8,6 +8,7 @@ from config.settings import PRESETS, Settings, load_settings
 def test_presets_validate_and_every_field_is_described():
     for name in ("cpu.yaml", "gpu.yaml"):
         load_settings(PRESETS / name)
+
     def walk(model):
         for fname, f in model.model_fields.items():
             ann = f.annotation
@@ -15,6 +16,7 @@ def test_presets_validate_and_every_field_is_described():
                 walk(ann)
             elif fname != "state_dir":
                 assert f.description, f"{model.__name__}.{fname} has no description"
+
     walk(Settings)
 
 
@@ -24,14 +26,16 @@ def test_overrides():
 
 
 def test_cpu_path_never_imports_vllm():
-    code = ("import sys, builtins\n"
-            "real = builtins.__import__\n"
-            "def guard(name, *a, **k):\n"
-            "    if name.split('.')[0] == 'vllm': raise ImportError('vllm blocked')\n"
-            "    return real(name, *a, **k)\n"
-            "builtins.__import__ = guard\n"
-            "import policies.engine, serve.app, actors.explorer, actors.learner, actors.broadcaster, main\n"
-            "assert 'vllm' not in sys.modules\n")
+    code = (
+        "import sys, builtins\n"
+        "real = builtins.__import__\n"
+        "def guard(name, *a, **k):\n"
+        "    if name.split('.')[0] == 'vllm': raise ImportError('vllm blocked')\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = guard\n"
+        "import policies.engines.engine, serve.app, actors.explorer, actors.learner, actors.broadcaster, main\n"
+        "assert 'vllm' not in sys.modules\n"
+    )
     root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -1,5 +1,6 @@
 """A base model that ships in shards (7B models do): the store, the engines, the trainer and vLLM's worker loader
 read it through its shard index, and the gate and a rollback can use it like a single file."""
+
 import torch
 
 
@@ -14,8 +15,8 @@ def _sharded(tmp_path, tiny_dir):
 
 
 def test_a_base_in_shards_is_read_through_its_index(tmp_path, tiny_dir):
-    from policies.engine import TransformersEngine
-    from policies.model_store import BASE_VERSION, WeightsStore, iter_weights, read_weights, weight_files
+    from policies.engines.engine import TransformersEngine
+    from policies.weights.model_store import BASE_VERSION, WeightsStore, iter_weights, read_weights, weight_files
 
     folder, want = _sharded(tmp_path, tiny_dir)
     assert not (folder / "model.safetensors").exists()
@@ -35,9 +36,9 @@ def test_a_base_in_shards_is_read_through_its_index(tmp_path, tiny_dir):
 
 def test_the_trainer_and_the_vllm_worker_loader_take_a_shard_index(tmp_path, tiny_dir):
     from config.settings import load_settings
-    from policies.model_store import BASE_VERSION, WeightsStore
-    from policies.trainer import Trainer
-    from policies.vllm_worker import WeightLoader
+    from policies.engines.vllm_worker import WeightLoader
+    from policies.learning.trainer import Trainer
+    from policies.weights.model_store import BASE_VERSION, WeightsStore
 
     folder, want = _sharded(tmp_path, tiny_dir)
     s = load_settings(None)

@@ -1,6 +1,7 @@
-"""Swaps from memory (policies/shared_weights.py): the gate engine's weights exported once and copied by other
+"""Swaps from memory (policies/weights/shared.py): the gate engine's weights exported once and copied by other
 processes, and the seqlock that sends a reader racing a rewrite to the file. Shared memory on a CPU here (the
 same protocol as CUDA IPC: tests/gpu/test_shared_cuda.py runs that one)."""
+
 import json
 import multiprocessing as mp
 from types import SimpleNamespace
@@ -9,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from policies.shared_weights import SharedChanged, SharedWeights, read_shared
+from policies.weights.shared import SharedChanged, SharedWeights, read_shared
 
 
 def _reader(requests, replies):
     """Another process: copies what each ref it is sent names, or says why it could not."""
-    from policies.shared_weights import SharedChanged, read_shared
+    from policies.weights.shared import SharedChanged, read_shared
 
     for ref in iter(requests.get, None):
         try:
@@ -87,7 +88,7 @@ def _versions(d, tmp_path):
 
 
 def test_a_serving_engine_copies_the_gate_engines_weights_without_reading_the_file(untied_dir, tmp_path):
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
 
     files = _versions(untied_dir, tmp_path)
     gate = TransformersEngine(untied_dir, dtype="float32")
@@ -109,8 +110,9 @@ def test_a_serving_engine_copies_the_gate_engines_weights_without_reading_the_fi
     served = serve.model.state_dict()
     assert all(torch.equal(served[k], v) for k, v in want.items())
     serve.load_weights(files[2], "w-000002", shared=ref)  # a ref of another version is not even tried
-    assert serve.last_load == "file" and torch.equal(serve.model.state_dict()["lm_head.weight"],
-                                                     load_file(str(files[2]))["lm_head.weight"])
+    assert serve.last_load == "file" and torch.equal(
+        serve.model.state_dict()["lm_head.weight"], load_file(str(files[2]))["lm_head.weight"]
+    )
     with pytest.raises(ValueError, match="standby"):
         serve.share(tmp_path / "other.json")
 
@@ -132,7 +134,7 @@ class Served(torch.nn.Module):
 
 
 def test_the_vllm_worker_copies_a_shared_ref_and_reports_a_stale_one(tmp_path):
-    from policies.vllm_worker import WeightLoader
+    from policies.engines.vllm_worker import WeightLoader
 
     gate = Served()
     shared = SharedWeights(gate, "w-000001", tmp_path / "layout.json")

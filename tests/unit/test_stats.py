@@ -1,4 +1,5 @@
 """The paired test that decides whether a version really beats the base on the same held-out entries."""
+
 import pytest
 
 from policies.stats import paired_test
@@ -33,7 +34,7 @@ def test_fewer_successes_is_the_stratified_exact_test_on_hand_computed_cases():
     # 3 successes among 16 + 4 samples, none the version's: C(16,3) / C(20,3)
     assert fewer_successes([3], 16, [0], 4) == pytest.approx(comb(16, 3) / comb(20, 3))
     # entries are independent: 26 entries with one base success each and none of the version's -> 0.8 ** 26
-    assert fewer_successes([1] * 26 + [0] * 14, 16, [0] * 40, 4) == pytest.approx(0.8 ** 26)
+    assert fewer_successes([1] * 26 + [0] * 14, 16, [0] * 40, 4) == pytest.approx(0.8**26)
     # the same counts at the same k: the version's total is the middle of its distribution, far from significant
     assert fewer_successes([1, 1, 1, 0], 4, [1, 1, 1, 0], 4) > 0.5
     # a version that does better is never "fewer"

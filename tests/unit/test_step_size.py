@@ -1,7 +1,8 @@
-"""The learner's step size tied to measured drift (policies/step_size.py), on hand-computed values."""
+"""The learner's step size tied to measured drift (policies/learning/step_size.py), on hand-computed values."""
+
 import pytest
 
-from policies.step_size import StepSize
+from policies.learning.step_size import StepSize
 
 
 def test_off_by_default_the_step_size_never_moves():
@@ -50,15 +51,16 @@ def test_settings_refuse_a_drift_target_without_the_kl_term():
 
     with pytest.raises(ValidationError, match="kl_coef"):
         load_settings(None, **{"learner.kl_target": 0.1, "learner.kl_coef": 0.0})
-    s = StepSize.from_settings(load_settings(None, **{"learner.kl_target": 0.2, "learner.lr_min": 3e-6,
-                                                      "learner.lr_max": 4e-5}).learner)
+    s = StepSize.from_settings(
+        load_settings(None, **{"learner.kl_target": 0.2, "learner.lr_min": 3e-6, "learner.lr_max": 4e-5}).learner
+    )
     assert (s.kl_target, s.lr_min, s.lr_max) == (0.2, 3e-6, 4e-5)
 
 
 def test_the_trainer_steps_at_the_set_size_and_keeps_it_across_a_reset_and_a_resume(tmp_path, tiny_dir):
     from config.settings import load_settings
-    from policies.model_store import WeightsStore
-    from policies.trainer import Trainer
+    from policies.learning.trainer import Trainer
+    from policies.weights.model_store import WeightsStore
 
     s = load_settings(None, state_dir=str(tmp_path / "state"))
     t = Trainer(s, tiny_dir, WeightsStore(s.state))

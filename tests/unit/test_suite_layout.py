@@ -1,5 +1,6 @@
 """pytest imports test modules by basename (rootdir-relative, no packages): two test files with the
 same name in different folders stop collection of the whole suite."""
+
 from collections import Counter
 from pathlib import Path
 

@@ -14,14 +14,17 @@ def test_python_call_is_parsed_without_eval():
     assert parse_python_call("sort('f.txt')").args == ("f.txt",)
 
 
-@pytest.mark.parametrize("text", [
-    "__import__('os').system('echo hi')",
-    "os.system('x')",
-    "f(x=open('/etc/passwd'))",
-    "f(**{'a': 1})",
-    "f(x=1+__import__('os').getpid())",
-    "(lambda: 1)()",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "__import__('os').system('echo hi')",
+        "os.system('x')",
+        "f(x=open('/etc/passwd'))",
+        "f(**{'a': 1})",
+        "f(x=1+__import__('os').getpid())",
+        "(lambda: 1)()",
+    ],
+)
 def test_hostile_python_calls_are_refused(text):
     with pytest.raises(CallError):
         parse_python_call(text)
@@ -48,26 +51,35 @@ def _episode():
     return ep
 
 
-@pytest.mark.parametrize("name,args", [
-    ("unknown_fn", "{}"),
-    ("cd", '{"folder": "document", "extra": 1}'),
-    ("cd", '{"folder": 5}'),
-    ("cd", '{"folder": "../../../../etc"}'),
-    ("__import__", '{"name": "os"}'),
-    ("_load_scenario", "{}"),
-    ("cd", "not json"),
-    ("cd", json.dumps({"folder": "x" * 10_000_000})),
-])
+@pytest.mark.parametrize(
+    "name,args",
+    [
+        ("unknown_fn", "{}"),
+        ("cd", '{"folder": "document", "extra": 1}'),
+        ("cd", '{"folder": 5}'),
+        ("cd", '{"folder": "../../../../etc"}'),
+        ("__import__", '{"name": "os"}'),
+        ("_load_scenario", "{}"),
+        ("cd", "not json"),
+        ("cd", json.dumps({"folder": "x" * 10_000_000})),
+    ],
+)
 def test_invalid_or_hostile_calls_become_error_observations(name, args):
     ep = _episode()
-    before = json.dumps(ep.model.instances["GorillaFileSystem"].root._to_dict() if hasattr(
-        ep.model.instances["GorillaFileSystem"].root, "_to_dict") else str(vars(ep.model.instances["GorillaFileSystem"])))
+    before = json.dumps(
+        ep.model.instances["GorillaFileSystem"].root._to_dict()
+        if hasattr(ep.model.instances["GorillaFileSystem"].root, "_to_dict")
+        else str(vars(ep.model.instances["GorillaFileSystem"]))
+    )
     r = ep.step(ChatMessage(role="assistant", tool_calls=[ToolCall(id="c1", name=name, arguments=args)]))
     assert r.signal < 0
     assert len(r.observations) == 1 and r.observations[0].role == "tool"
     assert "rror" in r.observations[0].content or "No such" in r.observations[0].content
-    after = json.dumps(ep.model.instances["GorillaFileSystem"].root._to_dict() if hasattr(
-        ep.model.instances["GorillaFileSystem"].root, "_to_dict") else str(vars(ep.model.instances["GorillaFileSystem"])))
+    after = json.dumps(
+        ep.model.instances["GorillaFileSystem"].root._to_dict()
+        if hasattr(ep.model.instances["GorillaFileSystem"].root, "_to_dict")
+        else str(vars(ep.model.instances["GorillaFileSystem"]))
+    )
     if name != "cd" or "etc" not in args:
         assert before == after
 
@@ -91,8 +103,14 @@ def test_forced_named_call_opens_the_first_required_argument_and_bare_keys_are_a
     from actors.events import ToolSpec
     from policies.chat import parse_assistant, tool_choice_prefix
 
-    tools = [ToolSpec(function={"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}})]
+    tools = [
+        ToolSpec(
+            function={
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            }
+        )
+    ]
     p = tool_choice_prefix({"type": "function", "function": {"name": "get_weather"}}, tools)
     assert p.endswith('{"city": "')
     assert parse_assistant(p + 'Paris"}}]</tool_call>').tool_calls[0].arguments == '{"city": "Paris"}'
@@ -102,8 +120,15 @@ def test_forced_named_call_opens_the_first_required_argument_and_bare_keys_are_a
     assert keeps.tool_calls[0].arguments == '{"text": "a, b: c"}'  # valid JSON is never rewritten
 
 
-@pytest.mark.parametrize("tail", ['Paris"}}]\n</tool_call>\nmore text', 'Paris"}}</tool_call>\n\nThat is all.',
-                                  'Paris"}}](https://example.com/paris)', 'Paris"}}>Paris weather'])
+@pytest.mark.parametrize(
+    "tail",
+    [
+        'Paris"}}]\n</tool_call>\nmore text',
+        'Paris"}}</tool_call>\n\nThat is all.',
+        'Paris"}}](https://example.com/paris)',
+        'Paris"}}>Paris weather',
+    ],
+)
 def test_a_valid_call_followed_by_junk_or_missing_its_bracket_still_parses(tail):
     from policies.chat import parse_assistant
 
@@ -126,9 +151,16 @@ def test_forced_prefix_chooses_a_declared_name_only_when_given_an_engine():
     from actors.events import ToolSpec
     from policies.chat import CALL_PREFIX
     from policies.rollout import forced_prefix
-    tools = [ToolSpec(function={"name": "ls", "parameters": {"type": "object", "properties": {}}}),
-             ToolSpec(function={"name": "cd", "parameters": {"type": "object", "required": ["folder"],
-                                                             "properties": {"folder": {"type": "string"}}}})]
+
+    tools = [
+        ToolSpec(function={"name": "ls", "parameters": {"type": "object", "properties": {}}}),
+        ToolSpec(
+            function={
+                "name": "cd",
+                "parameters": {"type": "object", "required": ["folder"], "properties": {"folder": {"type": "string"}}},
+            }
+        ),
+    ]
     assert forced_prefix(tools) == CALL_PREFIX  # the gate measures the policy's own choice
     eng = _Chooser()
     got = forced_prefix(tools, eng, "PROMPT", 0.7)
@@ -139,8 +171,13 @@ def test_forced_prefix_chooses_a_declared_name_only_when_given_an_engine():
 def test_a_forced_call_cut_off_by_the_token_limit_keeps_its_name():
     from policies.chat import call_opening, parse_forced
 
-    spec = ToolSpec(type="function", function={"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}})
+    spec = ToolSpec(
+        type="function",
+        function={
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    )
     forced = call_opening(spec)
     cut = parse_forced(forced, "Paris, France, where the weather")
     assert [(c.name, c.arguments) for c in cut.tool_calls] == [("get_weather", '{"city": "Paris, France, where the weather')]

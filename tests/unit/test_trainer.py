@@ -1,10 +1,11 @@
 """The learner's step on a tiny random model (SmolLM2's tokenizer): off-policy correction from the weights
 that generated each sample, the KL term, gradient accumulation over micro-batches, and staleness."""
+
 import pytest
 import torch
 
 from actors.events import ChatMessage, Judgement, Sample, ToolCall
-from policies.model_store import WeightsStore
+from policies.weights.model_store import WeightsStore
 
 
 def _settings(tmp_path, **learner):
@@ -17,18 +18,25 @@ def _settings(tmp_path, **learner):
 
 
 def _sample(i: int) -> Sample:
-    msgs = [ChatMessage(role="system", content="You call functions."),
-            ChatMessage(role="user", content=f"Please make a folder number {i} and list it" + " now" * i),
-            ChatMessage(role="assistant", tool_calls=[ToolCall(id="c", name="mkdir", arguments=f'{{"dir_name": "d{i}"}}')]),
-            ChatMessage(role="tool", content="ok"),
-            ChatMessage(role="assistant", content=f"Done with folder {i}.")]
+    msgs = [
+        ChatMessage(role="system", content="You call functions."),
+        ChatMessage(role="user", content=f"Please make a folder number {i} and list it" + " now" * i),
+        ChatMessage(role="assistant", tool_calls=[ToolCall(id="c", name="mkdir", arguments=f'{{"dir_name": "d{i}"}}')]),
+        ChatMessage(role="tool", content="ok"),
+        ChatMessage(role="assistant", content=f"Done with folder {i}."),
+    ]
     return Sample(sample_id=f"s{i}", messages=msgs, step_indices=[2, 4])
 
 
 def _group(n=4) -> Judgement:
-    return Judgement(group_id="g", source="rollout", task_id="t", samples=[_sample(i) for i in range(n)],
-                     outcomes=[1.0, 0.0, 0.5, 0.0][:n],
-                     step_labels=[["GOOD", "GOOD"], ["BAD", "BAD"], ["GOOD", "BAD"], ["BAD", "GOOD"]][:n])
+    return Judgement(
+        group_id="g",
+        source="rollout",
+        task_id="t",
+        samples=[_sample(i) for i in range(n)],
+        outcomes=[1.0, 0.0, 0.5, 0.0][:n],
+        step_labels=[["GOOD", "GOOD"], ["BAD", "BAD"], ["GOOD", "BAD"], ["BAD", "GOOD"]][:n],
+    )
 
 
 def _perturb(trainer, scale=0.05):
@@ -39,7 +47,7 @@ def _perturb(trainer, scale=0.05):
 
 
 def test_importance_weights_come_from_the_behaviour_version(tmp_path, tiny_dir):
-    from policies.trainer import Trainer
+    from policies.learning.trainer import Trainer
 
     s = _settings(tmp_path, lr=0.0, kl_coef=0.0)
     store = WeightsStore(s.state)
@@ -57,7 +65,7 @@ def test_importance_weights_come_from_the_behaviour_version(tmp_path, tiny_dir):
 
 
 def test_kl_to_the_reference_is_zero_at_the_reference_and_grows_with_drift(tmp_path, tiny_dir):
-    from policies.trainer import Trainer
+    from policies.learning.trainer import Trainer
 
     t = Trainer(_settings(tmp_path, lr=0.0, kl_coef=0.1), tiny_dir)
     assert t.train_step([_group()])["kl"] == pytest.approx(0.0, abs=1e-6)
@@ -66,12 +74,22 @@ def test_kl_to_the_reference_is_zero_at_the_reference_and_grows_with_drift(tmp_p
 
 
 def test_micro_batches_accumulate_the_same_gradient(tmp_path, tiny_dir):
-    from policies.trainer import Trainer
+    from policies.learning.trainer import Trainer
 
     grads = []
-    long = _group().model_copy(update={"group_id": "long", "samples": [
-        s.model_copy(update={"messages": [s.messages[0].model_copy(update={"content": "You call functions. " * 40}),
-                                          *s.messages[1:]]}) for s in _group().samples]})
+    long = _group().model_copy(
+        update={
+            "group_id": "long",
+            "samples": [
+                s.model_copy(
+                    update={
+                        "messages": [s.messages[0].model_copy(update={"content": "You call functions. " * 40}), *s.messages[1:]]
+                    }
+                )
+                for s in _group().samples
+            ],
+        }
+    )
     for mb in (1, 3, 8):  # one sample at a time; a group in two parts; each group at once, its prompt run once
         s = _settings(tmp_path / str(mb), lr=0.0, grad_clip=1e9, micro_batch_size=mb, kl_coef=0.01, bf16=False)
         store = WeightsStore(s.state)
@@ -88,7 +106,7 @@ def test_micro_batches_accumulate_the_same_gradient(tmp_path, tiny_dir):
 
 
 def test_staleness_follows_the_lineage(tmp_path):
-    from actors.learner import staleness
+    from policies.learning.staleness import staleness
 
     store = WeightsStore(tmp_path)
     sd = {"w": torch.zeros(1)}
@@ -109,19 +127,35 @@ def test_staleness_follows_the_lineage(tmp_path):
 def test_reference_samples_train_off_policy_without_behaviour_weights(tmp_path, tiny_dir):
     """A verified reference added to a failed group (mixed-policy GRPO): it needs no behaviour version's
     file, is counted apart, raises its own likelihood, and does not count towards ADPO's consistency."""
-    from policies.groups import behaviour_of
-    from policies.model_store import REFERENCE
-    from policies import grpo
-    from policies.trainer import Trainer
+    from policies.learning import grpo
+    from policies.learning.groups import behaviour_of
+    from policies.learning.staleness import REFERENCE
+    from policies.learning.trainer import Trainer
 
     s = _settings(tmp_path, lr=1e-3, kl_coef=0.0, adca_alpha=0.0, bf16=False)
     t = Trainer(s, tiny_dir)
-    failed = [Sample(sample_id=f"f{i}", step_indices=[2], messages=[
-        ChatMessage(role="system", content="You call functions."), ChatMessage(role="user", content="Make a folder."),
-        ChatMessage(role="assistant", content="I cannot do that" + "!" * i)]) for i in range(3)]
+    failed = [
+        Sample(
+            sample_id=f"f{i}",
+            step_indices=[2],
+            messages=[
+                ChatMessage(role="system", content="You call functions."),
+                ChatMessage(role="user", content="Make a folder."),
+                ChatMessage(role="assistant", content="I cannot do that" + "!" * i),
+            ],
+        )
+        for i in range(3)
+    ]
     ref = _sample(9).model_copy(update={"off_policy": True})
-    g = Judgement(group_id="g", source="rollout", task_id="t", samples=failed + [ref], outcomes=[0.0, 0.0, 0.0, 1.0],
-                  step_labels=[["BAD"]] * 3 + [["GOOD", "GOOD"]], weights_version="w-000123")
+    g = Judgement(
+        group_id="g",
+        source="rollout",
+        task_id="t",
+        samples=failed + [ref],
+        outcomes=[0.0, 0.0, 0.0, 1.0],
+        step_labels=[["BAD"]] * 3 + [["GOOD", "GOOD"]],
+        weights_version="w-000123",
+    )
     versions = behaviour_of(g)
     assert versions == ["w-000123"] * 3 + [REFERENCE]  # w-000123 has no file: only on-policy rows may name it
 
@@ -139,13 +173,14 @@ def test_reference_samples_train_off_policy_without_behaviour_weights(tmp_path, 
 
 
 def test_floor_groups_teach_by_the_reference_alone():
-    from policies.groups import floor_scales
+    from policies.learning.groups import floor_scales
 
     fail = [Sample(sample_id=str(i), messages=[], outcome=0.0) for i in range(3)]
     ref = Sample(sample_id="r", messages=[], outcome=1.0, off_policy=True)
     solved = [Sample(sample_id="s", messages=[], outcome=1.0), Sample(sample_id="t", messages=[], outcome=0.0)]
-    floor = Judgement(group_id="f", source="rollout", task_id="t", samples=fail + [ref], outcomes=[0, 0, 0, 1],
-                      step_labels=[[]] * 4)
+    floor = Judgement(
+        group_id="f", source="rollout", task_id="t", samples=fail + [ref], outcomes=[0, 0, 0, 1], step_labels=[[]] * 4
+    )
     band = Judgement(group_id="b", source="rollout", task_id="t", samples=solved, outcomes=[1, 0], step_labels=[[]] * 2)
     adv = torch.tensor([[-0.5], [-0.5], [-0.5], [2.0], [1.0], [-1.0]])
     assert floor_scales([floor, band], adv, 0.0) == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
@@ -153,12 +188,18 @@ def test_floor_groups_teach_by_the_reference_alone():
 
 
 def test_reference_is_kept_only_where_the_policy_alone_teaches_nothing():
-    from policies.groups import at_floor
+    from policies.learning.groups import at_floor
 
     ref = Sample(sample_id="r", messages=[], outcome=1.0, off_policy=True)
     own = [Sample(sample_id=str(i), messages=[], outcome=0.0) for i in range(3)]
-    flat = Judgement(group_id="f", source="rollout", task_id="t", samples=own + [ref], outcomes=[0.2, 0.2, 0.2, 1.5],
-                     step_labels=[["BAD"]] * 3 + [["GOOD"]])
+    flat = Judgement(
+        group_id="f",
+        source="rollout",
+        task_id="t",
+        samples=own + [ref],
+        outcomes=[0.2, 0.2, 0.2, 1.5],
+        step_labels=[["BAD"]] * 3 + [["GOOD"]],
+    )
     assert at_floor(flat, 0.0) is flat  # nothing to learn from the policy alone: the reference stays
     spread = flat.model_copy(update={"outcomes": [0.2, -0.3, 0.2, 1.5]})
     kept = at_floor(spread, 0.0)
@@ -166,75 +207,10 @@ def test_reference_is_kept_only_where_the_policy_alone_teaches_nothing():
     assert at_floor(flat, 0.1) is flat  # equal step labels give no step credit either
 
 
-def test_lora_learner_trains_adapters_only_and_serves_merged_weights(tmp_path, tiny_dir):
-    """LoRA over a frozen base: only adapters get gradients; the exported version is the merged model
-    (its logits match the adapted model's); the KL reference is the model with adapters off; a
-    checkpoint holds the adapters, not the base; reset_to makes a version the base again."""
-    from transformers import AutoModelForCausalLM
-
-    from policies import grpo
-    from policies.trainer import Trainer
-
-    s = _settings(tmp_path, lora_rank=4, lora_alpha=8.0, base_dtype="float32", lr=1e-2, kl_coef=0.01)
-    t = Trainer(s, tiny_dir)
-    trainable = {k for k, p in t.model.named_parameters() if p.requires_grad}
-    assert trainable and all("lora_" in k for k in trainable)
-    frozen = {k: v.clone() for k, v in t.model.state_dict().items() if "lora_" not in k}
-    stats = t.train_step([_group()])
-    assert stats["grad_norm"] > 0 and stats["kl"] == pytest.approx(0.0, abs=1e-6)  # adapters start at B = 0
-    assert all(torch.equal(v, t.model.state_dict()[k]) for k, v in frozen.items())  # the base never moves
-    t.train_step([_group()])
-    sd = t.export("float32")
-    assert not any("lora" in k or "base_layer" in k for k in sd)
-    served = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32)
-    served.load_state_dict(sd, strict=False)
-    ids = torch.tensor([[1, 5, 9, 30, 2]])
-    attn = torch.ones_like(ids)
-    with torch.no_grad():
-        mine = grpo.token_logprobs(t.model, ids, attn)
-        theirs = grpo.token_logprobs(served, ids, attn)
-        with t._reference() as ref:
-            base = grpo.token_logprobs(ref, ids, attn)
-    assert torch.allclose(mine, theirs, atol=1e-4) and not torch.allclose(mine, base, atol=1e-4)
-    state = t.state()
-    assert "model" not in state and state["adapter"] and state["base_from"][0] == "w-000000"
-    t2 = Trainer(s, tiny_dir)
-    t2.load_state(state)
-    with torch.no_grad():
-        assert torch.allclose(grpo.token_logprobs(t2.model, ids, attn), mine, atol=1e-5)  # resumed exactly
-    store = WeightsStore(s.state)
-    path, _ = store.save(sd, "w-000001", {"parent": "w-000000", "step": 2})
-    t2.reset_to(str(path), "w-000001")
-    with torch.no_grad():
-        assert torch.allclose(grpo.token_logprobs(t2.model, ids, attn), mine, atol=1e-4)  # the version, as base
-        with t2._reference() as ref:
-            assert torch.allclose(grpo.token_logprobs(ref, ids, attn), mine, atol=1e-4)
-
-
-def test_lora_behaviour_of_a_stale_sample_uses_that_versions_adapters(tmp_path, tiny_dir):
-    from policies import grpo
-    from policies.trainer import Trainer
-
-    s = _settings(tmp_path, lora_rank=4, lora_alpha=8.0, base_dtype="float32", lr=1e-2)
-    t = Trainer(s, tiny_dir)
-    t.train_step([_group()])
-    t.named("w-000001")
-    ids, attn = torch.tensor([[1, 5, 9, 30, 2]]), torch.ones(1, 5, dtype=torch.long)
-    with torch.no_grad():
-        v1 = grpo.token_logprobs(t.model, ids, attn)
-    t.train_step([_group()])
-    t.named("w-000002")
-    with torch.no_grad(), t._behaviour_model("w-000001") as m:
-        assert torch.allclose(grpo.token_logprobs(m, ids, attn), v1, atol=1e-6)
-    with torch.no_grad():  # and the current adapters are back
-        assert not torch.allclose(grpo.token_logprobs(t.model, ids, attn), v1, atol=1e-4)
-    assert t._behaviour is None  # no scratch copy was made
-
-
 def test_a_second_pass_reuses_the_first_passs_log_probs_exactly(tmp_path, tiny_dir):
     """`learner.replay_groups`: a group the step before trained keeps its pi_behav and pi_ref from then. The
     step comes out as it does with both recomputed from the behaviour version's file and the base model."""
-    from policies.trainer import Trainer
+    from policies.learning.trainer import Trainer
 
     def two_steps(root, forget: bool):
         s = _settings(root, lr=1e-3, kl_coef=0.01)
@@ -265,15 +241,21 @@ def test_a_step_without_signal_leaves_the_weights_alone(tmp_path, tiny_dir):
     """Two rated steps with the same tokens and opposite advantages cancel: no gradient, so no update (AdamW would
     still move every weight by its momentum and weight decay). A rated pair of one conversation did this while the
     earlier answer, which is context, was trained as a step."""
-    from policies.trainer import Trainer
+    from policies.learning.trainer import Trainer
 
     s = _settings(tmp_path, lr=1e-3, kl_coef=0.0)
     t = Trainer(s, tiny_dir, WeightsStore(s.state))
     first = t.train_step([_group()])  # momentum from a real step
     assert first["grad_norm"] > 0
     before = {k: v.clone() for k, v in t.model.state_dict().items()}
-    twin = Judgement(group_id="live", source="live", task_id="live", samples=[_sample(1), _sample(1)],
-                     outcomes=[1.0, -1.0], step_labels=[["GOOD", "GOOD"], ["GOOD", "GOOD"]])
+    twin = Judgement(
+        group_id="live",
+        source="live",
+        task_id="live",
+        samples=[_sample(1), _sample(1)],
+        outcomes=[1.0, -1.0],
+        step_labels=[["GOOD", "GOOD"], ["GOOD", "GOOD"]],
+    )
     twin.samples[1] = twin.samples[1].model_copy(update={"sample_id": "s1b"})
     stats = t.train_step([twin])
     assert stats["grad_norm"] < 1e-6  # float rounding of two equal and opposite sums

@@ -2,23 +2,37 @@
 object, or an invented `_positional` argument never reach a client as `finish_reason: tool_calls`; the model's text
 is answered as text instead (its tokens unchanged, for the learner). A call cut off by the token limit finishes
 with `length`, as the reference's does."""
+
 import json
 
 import pytest
 
 from actors.events import RetrieveReply, ToolSpec
-from policies.generation import Generation
+from policies.engines.generation import Generation
 from serve.interactions import Turn
 from serve.schemas import ChatRequest
 
-TOOLS = [ToolSpec.model_validate({"type": "function", "function": {
-    "name": "get-weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                                           "unit": {"type": "string"}}}}})]
+TOOLS = [
+    ToolSpec.model_validate(
+        {
+            "type": "function",
+            "function": {
+                "name": "get-weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}}},
+            },
+        }
+    )
+]
 
 
 def _answer(text, finish="stop", forced="", parallel=None):
-    req = ChatRequest.model_validate({"messages": [{"role": "user", "content": "weather?"}],
-                                      "tools": [t.model_dump() for t in TOOLS], "parallel_tool_calls": parallel})
+    req = ChatRequest.model_validate(
+        {
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [t.model_dump() for t in TOOLS],
+            "parallel_tool_calls": parallel,
+        }
+    )
     turn = Turn(req=req, messages=[], tools=TOOLS, memory=RetrieveReply(), prompt="p", forced=forced)
     gen = Generation(text, 3, 9, finish)
     msg = turn.answer(gen)
@@ -27,24 +41,27 @@ def _answer(text, finish="stop", forced="", parallel=None):
 
 def test_a_declared_call_with_json_arguments_goes_out_as_a_call():
     msg, finish = _answer('<tool_call>[{"name": "get-weather", "arguments": {"city": "Paris"}}]</tool_call>')
-    assert finish == "tool_calls" and [(c.name, json.loads(c.arguments)) for c in msg.tool_calls] == \
-        [("get-weather", {"city": "Paris"})]
+    assert finish == "tool_calls" and [(c.name, json.loads(c.arguments)) for c in msg.tool_calls] == [
+        ("get-weather", {"city": "Paris"})
+    ]
 
 
-@pytest.mark.parametrize("text", [
-    '<tool_call>[{"name": "delete_everything", "arguments": {}}]</tool_call>',  # not declared
-    '<tool_call>[{"name": "get-weather", "arguments": "Paris"}]</tool_call>',  # not a JSON object
-    "<tool_call>[{oops</tool_call>",  # malformed: parsed as invalid_call
-    "get-weather('Paris', 'C', 'extra')",  # more positional arguments than declared parameters
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>[{"name": "delete_everything", "arguments": {}}]</tool_call>',  # not declared
+        '<tool_call>[{"name": "get-weather", "arguments": "Paris"}]</tool_call>',  # not a JSON object
+        "<tool_call>[{oops</tool_call>",  # malformed: parsed as invalid_call
+        "get-weather('Paris', 'C', 'extra')",  # more positional arguments than declared parameters
+    ],
+)
 def test_anything_a_client_cannot_run_is_answered_as_the_models_text(text):
     msg, finish = _answer(text)
     assert msg.tool_calls == [] and finish == "stop" and msg.content == text
 
 
 def test_positional_arguments_take_the_declared_parameter_names_in_order():
-    msg, finish = _answer('<tool_call>[{"name": "get-weather", "arguments": {"_positional": ["C"], "city": "Oslo"}}]'
-                          '</tool_call>')
+    msg, finish = _answer('<tool_call>[{"name": "get-weather", "arguments": {"_positional": ["C"], "city": "Oslo"}}]</tool_call>')
     assert json.loads(msg.tool_calls[0].arguments) == {"unit": "C", "city": "Oslo"} and finish == "tool_calls"
     assert "_positional" not in msg.tool_calls[0].arguments
 
@@ -58,8 +75,10 @@ def test_a_call_cut_off_by_the_token_limit_finishes_with_length():
 
 
 def test_no_parallel_calls_keeps_the_first_and_a_text_answer_cut_off_finishes_with_length():
-    two = '<tool_call>[{"name": "get-weather", "arguments": {"city": "A"}}, ' \
-          '{"name": "get-weather", "arguments": {"city": "B"}}]</tool_call>'
+    two = (
+        '<tool_call>[{"name": "get-weather", "arguments": {"city": "A"}}, '
+        '{"name": "get-weather", "arguments": {"city": "B"}}]</tool_call>'
+    )
     assert len(_answer(two)[0].tool_calls) == 2 and len(_answer(two, parallel=False)[0].tool_calls) == 1
     msg, finish = _answer("It is sunny in", finish="length")
     assert msg.content == "It is sunny in" and finish == "length"

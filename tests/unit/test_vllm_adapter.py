@@ -1,5 +1,6 @@
 """The vLLM adapter's weight-update protocol (pause in keep mode, load, reset the prefix cache, resume) with a
 stand-in AsyncLLM, its worker extension, and the standby engine (the real vLLM path runs in tests/gpu)."""
+
 import asyncio
 import threading
 import time
@@ -7,8 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-
 
 # ---------------------------------------------------------------------------- the vLLM adapter
 
@@ -28,13 +27,22 @@ class FakeAsyncLLM:
             ids = prompt["prompt_token_ids"]
             lps = [None] + [{t: SimpleNamespace(logprob=-0.5)} for t in ids[1:]]
             allowed = params.get("allowed_token_ids") or [7]
-            yield SimpleNamespace(prompt_token_ids=ids, prompt_logprobs=lps,
-                                  outputs=[SimpleNamespace(text="", token_ids=[allowed[-1]], finish_reason="length")])
+            yield SimpleNamespace(
+                prompt_token_ids=ids,
+                prompt_logprobs=lps,
+                outputs=[SimpleNamespace(text="", token_ids=[allowed[-1]], finish_reason="length")],
+            )
             return
-        yield SimpleNamespace(prompt_token_ids=[1, 2, 3], prompt_logprobs=None,
-                              outputs=[SimpleNamespace(text="hel", token_ids=[4], finish_reason=None)])
-        yield SimpleNamespace(prompt_token_ids=[1, 2, 3], prompt_logprobs=None,
-                              outputs=[SimpleNamespace(text="hello", token_ids=[4, 5], finish_reason="stop")])
+        yield SimpleNamespace(
+            prompt_token_ids=[1, 2, 3],
+            prompt_logprobs=None,
+            outputs=[SimpleNamespace(text="hel", token_ids=[4], finish_reason=None)],
+        )
+        yield SimpleNamespace(
+            prompt_token_ids=[1, 2, 3],
+            prompt_logprobs=None,
+            outputs=[SimpleNamespace(text="hello", token_ids=[4, 5], finish_reason="stop")],
+        )
 
     async def pause_generation(self, mode="abort", clear_cache=True):
         self.calls.append(("pause", mode, clear_cache))
@@ -64,7 +72,7 @@ class FakeTokenizer:
 
 
 def _engine(**kw):
-    from policies.vllm_engine import VllmEngine
+    from policies.engines.vllm_engine import VllmEngine
 
     return VllmEngine("unused", engine=FakeAsyncLLM(**kw), tokenizer=FakeTokenizer(), sampling_params=dict)
 
@@ -105,6 +113,7 @@ def test_vllm_update_from_shared_weights_reads_no_file_unless_the_copy_fails():
     async def rpc(method, args=()):
         eng.llm.calls.append(("rpc", method, args))
         return replies.get(method, [1])
+
     eng.llm.collective_rpc = rpc
     ref = {"version": "w-000001", "seq": 2, "layout": "/state/weights/shared-layout.json", "owner": 7}
     eng.load_weights("/weights/w-000001.safetensors", "w-000001", shared=ref)
@@ -125,7 +134,7 @@ def test_vllm_update_from_shared_weights_reads_no_file_unless_the_copy_fails():
 
 def test_vllm_scoring_choice_and_streaming():
     eng = _engine(delay=0.0)
-    (lp, n), = eng.sequence_logprobs([("ab", "cd")])
+    ((lp, n),) = eng.sequence_logprobs([("ab", "cd")])
     assert n == 2 and lp == pytest.approx(-1.0)
     assert eng.choose("q", ["x", "y"]) in ("x", "y")
     pieces = []
@@ -136,7 +145,7 @@ def test_vllm_scoring_choice_and_streaming():
 def test_vllm_worker_extension_loads_a_file_in_place(tmp_path):
     from safetensors.torch import save_file
 
-    from policies.vllm_worker import WeightLoader
+    from policies.engines.vllm_worker import WeightLoader
 
     save_file({"model.layers.0.w": torch.ones(2), "model.norm.weight": torch.zeros(3)}, str(tmp_path / "w.safetensors"))
     seen = {}
@@ -152,7 +161,7 @@ def test_standby_engine_swaps_without_waiting_for_a_running_generation(model_dir
 
     from actors.events import ChatMessage
     from policies.chat import render
-    from policies.engine import TransformersEngine
+    from policies.engines.engine import TransformersEngine
 
     eng = TransformersEngine(model_dir, standby=True)
     prompt = render([ChatMessage(role="user", content="Tell me about Paris.")])
@@ -178,7 +187,7 @@ def test_standby_engine_swaps_without_waiting_for_a_running_generation(model_dir
 def test_vllm_worker_refuses_a_file_that_leaves_parameters_unchanged(tmp_path):
     from safetensors.torch import save_file
 
-    from policies.vllm_worker import WeightLoader
+    from policies.engines.vllm_worker import WeightLoader
 
     save_file({"model.norm.weight": torch.zeros(3)}, str(tmp_path / "w.safetensors"))
     params = [("model.norm.weight", None), ("lm_head.weight", None)]  # an untied head the file lacks
@@ -191,8 +200,8 @@ def test_vllm_worker_refuses_a_file_that_leaves_parameters_unchanged(tmp_path):
 
 @pytest.mark.parametrize("which", ["untied", "tied"])
 def test_every_trained_parameter_reaches_the_serving_engine(which, untied_dir, model_dir, settings):
-    from policies.engine import TransformersEngine
-    from policies.trainer import Trainer
+    from policies.engines.engine import TransformersEngine
+    from policies.learning.trainer import Trainer
 
     d = untied_dir if which == "untied" else model_dir
     t = Trainer(settings, d)

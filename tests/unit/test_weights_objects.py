@@ -1,17 +1,17 @@
 """Weights versions in the JetStream object store (`weights.store: nats`), on a real nats-server, with stand-in
 engines. Two state dirs play two nodes that share no disk: node A is the learner's (and the broadcaster's unless a
 test says otherwise), node B a serve replica's; a version reaches B only through the bus."""
+
 import asyncio
 import shutil
 
 import pytest
-
-from policies.model_store import file_stat, sha256_file
 from bus_nodes import connect, node, replica_of, save, stream_name, two_nodes, until  # noqa: E402  (tests/unit is on sys.path)
 
+from policies.weights.model_store import file_stat, sha256_file
 
-def test_a_version_is_fetched_into_an_empty_second_state_dir_verified_once_and_loaded(tmp_path, nats_server,
-                                                                                       monkeypatch):
+
+def test_a_version_is_fetched_into_an_empty_second_state_dir_verified_once_and_loaded(tmp_path, nats_server, monkeypatch):
     async def go():
         stream, a, b, log, nc_a, nc_b = await two_nodes(tmp_path, nats_server)
         r1 = await asyncio.to_thread(save, a, 1)  # uploaded before the manifest exists
@@ -30,8 +30,9 @@ def test_a_version_is_fetched_into_an_empty_second_state_dir_verified_once_and_l
         assert "weights.fetched" in log.events("info") and not log.events("error")
         assert not list((tmp_path / "b" / "weights").glob(".*.fetch"))  # no temp file left
 
-        import policies.model_store as store
+        import policies.weights.model_store as store
         import serve.weights as engines  # another replica on node B: a stat, not a hash
+
         for module in (engines, store):
             monkeypatch.setattr(module, "sha256_file", lambda p: pytest.fail("re-hashed a verified file"))
         other = node(tmp_path, "b", nats_server, stream, store="nats")
@@ -40,6 +41,7 @@ def test_a_version_is_fetched_into_an_empty_second_state_dir_verified_once_and_l
         watch.cancel()
         await nc_a.close()
         await nc_b.close()
+
     asyncio.run(go())
 
 
@@ -69,6 +71,7 @@ def test_a_mismatched_digest_is_refused_and_never_loaded(tmp_path, nats_server):
         watch.cancel()
         await nc_a.close()
         await nc_b.close()
+
     asyncio.run(go())
 
 
@@ -85,8 +88,7 @@ def test_bytes_that_do_not_match_the_object_stores_own_digest_are_refused(tmp_pa
         r1 = await asyncio.to_thread(save, a, 1)
         info = await a.objects.obs.get_info("w-000001")
         info.digest = "SHA-256=" + base64.urlsafe_b64encode(bytes(32)).decode()
-        subject = OBJ_META_PRE_TEMPLATE.format(bucket=a.objects.bucket,
-                                               obj=base64.urlsafe_b64encode(b"w-000001").decode())
+        subject = OBJ_META_PRE_TEMPLATE.format(bucket=a.objects.bucket, obj=base64.urlsafe_b64encode(b"w-000001").decode())
         await nc_a.jetstream().publish(subject, json.dumps(info.as_dict()).encode(), headers={"Nats-Rollup": "sub"})
         await b.attach(nc_b.jetstream(), follow=False)
         shutil.rmtree(tmp_path / "a" / "weights")
@@ -96,6 +98,7 @@ def test_bytes_that_do_not_match_the_object_stores_own_digest_are_refused(tmp_pa
         assert not list((tmp_path / "b" / "weights").glob(".*.fetch"))
         await nc_a.close()
         await nc_b.close()
+
     asyncio.run(go())
 
 
@@ -109,6 +112,7 @@ def test_two_followers_on_one_node_fetch_a_version_once(tmp_path, nats_server, m
         gets.append(name)
         await asyncio.sleep(0.3)  # a slow transfer: the second follower arrives meanwhile
         return await real_get(self, name, *args, **kwargs)
+
     monkeypatch.setattr(ObjectStore, "get", counted)
 
     async def go():
@@ -121,11 +125,13 @@ def test_two_followers_on_one_node_fetch_a_version_once(tmp_path, nats_server, m
         for p, nc in ((b1, ncs[1]), (b2, ncs[2])):
             await p.attach(nc.jetstream(), follow=False)
         shutil.rmtree(tmp_path / "a" / "weights")
-        got = await asyncio.gather(asyncio.to_thread(b1.file, "w-000001", r1.path, r1.sha256),
-                                   asyncio.to_thread(b2.file, "w-000001", r1.path, r1.sha256))
+        got = await asyncio.gather(
+            asyncio.to_thread(b1.file, "w-000001", r1.path, r1.sha256), asyncio.to_thread(b2.file, "w-000001", r1.path, r1.sha256)
+        )
         assert gets == ["w-000001"] and got[0] == got[1] == tmp_path / "b" / "weights" / "w-000001.safetensors"
         for nc in ncs:
             await nc.close()
+
     asyncio.run(go())
 
 
@@ -157,6 +163,7 @@ def test_pruning_removes_versions_from_the_object_store(tmp_path, nats_server):
         assert sorted(p.name for p in b.store.dir.glob("w-*")) == ["w-000005.json", "w-000005.safetensors"]
         await nc_b.close()
         await nc.close()
+
     asyncio.run(go())
 
 
@@ -166,7 +173,7 @@ def test_a_broadcaster_on_another_node_than_the_learner_fetches_what_it_stages(t
     from actors.broadcaster import Broadcaster
     from actors.events import WeightsPublished, WeightsStatus
     from actors.lifecycles import WeightsState as S
-    from policies.promotion import PromotionBook
+    from policies.promotion.book import PromotionBook
 
     class FakeBus:
         def __init__(self):
@@ -195,4 +202,5 @@ def test_a_broadcaster_on_another_node_than_the_learner_fetches_what_it_stages(t
         assert ptr.path == str(local) and ptr.stat == file_stat(local)
         await nc_a.close()
         await nc_b.close()
+
     asyncio.run(go())

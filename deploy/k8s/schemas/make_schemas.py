@@ -16,6 +16,7 @@ values.schema.json, so its keys are the schema). Outputs, kept here beside it:
   empty map (`merge`, `env`, `resources`, ...) and a list take anything, a leaf takes a value of its
   default's type or the chart's `$tplYaml` template map.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,25 +62,38 @@ def rayservice_schema(crd: dict) -> dict:
 
 
 def pvc_schema(rayservice: dict) -> dict:
-    pod = rayservice["properties"]["spec"]["properties"]["rayClusterConfig"]["properties"]["headGroupSpec"][
-        "properties"]["template"]["properties"]["spec"]
+    pod = rayservice["properties"]["spec"]["properties"]["rayClusterConfig"]["properties"]["headGroupSpec"]["properties"][
+        "template"
+    ]["properties"]["spec"]
     claim = pod["properties"]["volumes"]["items"]["properties"]["ephemeral"]["properties"]["volumeClaimTemplate"]
-    return {"$schema": DRAFT, "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-            "additionalProperties": False,
-            "properties": {"apiVersion": {"enum": ["v1"]}, "kind": {"enum": ["PersistentVolumeClaim"]},
-                           "metadata": claim["properties"]["metadata"], "spec": claim["properties"]["spec"]}}
+    return {
+        "$schema": DRAFT,
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"enum": ["v1"]},
+            "kind": {"enum": ["PersistentVolumeClaim"]},
+            "metadata": claim["properties"]["metadata"],
+            "spec": claim["properties"]["spec"],
+        },
+    }
 
 
-TEMPLATE = {"type": "object", "additionalProperties": False, "minProperties": 1, "maxProperties": 1,
-            "properties": {"$tplYaml": {"type": "string"}, "$tplYamlSpread": {"type": "string"}}}
+TEMPLATE = {
+    "type": "object",
+    "additionalProperties": False,
+    "minProperties": 1,
+    "maxProperties": 1,
+    "properties": {"$tplYaml": {"type": "string"}, "$tplYamlSpread": {"type": "string"}},
+}
 LEAF = {bool: "boolean", int: "integer", float: "number", str: "string"}
 
 
 def values_schema(values) -> dict:
     """The chart's values.yaml as a JSON Schema (see the module docstring)."""
     if isinstance(values, dict) and values:
-        return {"type": "object", "additionalProperties": False,
-                "properties": {k: values_schema(v) for k, v in values.items()}}
+        return {"type": "object", "additionalProperties": False, "properties": {k: values_schema(v) for k, v in values.items()}}
     if isinstance(values, dict):
         return {"type": "object"}
     if isinstance(values, list):

@@ -1,0 +1,51 @@
+"""The events of a task on its way to a judgement: the questioner's `Task` and, for a synthetic one, its
+`TaskStatus`; the explorer's `Rollout` of it. Like every event they are in the stream's registry
+(`actors/events.py`), which parses them with the others.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from actors.lifecycles import TaskState
+from actors.messages import Event, Sample
+
+
+class Task(Event):
+    kind: Literal["task"] = "task"
+    task_id: str
+    env: str
+    entry_id: str
+    split: Literal["train", "heldout"] = "train"
+    origin: Literal["env", "synthetic", "live"] = "env"
+    query: str = ""
+    reference: list[str] = Field([], description="reference solution (call strings) of a synthetic task")
+    base_entry_id: str | None = Field(None, description="train entry whose initial state a synthetic task starts from")
+
+
+class TaskStatus(Event):
+    """Lifecycle of a synthetic task: proposed -> verified -> active -> retired, or proposed -> rejected."""
+
+    kind: Literal["task_status"] = "task_status"
+    task_id: str
+    status: TaskState
+    reason: str = ""
+    env: str = ""
+    query: str = ""
+    reference: list[str] = []
+    base_entry_id: str | None = None
+    consistency: float | None = Field(None, description="self-consistency of the last rollout group")
+    synthesizer: str = ""
+    exploration: list[str] = Field([], description="the exploration the task came from: `call -> ok|error: result`")
+
+
+class Rollout(Event):
+    """A whole GRPO group: groups stay intact through the pipeline."""
+
+    kind: Literal["rollout"] = "rollout"
+    task: Task
+    group_id: str
+    samples: list[Sample]
+    duration_s: float = 0.0

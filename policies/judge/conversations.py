@@ -1,0 +1,239 @@
+"""Conversations from separate requests, and what happens next as a signal on each served step.
+
+An agent client's conversation is several requests: the model calls the client's tool, the next request
+carries the tool's result (`role: tool`), then the user's next message. Nothing on the client marks them as
+one conversation, so they are stitched by content: an interaction registers the key of its messages plus its
+answer (`step_key`); a later request whose messages, up to their last assistant message, have that key
+(`parent_key`) extends it. Keys are per user (`Interaction.user_hash`, which includes the request's `user`
+field) and, when the client sent one, per explicit conversation key (`metadata.conversation_id`, `thread_id` or
+`session_id`), so two users asking the same thing never merge. Message ids, whitespace and argument key order
+do not count (clients re-serialise what they were sent).
+
+Each assistant answer is a step, with the weights version that wrote it. When the next request of the
+conversation arrives, what it adds after the step (tool results, the user's next message) gives the step a
+signal by `SIGNALS` below; a conversation idle for `idle_s` closes, and its last step gets its signal then.
+Explicit feedback, when a step has some, overrides all of these (the rated path trains on it).
+
+Text in a tool result or a user turn is only ever matched against fixed patterns here: it is data, never an
+instruction to the system, and nothing in it is executed or followed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+
+from actors.events import ChatMessage, Interaction
+from policies.learning.hindsight import HINTED, next_turn
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    value: float  # in [-1, 1]: what the step is worth when this is what happened next
+    confidence: float  # in (0, 1]: how sure this rule is; a step's outcome is value x confidence
+    when: str
+
+
+# Checked in this order: the first that matches is the step's signal.
+SIGNALS: tuple[Rule, ...] = (
+    Rule(
+        "feedback",
+        0.0,
+        1.0,
+        "the user rated the step (POST /v1/feedback): the rating is the value, and it overrides every rule below",
+    ),
+    Rule(
+        "correction",
+        -1.0,
+        0.8,
+        'the user\'s next message says the answer was wrong ("no", "wrong", "that is not what I asked", "try again", ...)',
+    ),
+    Rule(
+        "reask", -1.0, 0.7, "the user's next message asks the same thing again (>= 60% of its words repeat the previous request)"
+    ),
+    Rule(
+        "tool_error",
+        -0.6,
+        0.7,
+        "a tool result answering the step's call reports a failure (error, exception, "
+        "traceback, not found, invalid, failed, denied)",
+    ),
+    Rule("thanks", 1.0, 0.6, 'the user\'s next message thanks or approves ("thanks", "great", "perfect", "that works", ...)'),
+    Rule("tool_ok", 0.2, 0.4, "every tool result answering the step's calls came back without a failure"),
+    Rule("moved_on", 0.3, 0.3, "the user's next message is a new request (none of the above)"),
+    Rule("abandoned_call", -0.3, 0.3, "the conversation went idle with the step's tool call never answered"),
+)
+RULES = {r.name: r for r in SIGNALS}
+
+_CORRECTION = re.compile(
+    r"^\s*(no\b|nope\b|wrong\b|incorrect\b|that'?s not\b|that is not\b|not what i\b|try again\b|actually,?\s)"
+    r"|\b(not what i (asked|meant|wanted)|that'?s (wrong|incorrect)|you (misunderstood|got it wrong)|"
+    r"doesn'?t work|did not work|didn'?t work|is wrong|are wrong)\b",
+    re.I,
+)
+_THANKS = re.compile(
+    r"\b(thanks?|thank you|thx|great|perfect|awesome|excellent|that works|works now|exactly|"
+    r"well done|nice one)\b",
+    re.I,
+)
+_FAILURE = re.compile(
+    r"\b(error|exception|traceback|not found|invalid|failed|failure|denied|cannot|can'?t|"
+    r"unknown (function|command|tool)|no such)\b",
+    re.I,
+)
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def _canon(m: ChatMessage) -> list:
+    calls = []
+    for tc in m.tool_calls:
+        try:
+            args = json.dumps(json.loads(tc.arguments or "{}"), sort_keys=True)
+        except ValueError:
+            args = (tc.arguments or "").strip()
+        calls.append([tc.name, args])
+    return [m.role, " ".join((m.content or "").split()), calls]
+
+
+def _key(scope: str, messages: list[ChatMessage]) -> str:
+    return hashlib.sha256(json.dumps([scope, [_canon(m) for m in messages]]).encode()).hexdigest()[:32]
+
+
+def scope_of(it: Interaction) -> str:
+    return f"{it.user_hash}|{it.conversation or ''}"
+
+
+def step_key(it: Interaction) -> str:
+    """What a request that extends this interaction will find: its messages and its answer."""
+    return _key(scope_of(it), list(it.messages) + [it.response])
+
+
+def parent_key(it: Interaction) -> str | None:
+    """The key of the interaction this request extends, if it carries an earlier answer: its messages up to and
+    including the last assistant one."""
+    last = max((i for i, m in enumerate(it.messages) if m.role == "assistant"), default=None)
+    return None if last is None else _key(scope_of(it), list(it.messages[: last + 1]))
+
+
+def _words(text: str) -> set[str]:
+    return set(_WORD.findall((text or "").lower()))
+
+
+def signal_of(step: ChatMessage, after: list[ChatMessage], previous_user: str | None) -> str | None:
+    """The rule that fits what came after a step (`after`: the messages a later request added after it), or None
+    when nothing came after it yet."""
+    ids = {tc.id for tc in step.tool_calls}
+    results = [m for m in after if m.role == "tool" and (m.tool_call_id in ids or not m.tool_call_id)]
+    user = next((m.content for m in after if m.role == "user"), None)
+    if user is not None and _CORRECTION.search(user):
+        return "correction"
+    if user is not None and previous_user:
+        a, b = _words(user), _words(previous_user)
+        if a and b and len(a & b) / len(a) >= 0.6:
+            return "reask"
+    if results and any(_FAILURE.search(m.content or "") for m in results):
+        return "tool_error"
+    if user is not None and _THANKS.search(user):
+        return "thanks"
+    if step.tool_calls and results:
+        return "tool_ok"
+    if user is not None:
+        return "moved_on"
+    return None
+
+
+@dataclass
+class Step:
+    interaction: Interaction
+    signal: str | None = None  # a rule's name once what came next is known
+    rated: bool = False  # explicit feedback arrived for it: the rated path trains on it
+    hint: str = ""  # the next turn, when its signal says what was wrong (policies/learning/hindsight.py)
+
+    @property
+    def outcome(self) -> float:
+        r = RULES[self.signal] if self.signal else None
+        return round(r.value * r.confidence, 4) if r else 0.0
+
+
+@dataclass
+class Conversation:
+    conversation_id: str  # the first interaction's id
+    scope: str
+    steps: list[Step] = field(default_factory=list)
+    last_at: float = 0.0
+
+
+class ConversationBook:
+    """Open conversations, bounded: at most `max_open`, each at most `max_steps` steps (the oldest close first);
+    a conversation idle for `idle_s` closes."""
+
+    def __init__(self, idle_s: float = 300.0, max_open: int = 200, max_steps: int = 16):
+        self.idle_s, self.max_open, self.max_steps = idle_s, max_open, max_steps
+        self.open: dict[str, Conversation] = {}  # conversation id -> conversation
+        self.by_key: dict[str, str] = {}  # step key -> conversation id
+        self.rated: dict[str, None] = {}  # interaction ids users rated (their feedback may come first), bounded
+        self.orphans: dict[str, str] = {}  # parent key -> an open conversation that began with a later request
+
+    def add(self, it: Interaction, now: float) -> tuple[Conversation, list[str]]:
+        """Join the interaction to the conversation it extends (giving that conversation's last step its signal)
+        or start one. Returns it, and the ids of the conversations to close to stay within bounds (`close`)."""
+        conv = self.open.get(self.by_key.pop(parent_key(it) or "", ""))
+        if conv is not None:
+            self._signal(conv.steps[-1], it)
+        else:
+            conv = self.open[it.interaction_id] = Conversation(it.interaction_id, scope_of(it))
+            if key := parent_key(it):
+                self.orphans[key] = conv.conversation_id
+        conv.steps.append(Step(it, rated=it.interaction_id in self.rated))
+        conv.last_at = now
+        if (later := self.open.pop(self.orphans.pop(step_key(it), ""), None)) is not None:
+            # a later request of this conversation came first (redelivered out of order after a restart)
+            self._signal(conv.steps[-1], later.steps[0].interaction)
+            conv.steps += later.steps
+            conv.last_at = max(now, later.last_at)
+            self.by_key.update({k: conv.conversation_id for k, v in self.by_key.items() if v == later.conversation_id})
+        else:
+            self.by_key[step_key(it)] = conv.conversation_id
+        over = [conv.conversation_id] if len(conv.steps) >= self.max_steps else []
+        rest = sorted((c for c in self.open.values() if c.conversation_id not in over), key=lambda c: c.last_at)
+        over += [c.conversation_id for c in rest[: max(0, len(self.open) - len(over) - self.max_open)]]
+        return conv, over
+
+    @staticmethod
+    def _signal(prev: Step, it: Interaction) -> None:
+        """`prev`'s signal from the request `it` that extends it."""
+        n = len(prev.interaction.messages) + 1  # the request repeats the earlier messages and the answer
+        user = next((m.content for m in reversed(prev.interaction.messages) if m.role == "user"), None)
+        # the answer as the client sent it back (its tool call ids are the ones its tool results answer)
+        prev.signal = signal_of(it.messages[n - 1], list(it.messages[n:]), user)
+        prev.hint = next_turn(list(it.messages[n:])) if prev.signal in HINTED else ""
+
+    def rate(self, interaction_id: str) -> None:
+        """A user rated this interaction: its step trains on the rating, not on a signal (whichever came first)."""
+        self.rated[interaction_id] = None
+        while len(self.rated) > 10_000:
+            del self.rated[next(iter(self.rated))]
+        for conv in self.open.values():
+            for st in conv.steps:
+                if st.interaction.interaction_id == interaction_id:
+                    st.rated = True
+
+    def reopen(self, conv: Conversation) -> None:
+        """Put back a conversation whose close could not be carried out (the bus was down, say)."""
+        self.open[conv.conversation_id] = conv
+        self.by_key[step_key(conv.steps[-1].interaction)] = conv.conversation_id
+
+    def close(self, conversation_id: str) -> Conversation:
+        conv = self.open.pop(conversation_id)
+        self.by_key = {k: v for k, v in self.by_key.items() if v != conversation_id}
+        self.orphans = {k: v for k, v in self.orphans.items() if v != conversation_id}
+        last = conv.steps[-1]
+        if last.signal is None and last.interaction.response.tool_calls:
+            last.signal = "abandoned_call"
+        return conv
+
+    def idle(self, now: float) -> list[str]:
+        return [c for c, conv in self.open.items() if now - conv.last_at >= self.idle_s]

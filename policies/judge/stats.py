@@ -1,0 +1,89 @@
+"""Bookkeeping around the judge: its call budget (a token bucket) and how often it agrees with the
+environment's verifiable step labels (confusion counts, accuracy, Cohen's kappa).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from actors.events import Sample
+
+# ----------------------------------------------------------------------------- budget
+
+
+class Budget:
+    """Judge prompts per minute (token bucket); `take(n)` is all-or-nothing."""
+
+    def __init__(self, per_minute: float, clock=time.monotonic):
+        self.rate = per_minute / 60.0
+        self.capacity = max(1.0, float(per_minute))
+        self.tokens = self.capacity
+        self.clock = clock
+        self.t = clock()
+
+    def take(self, n: int) -> bool:
+        now = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self.t) * self.rate)
+        self.t = now
+        if n <= self.tokens:
+            self.tokens -= n
+            return True
+        return False
+
+
+# ----------------------------------------------------------------------------- agreement
+
+
+def env_labels(sample: Sample) -> list[str]:
+    """Verifiable step labels: GOOD when the environment's step signal is positive."""
+    return ["GOOD" if s > 0 else "BAD" for s in sample.step_signals]
+
+
+@dataclass
+class Agreement:
+    """Judge vs environment step labels, accumulated (confusion counts)."""
+
+    gg: int = 0  # judge GOOD, env GOOD
+    gb: int = 0  # judge GOOD, env BAD
+    bg: int = 0
+    bb: int = 0
+
+    def add(self, judge: list[str], env: list[str]) -> None:
+        for j, e in zip(judge, env):
+            key = ("g" if j == "GOOD" else "b") + ("g" if e == "GOOD" else "b")
+            setattr(self, key, getattr(self, key) + 1)
+
+    @property
+    def n(self) -> int:
+        return self.gg + self.gb + self.bg + self.bb
+
+    def accuracy(self) -> float | None:
+        return (self.gg + self.bb) / self.n if self.n else None
+
+    def kappa(self) -> float | None:
+        """Cohen's kappa (agreement beyond chance)."""
+        if not self.n:
+            return None
+        po = (self.gg + self.bb) / self.n
+        pj, pe = (self.gg + self.gb) / self.n, (self.gg + self.bg) / self.n
+        pc = pj * pe + (1 - pj) * (1 - pe)
+        return 0.0 if pc >= 1 else (po - pc) / (1 - pc)
+
+    def as_dict(self) -> dict:
+        acc, k = self.accuracy(), self.kappa()
+        return {
+            "steps": self.n,
+            "accuracy": None if acc is None else round(acc, 4),
+            "kappa": None if k is None else round(k, 4),
+            "confusion": {
+                "judge_good_env_good": self.gg,
+                "judge_good_env_bad": self.gb,
+                "judge_bad_env_good": self.bg,
+                "judge_bad_env_bad": self.bb,
+            },
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict())

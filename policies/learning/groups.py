@@ -1,0 +1,120 @@
+"""Which judged groups a learner step can use, with which behaviour policy per sample and what weight.
+
+- `informative`: does the group give any sample a non-zero advantage?
+- `at_floor`: a reference (off-policy) sample stays only where the policy's own samples teach nothing;
+- `behaviour_of`: the version that generated each sample (`REFERENCE` for a reference);
+- `live_kind`: which pool of rated live steps a judgement joins (tool calls and text answers apart);
+- `live_group`: a full pool, made one group;
+- `floor_scales`: how much a failure's negative advantage counts in a group only a reference solved;
+- `fair_step`: the groups of one step, where one user's burst of live traffic cannot crowd out other users'.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from actors.events import Judgement
+from policies.learning import adca
+from policies.learning.staleness import REFERENCE
+
+
+def informative(j: Judgement, alpha: float, hints: bool = False) -> bool:
+    """Does the group give any sample a non-zero advantage? (outcome spread, step credit under ADCA, or with `hints`
+    a live step that hindsight teaches)"""
+    if len(set(j.outcomes)) > 1 or (hints and any(s.hint for s in j.samples)):
+        return True
+    return alpha > 0 and any(abs(a) > 1e-9 for adv in adca.step_advantages(j.step_labels, j.outcomes, alpha) for a in adv)
+
+
+def live_kind(j: Judgement) -> str:
+    """What a rated live step is: a tool call ("call") or a text answer ("text"). Rated interactions are pooled
+    into groups of one kind: the z-score of a group is a baseline, and answers that users mostly rate down (a
+    small model's final answers) measured against calls they rate up would teach "answer less" instead of
+    "answer right"; within a kind, a group teaches only where a right and a wrong step of that kind differ."""
+    s = j.samples[0]
+    steps = [s.messages[i] for i in s.step_indices if i < len(s.messages)] or s.messages[-1:]
+    return "call" if steps and steps[-1].tool_calls else "text"
+
+
+def live_group(pooled: list[Judgement], group_id: str) -> Judgement:
+    """Rated live interactions of one kind (`live_kind`), pooled into one group the learner trains."""
+    return Judgement(
+        group_id=group_id,
+        source="live",
+        task_id="live",
+        samples=[s for x in pooled for s in x.samples],
+        outcomes=[o for x in pooled for o in x.outcomes],
+        step_labels=[lab for x in pooled for lab in x.step_labels],
+        behaviour_versions=[v for x in pooled for v in behaviour_of(x)],
+        user_hashes=[u for x in pooled for u in (x.user_hashes or [""] * len(x.samples))],
+        source_event_ids=[x.event_id for x in pooled],
+        origin="live",
+    )
+
+
+def at_floor(j: Judgement, alpha: float) -> Judgement:
+    """A reference sample stays in a group only where the policy's own samples teach nothing (no spread in
+    their scores, no step credit): mixed into a group that has its own signal, the reference's outlier score
+    would squash the differences between the policy's samples into one shared negative advantage."""
+    own = [i for i, s in enumerate(j.samples) if not s.off_policy]
+    if len(own) == len(j.samples):
+        return j
+    pick = lambda xs: [xs[i] for i in own] if xs else xs  # noqa: E731
+    mine = j.model_copy(
+        update={
+            "samples": pick(j.samples),
+            "outcomes": pick(j.outcomes),
+            "step_labels": pick(j.step_labels),
+            "behaviour_versions": pick(j.behaviour_versions),
+        }
+    )
+    return mine if informative(mine, alpha) else j
+
+
+def behaviour_of(j: Judgement) -> list[str]:
+    versions = list(j.behaviour_versions) if j.behaviour_versions else [j.weights_version] * len(j.samples)
+    return [REFERENCE if s.off_policy else v for s, v in zip(j.samples, versions)]
+
+
+def floor_scales(groups: list[Judgement], adv, negative_scale: float) -> list[float]:
+    """Per sample: `negative_scale` for the policy's own samples with a negative advantage in a group that none
+    of them solved but a reference joined (learning from the floor), else 1. There the failures share the
+    task's format tokens with the reference: their summed negative advantage (equal to the reference's
+    positive one) at full weight, against the reference's shaped (<= 0.25x) weight, would push down the very
+    tokens the reference shows, and the policy drifts away from the solution instead of towards it."""
+    out, row = [], 0
+    for g in groups:
+        floor = any(s.off_policy for s in g.samples) and all(s.outcome < 1.0 for s in g.samples if not s.off_policy)
+        for s in g.samples:
+            negative = float(adv[row].sum()) < 0
+            out.append(negative_scale if floor and not s.off_policy and negative else 1.0)
+            row += 1
+    return out
+
+
+def _user(g: Judgement) -> str | None:
+    """The user most of a live group's samples came from (None for rollouts)."""
+    return Counter(g.user_hashes).most_common(1)[0][0] if g.source == "live" and g.user_hashes else None
+
+
+def fair_step(ready: list[Judgement], n: int, per_user: int) -> list[Judgement]:
+    """The `n` groups of a step, the newest first, with at most `per_user` live groups of one user while live groups
+    of other users wait in `ready`: one user's burst of conversations cannot fill a step while others wait, and a user
+    alone (or rollouts alone) trains as before. Returned in the order they arrived."""
+    users = {_user(g) for g in ready} - {None}
+    chosen, count = [], Counter()
+    for g in reversed(ready):
+        u = _user(g)
+        others = len(users - {u}) > 0
+        if u is not None and others and count[u] >= per_user:
+            continue
+        chosen.append(g)
+        count[u] += 1
+        if len(chosen) == n:
+            break
+    for g in reversed(ready):  # not enough under the cap: the newest of what was passed over
+        if len(chosen) == n:
+            break
+        if all(g is not c for c in chosen):
+            chosen.append(g)
+    return [g for g in ready if any(g is c for c in chosen)]

