@@ -4,6 +4,7 @@ A swap is a dict: `how` (the transport), `version`, `put` and `swapped` (this sc
 replica's `evo.weights_swapped` arrived; `swapped` None when it never did) and `swap_ms` (the replica's own time
 from seeing the pointer to serving the version). A request is (start, end, ok) on the same clock.
 """
+
 import re
 import statistics
 
@@ -11,13 +12,17 @@ from _common import pct
 
 
 def spread(xs: list[float]) -> dict | None:
-    return {"n": len(xs), "p50": statistics.median(xs), "p95": pct(xs, .95), "max": max(xs)} if xs else None
+    return {"n": len(xs), "p50": statistics.median(xs), "p95": pct(xs, 0.95), "max": max(xs)} if xs else None
 
 
 def latencies(requests: list[tuple]) -> dict:
     lat = [(e - b) * 1000 for b, e, ok in requests if ok]
-    return {"requests": len(requests), "failed": sum(not ok for *_, ok in requests),
-            "p50_ms": statistics.median(lat) if lat else None, "p95_ms": pct(lat, .95) if lat else None}
+    return {
+        "requests": len(requests),
+        "failed": sum(not ok for *_, ok in requests),
+        "p50_ms": statistics.median(lat) if lat else None,
+        "p95_ms": pct(lat, 0.95) if lat else None,
+    }
 
 
 def overlapping(requests: list[tuple], windows: list[tuple[float, float]]) -> list[tuple]:
@@ -55,10 +60,12 @@ def per_transport(swaps: list[dict], requests: list[tuple]) -> dict:
         done = [sw for sw in mine if sw["swapped"] is not None]
         fetched = [sw for sw in done if "fetch_ms" in sw]
         out[how] = {
-            "swaps": len(mine), "missed": len(mine) - len(done),
+            "swaps": len(mine),
+            "missed": len(mine) - len(done),
             "swap_ms": spread([sw["swap_ms"] for sw in done]),
             "pointer_to_swapped_ms": spread([(sw["swapped"] - sw["put"]) * 1000 for sw in done]),
-            "fetched": len(fetched), "fetch_ms": spread([sw["fetch_ms"] for sw in fetched]),
+            "fetched": len(fetched),
+            "fetch_ms": spread([sw["fetch_ms"] for sw in fetched]),
             "swap_less_fetch_ms": spread([sw["swap_ms"] - sw["fetch_ms"] for sw in fetched]),
             "requests_in_flight": latencies(overlapping(requests, [(sw["put"], sw["swapped"]) for sw in done])),
         }
@@ -67,14 +74,18 @@ def per_transport(swaps: list[dict], requests: list[tuple]) -> dict:
 
 def table(per: dict) -> list[str]:
     """The printout's lines, one per transport."""
+
     def ms(d, key="p50"):
         return f"{d[key]:6.0f}" if d else "     -"
+
     lines = []
     for how, r in per.items():
         q = r["requests_in_flight"]
-        lines.append(f"{how:7} swaps={r['swaps']:2d} missed={r['missed']} swap p50={ms(r['swap_ms'])} "
-                     f"p95={ms(r['swap_ms'], 'p95')} ms; pointer->swapped p50={ms(r['pointer_to_swapped_ms'])} "
-                     f"p95={ms(r['pointer_to_swapped_ms'], 'p95')} ms; fetch ({r['fetched']}) p50={ms(r['fetch_ms'])} "
-                     f"p95={ms(r['fetch_ms'], 'p95')} ms, rest p50={ms(r['swap_less_fetch_ms'])} ms; requests in "
-                     f"flight {q['requests']} failed {q['failed']} p50={ms(q, 'p50_ms')} p95={ms(q, 'p95_ms')} ms")
+        lines.append(
+            f"{how:7} swaps={r['swaps']:2d} missed={r['missed']} swap p50={ms(r['swap_ms'])} "
+            f"p95={ms(r['swap_ms'], 'p95')} ms; pointer->swapped p50={ms(r['pointer_to_swapped_ms'])} "
+            f"p95={ms(r['pointer_to_swapped_ms'], 'p95')} ms; fetch ({r['fetched']}) p50={ms(r['fetch_ms'])} "
+            f"p95={ms(r['fetch_ms'], 'p95')} ms, rest p50={ms(r['swap_less_fetch_ms'])} ms; requests in "
+            f"flight {q['requests']} failed {q['failed']} p50={ms(q, 'p50_ms')} p95={ms(q, 'p95_ms')} ms"
+        )
     return lines
