@@ -12,6 +12,7 @@ feedback finds them there or on the stream (`serve/feedback.py`). Its weights fo
 pointer (`serve/weights.py`); every interaction records the version that answered it. The OpenAI
 wire format is `serve/wire.py`, the network edge (auth, body checks, loopback) `serve/net.py`.
 """
+
 import asyncio
 import functools
 import os
@@ -21,7 +22,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from ray import serve
 
 from actors import events
@@ -36,10 +37,11 @@ from serve.interactions import Turn
 from serve.metrics import CONTENT_TYPE, Metrics
 from serve.net import authorized, loopback_replica_grpc, read_body, unauthorized
 from serve.outbox import Outbox
-from serve.page import Page, router as page_router
+from serve.page import Page
+from serve.page import router as page_router
 from serve.streaming import stream_chat
 from serve.weights import ReplicaWeights
-from serve.wire import BadRequest, answer_errors, completion, error, parse_chat
+from serve.wire import BadRequest, answer_errors, completion, error, model_card, no_such_model, parse_chat
 
 app = FastAPI(title="Kaizen", docs_url=None, redoc_url=None, openapi_url=None)
 app.include_router(page_router)  # the page's shell: public, it holds no data
@@ -55,8 +57,12 @@ class KaizenServer:
         if self.s.telemetry.strict_events:
             events.strict()
         (self.s.state / "logs").mkdir(parents=True, exist_ok=True)
-        telemetry.setup("serve", self.s.telemetry.log_level, self.s.telemetry.otlp_endpoint,
-                        stream=open(self.s.state / "logs" / "serve.log", "a", buffering=1))
+        telemetry.setup(
+            "serve",
+            self.s.telemetry.log_level,
+            self.s.telemetry.otlp_endpoint,
+            stream=open(self.s.state / "logs" / "serve.log", "a", buffering=1),
+        )
         self.key = api_key
         try:
             self.replica = serve.get_replica_context().replica_tag
@@ -73,8 +79,9 @@ class KaizenServer:
         self._bus_lock = asyncio.Lock()
         self.served = 0
         self.metrics = Metrics(self.outbox.size)
-        self.weights = ReplicaWeights(LivePolicy(self.s, "serve", log=self.log), self.replica, self.s.nats.subject_prefix,
-                                      self._report, self.log)  # the live version (and canary) before traffic
+        self.weights = ReplicaWeights(
+            LivePolicy(self.s, "serve", log=self.log), self.replica, self.s.nats.subject_prefix, self._report, self.log
+        )  # the live version (and canary) before traffic
 
     # ------------------------------------------------------------------ plumbing
 
@@ -124,9 +131,12 @@ class KaizenServer:
             return RetrieveReply()
         try:
             bus = await self._ensure_bus()
-            return await bus.request("retrieve", RetrieveRequest(query=query[:2000], k=self.s.serve.experiences_k,
-                                                                 origin="serve"),
-                                     RetrieveReply, timeout=self.s.serve.retrieve_timeout_s)
+            return await bus.request(
+                "retrieve",
+                RetrieveRequest(query=query[:2000], k=self.s.serve.experiences_k, origin="serve"),
+                RetrieveReply,
+                timeout=self.s.serve.retrieve_timeout_s,
+            )
         except Exception:
             return RetrieveReply()
 
@@ -145,23 +155,21 @@ class KaizenServer:
         except Exception:
             pass
         bus = "connected" if self.bus is not None and self.bus.connected else "down"
-        return {"status": "ready" if bus == "connected" else "degraded", "bus": bus,
-                "outbox": await asyncio.to_thread(self.outbox.size),
-                "weights_version": self.engine.version, "replica": self.replica,
-                "canary": self.weights.engines.canary.version if self.weights.engines.canary else None,
-                "canary_share": self.weights.engines.share}
+        return {
+            "status": "ready" if bus == "connected" else "degraded",
+            "bus": bus,
+            "outbox": await asyncio.to_thread(self.outbox.size),
+            "weights_version": self.engine.version,
+            "replica": self.replica,
+            "canary": self.weights.canary_version,
+            "canary_share": self.weights.engines.share,
+        }
 
     def _model_names(self) -> list[str]:
         return [self.s.model.name, *self.s.serve.model_aliases]
 
-    def _no_such_model(self, name: str) -> JSONResponse:
-        return error(404, f"The model {name!r} does not exist; this deployment serves {self.s.model.name!r} (aliases: "
-                          "serve.model_aliases)", param="model", code="model_not_found")
-
     def _model(self, name: str) -> dict:
-        return {"id": name, "object": "model", "owned_by": "kaizen", "created": 0,
-                "weights_version": self.engine.version, "replica": self.replica,
-                "canary_version": self.weights.engines.canary.version if self.weights.engines.canary else None}
+        return model_card(name, self.engine.version, self.replica, self.weights.canary_version)
 
     @app.get("/v1/models")
     async def models(self, request: Request):
@@ -173,7 +181,7 @@ class KaizenServer:
     async def model(self, model_id: str, request: Request):
         if not authorized(request, self.key):
             return unauthorized()
-        return self._model(model_id) if model_id in self._model_names() else self._no_such_model(model_id)
+        return self._model(model_id) if model_id in self._model_names() else no_such_model(model_id, self.s.model.name)
 
     @app.get("/metrics")
     async def prometheus(self, request: Request):
@@ -206,7 +214,7 @@ class KaizenServer:
         except BadRequest as exc:
             return exc.response()
         if req.model and req.model not in self._model_names():
-            return self._no_such_model(req.model)
+            return no_such_model(req.model, self.s.model.name)
         query = next((m.content for m in reversed(messages) if m.role == "user"), "")
         iid = f"chatcmpl-{uuid.uuid4().hex}"
         engine = self.weights.engines.pick(iid)  # this request is answered by one engine from start to end
@@ -215,21 +223,37 @@ class KaizenServer:
             exps = [e.text for e in mem.experiences]
             prompt = render(messages, tools, exps)
             if forced == CALL_PREFIX:  # required: one of the declared names
-                name = await asyncio.to_thread(engine.choose, prompt + CALL_PREFIX,
-                                               [t.function.name + '"' for t in tools], req.temperature)
+                name = await asyncio.to_thread(
+                    engine.choose, prompt + CALL_PREFIX, [t.function.name + '"' for t in tools], req.temperature
+                )
                 forced = call_opening(next(t for t in tools if t.function.name + '"' == name))
             prompt += forced
             n_prompt = await asyncio.to_thread(engine.count_tokens, prompt)
             if n_prompt > self.s.serve.max_prompt_tokens:
-                return error(400, f"prompt is {n_prompt} tokens; this model's context takes at most "
-                                  f"{self.s.serve.max_prompt_tokens}", param="messages", code="context_length_exceeded")
+                return error(
+                    400,
+                    f"prompt is {n_prompt} tokens; this model's context takes at most {self.s.serve.max_prompt_tokens}",
+                    param="messages",
+                    code="context_length_exceeded",
+                )
             max_new = req.max_completion_tokens or req.max_tokens or self.s.serve.max_new_tokens
             span.set_attribute("kaizen.interaction_id", iid)
             trace_id = telemetry.current_trace_id()
             trace_headers = telemetry.inject_headers({})
-            turn = Turn(req=req, messages=messages, tools=tools, memory=mem, prompt=prompt, forced=forced,
-                        max_new=max_new, iid=iid, trace_id=trace_id, trace_headers=trace_headers, engine=engine,
-                        n_prompt=n_prompt)
+            turn = Turn(
+                req=req,
+                messages=messages,
+                tools=tools,
+                memory=mem,
+                prompt=prompt,
+                forced=forced,
+                max_new=max_new,
+                iid=iid,
+                trace_id=trace_id,
+                trace_headers=trace_headers,
+                engine=engine,
+                n_prompt=n_prompt,
+            )
             if req.stream:
                 return StreamingResponse(stream_chat(self, turn), media_type="text/event-stream")
             gen = (await self._in_pool(engine.generate, [prompt], max_new, req.temperature, req.top_p))[0]
@@ -251,9 +275,12 @@ class KaizenServer:
 def build_app(settings: Settings, api_key: str):
     s = settings.serve
     spread = {"max_replicas_per_node": s.max_replicas_per_node} if s.max_replicas_per_node else {}
-    return KaizenServer.options(num_replicas=s.replicas, max_ongoing_requests=s.max_ongoing_requests,
-                                ray_actor_options={"num_cpus": s.replica_cpus, "num_gpus": s.replica_gpus}, **spread).bind(
-        settings.model_dump_json(), api_key)
+    return KaizenServer.options(
+        num_replicas=s.replicas,
+        max_ongoing_requests=s.max_ongoing_requests,
+        ray_actor_options={"num_cpus": s.replica_cpus, "num_gpus": s.replica_gpus},
+        **spread,
+    ).bind(settings.model_dump_json(), api_key)
 
 
 def app_builder(args: dict):

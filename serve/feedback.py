@@ -15,6 +15,7 @@ The Feedback event names the interaction and carries no copy of it: its readers 
 Identical feedback has an identical event id: the outbox keeps it once, JetStream drops a repeated publish
 (`Nats-Msg-Id`), and handlers skip ids they applied.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,9 @@ class Unreachable(Exception):
     """The bus could not say whether an interaction exists."""
 
 
-async def find_interaction(outbox: Outbox, ensure_bus, interaction_id: str,
-                           timeout_s: float = LOOKUP_TIMEOUT_S) -> Interaction | None:
+async def find_interaction(
+    outbox: Outbox, ensure_bus, interaction_id: str, timeout_s: float = LOOKUP_TIMEOUT_S
+) -> Interaction | None:
     """The interaction pending in `outbox`, else stored on the stream; None when neither has it. `ensure_bus`
     returns the connected `Bus`. Raises Unreachable when the bus cannot answer within `timeout_s`."""
     pending = await asyncio.to_thread(outbox.get, interaction_event_id(interaction_id))
@@ -55,8 +57,9 @@ async def find_interaction(outbox: Outbox, ensure_bus, interaction_id: str,
 
 
 def unavailable(message: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message[:400], "type": "unavailable", "code": 503}},
-                        status_code=503, headers={"Retry-After": "5"})
+    return JSONResponse(
+        {"error": {"message": message[:400], "type": "unavailable", "code": 503}}, status_code=503, headers={"Retry-After": "5"}
+    )
 
 
 async def take_feedback(body, outbox: Outbox, ensure_bus, tracer, log) -> JSONResponse:
@@ -69,14 +72,19 @@ async def take_feedback(body, outbox: Outbox, ensure_bus, tracer, log) -> JSONRe
         it = await find_interaction(outbox, ensure_bus, fb.interaction_id)
     except Unreachable as exc:
         log.warning("feedback.bus_unreachable", interaction_id=fb.interaction_id, error=str(exc))
-        return unavailable(f"interaction {fb.interaction_id!r} is not pending on this replica and the event bus is "
-                           f"unreachable, so it cannot be looked up now; retry later ({exc})")
+        return unavailable(
+            f"interaction {fb.interaction_id!r} is not pending on this replica and the event bus is "
+            f"unreachable, so it cannot be looked up now; retry later ({exc})"
+        )
     if it is None:
-        return error(404, f"unknown interaction_id {fb.interaction_id!r}: this deployment served no interaction with "
-                          "this id (or the stream no longer keeps it)", "not_found_error")
+        return error(
+            404,
+            f"unknown interaction_id {fb.interaction_id!r}: this deployment served no interaction with "
+            "this id (or the stream no longer keeps it)",
+            "not_found_error",
+        )
     event_id = derived_id("feedback", f"{fb.interaction_id}|{fb.score}|{fb.comment}")
-    ev = Feedback(event_id=event_id, interaction_id=fb.interaction_id, score=fb.score, comment=fb.comment,
-                  trace_id=it.trace_id)
+    ev = Feedback(event_id=event_id, interaction_id=fb.interaction_id, score=fb.score, comment=fb.comment, trace_id=it.trace_id)
     ev.weights_version = it.weights_version
     # the feedback joins the trace of the request it rates
     with tracer.start_as_current_span("serve.feedback", context=telemetry.context_from_headers(it.trace_context)):

@@ -3,6 +3,7 @@
 Serve keeps no store of its own for interactions: the event goes to the outbox (`serve/outbox.py`) and from there
 to the stream, where feedback finds it by id (`serve/feedback.py`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -56,14 +57,28 @@ class Turn:
 
     def interaction(self, answer: ChatMessage, version: str, straddled: bool, replica: str, key: str) -> Interaction:
         user = (self.req.user or "") + "|" + hashlib.sha256(key.encode()).hexdigest()[:8]
-        ev = Interaction(event_id=interaction_event_id(self.iid), interaction_id=self.iid,
-                         user_hash=hashlib.sha256(user.encode()).hexdigest()[:16], messages=self.messages,
-                         tools=self.tools, response=answer,
-                         experience_ids=[e.experience_id for e in self.memory.experiences],
-                         latency_ms=(time.perf_counter() - self.t0) * 1000, replica=replica, trace_id=self.trace_id,
-                         trace_context=self.trace_headers, mixed_weights=straddled,
-                         conversation=next((str(v)[:128] for k, v in (self.req.metadata or {}).items()
-                                            if k in ("conversation_id", "thread_id", "session_id")), ""))
+        ev = Interaction(
+            event_id=interaction_event_id(self.iid),
+            interaction_id=self.iid,
+            user_hash=hashlib.sha256(user.encode()).hexdigest()[:16],
+            messages=self.messages,
+            tools=self.tools,
+            response=answer,
+            experience_ids=[e.experience_id for e in self.memory.experiences],
+            latency_ms=(time.perf_counter() - self.t0) * 1000,
+            replica=replica,
+            trace_id=self.trace_id,
+            trace_context=self.trace_headers,
+            mixed_weights=straddled,
+            conversation=next(
+                (
+                    str(v)[:128]
+                    for k, v in (self.req.metadata or {}).items()
+                    if k in ("conversation_id", "thread_id", "session_id")
+                ),
+                "",
+            ),
+        )
         ev.weights_version, ev.producer = version, f"serve:{replica}"
         return ev
 

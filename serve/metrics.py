@@ -7,6 +7,7 @@ its first serving, canary or live; the learner's `learned_from_ts`), gate and li
 reason, the held-out score of each version the guard scored (and the base's), and the learner's informative-group
 share. Each replica keeps its own registry; a restart resets its counters, which Prometheus' rate() handles.
 """
+
 from __future__ import annotations
 
 import re
@@ -37,29 +38,55 @@ def reason_kind(reason: str) -> str:
 class Metrics:
     def __init__(self, outbox_depth=None):
         r = self.registry = CollectorRegistry()
-        self.request_s = Histogram("kaizen_request_seconds", "Chat request latency, request to recorded answer",
-                                   ["stream"], registry=r, buckets=(0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300))
+        self.request_s = Histogram(
+            "kaizen_request_seconds",
+            "Chat request latency, request to recorded answer",
+            ["stream"],
+            registry=r,
+            buckets=(0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300),
+        )
         self.tokens = Counter("kaizen_generated_tokens", "Completion tokens generated for users", registry=r)
-        self.tokens_per_s = Histogram("kaizen_tokens_per_second", "Completion tokens per second of each answer",
-                                      registry=r, buckets=(1, 2, 5, 10, 20, 40, 80, 160, 320))
-        self.swap_s = Histogram("kaizen_swap_seconds", "A weights swap inside this replica", registry=r,
-                                buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
+        self.tokens_per_s = Histogram(
+            "kaizen_tokens_per_second",
+            "Completion tokens per second of each answer",
+            registry=r,
+            buckets=(1, 2, 5, 10, 20, 40, 80, 160, 320),
+        )
+        self.swap_s = Histogram(
+            "kaizen_swap_seconds",
+            "A weights swap inside this replica",
+            registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+        )
         self.outbox = Gauge("kaizen_outbox_depth", "Interactions, feedback and reports waiting for the bus", registry=r)
         if outbox_depth is not None:
             self.outbox.set_function(outbox_depth)
-        self.served_after = Histogram("kaizen_interaction_to_served_seconds", "From the oldest judged group a "
-                                      "version learned from to its first serving (canary or live)", registry=r,
-                                      buckets=(30, 60, 90, 120, 180, 240, 300, 450, 600, 900, 1800))
-        self.decisions = Counter("kaizen_weights_decisions", "Weights lifecycle moves (gate, canary, guard, "
-                                 "rollback) by status and reason", ["status", "reason"], registry=r)
-        self.heldout = Gauge("kaizen_heldout_score", "Held-out success of a served version (guard suite)",
-                             ["version", "env"], registry=r)
-        self.heldout_base = Gauge("kaizen_heldout_base_score", "Held-out success of the base on the same suite",
-                                  ["env"], registry=r)
-        self.informative = Gauge("kaizen_informative_group_share", "Share of rollout groups with any advantage "
-                                 "(the learner's, at its last step)", registry=r)
-        self.live_share = Gauge("kaizen_live_training_share", "Share of the last learner step's new groups that "
-                                "came from live traffic", registry=r)
+        self.served_after = Histogram(
+            "kaizen_interaction_to_served_seconds",
+            "From the oldest judged group a version learned from to its first serving (canary or live)",
+            registry=r,
+            buckets=(30, 60, 90, 120, 180, 240, 300, 450, 600, 900, 1800),
+        )
+        self.decisions = Counter(
+            "kaizen_weights_decisions",
+            "Weights lifecycle moves (gate, canary, guard, rollback) by status and reason",
+            ["status", "reason"],
+            registry=r,
+        )
+        self.heldout = Gauge(
+            "kaizen_heldout_score", "Held-out success of a served version (guard suite)", ["version", "env"], registry=r
+        )
+        self.heldout_base = Gauge(
+            "kaizen_heldout_base_score", "Held-out success of the base on the same suite", ["env"], registry=r
+        )
+        self.informative = Gauge(
+            "kaizen_informative_group_share",
+            "Share of rollout groups with any advantage (the learner's, at its last step)",
+            registry=r,
+        )
+        self.live_share = Gauge(
+            "kaizen_live_training_share", "Share of the last learner step's new groups that came from live traffic", registry=r
+        )
         self._learned_from: OrderedDict[int, float] = OrderedDict()  # learner step -> its oldest new group's time
         self._step_of: OrderedDict[str, int] = OrderedDict()  # version -> learner step
         self._served: OrderedDict[str, None] = OrderedDict()
@@ -109,6 +136,7 @@ class Metrics:
             except Exception as exc:  # a metric is never worth a failed replica
                 if log is not None:
                     log.warning("metrics.event_skipped", error=repr(exc)[:200])
+
         for kind in KINDS:
             await nc.subscribe(subject_for(kind, prefix), cb=on_msg)
 

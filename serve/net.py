@@ -1,5 +1,6 @@
 """The replica's network edge: its inter-deployment gRPC server on loopback, the API key, and the body
 checks every /v1 route runs before anything else (size, JSON, depth, Unicode)."""
+
 from __future__ import annotations
 
 import hmac
@@ -22,6 +23,7 @@ def loopback_replica_grpc() -> None:
 
     def loopback(server, address: str):
         return bind(server, address.replace("[::]", "127.0.0.1", 1))
+
     loopback.loopback = True
     replica.add_port_to_grpc_server = loopback
 
@@ -32,8 +34,7 @@ def authorized(request: Request, key: str) -> bool:
 
 
 def unauthorized():
-    return error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error",
-                 code="invalid_api_key")
+    return error(401, "missing or invalid API key (Authorization: Bearer <key>)", "authentication_error", code="invalid_api_key")
 
 
 async def read_body(request: Request, key: str, max_bytes: int):

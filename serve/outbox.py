@@ -11,6 +11,7 @@ replica that is gone leaves nothing behind: any live one drains it.
 It is also the only store serve keeps for interactions: feedback finds one here while it is pending (`get`, by
 event id), and on the stream once it went (`serve/feedback.py`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,10 @@ class Outbox:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(path), check_same_thread=False, timeout=10)
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT UNIQUE, "
-                        "event TEXT, headers TEXT, at REAL)")
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT UNIQUE, "
+            "event TEXT, headers TEXT, at REAL)"
+        )
         self.db.commit()
         self.lock = threading.Lock()
         self.wake: asyncio.Event | None = None
@@ -40,8 +43,10 @@ class Outbox:
     def put(self, event, trace_headers: dict | None = None) -> None:
         """Durable before it returns; the same event id twice is kept once."""
         with self.lock:
-            self.db.execute("INSERT OR IGNORE INTO outbox (event_id, event, headers, at) VALUES (?, ?, ?, ?)",
-                            (event.event_id, event.model_dump_json(), json.dumps(trace_headers or {}), time.time()))
+            self.db.execute(
+                "INSERT OR IGNORE INTO outbox (event_id, event, headers, at) VALUES (?, ?, ?, ?)",
+                (event.event_id, event.model_dump_json(), json.dumps(trace_headers or {}), time.time()),
+            )
             self.db.commit()
         if self.loop is not None:  # put runs on a worker thread; the drainer waits on the event loop
             self.loop.call_soon_threadsafe(self.wake.set)

@@ -15,6 +15,7 @@
   `max_ongoing_requests` for as long as it is open, so a replica takes at most MAX_STREAMS (429 beyond: users
   first). The page reads it with fetch() (EventSource cannot send the key).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,17 +26,25 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
-from actors.events import KINDS as EVENT_KINDS, kind_of, subjects_of
+from actors.events import KINDS as EVENT_KINDS
+from actors.events import kind_of, subjects_of
 from policies.evaluation.evolution import Evolution, catch_up
 from serve.net import authorized, unauthorized
 from serve.wire import error
 
 STATIC = Path(__file__).parent / "static"
-FILES = {"page.html": "page.html", "page.js": "page.js", "page.css": "page.css",
-         "uPlot.iife.min.js": "vendor/uplot/uPlot.iife.min.js", "uPlot.min.css": "vendor/uplot/uPlot.min.css"}
+FILES = {
+    "page.html": "page.html",
+    "page.js": "page.js",
+    "page.css": "page.css",
+    "uPlot.iife.min.js": "vendor/uplot/uPlot.iife.min.js",
+    "uPlot.min.css": "vendor/uplot/uPlot.min.css",
+}
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
-       "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 QUEUE_EVENTS, QUEUE_BYTES, HEARTBEAT_S, MAX_STREAMS = 256, 1 << 20, 15.0, 4
 
 router = APIRouter()
@@ -56,9 +65,16 @@ def asset(name: str):
     if name not in FILES:
         return error(404, f"no page file {name!r}; the page is at /page", "not_found_error")
     path = STATIC / FILES[name]
-    return FileResponse(path, media_type=TYPES[path.suffix], headers={
-        "Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
-        "Cache-Control": "no-cache"})
+    return FileResponse(
+        path,
+        media_type=TYPES[path.suffix],
+        headers={
+            "Content-Security-Policy": CSP,
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer",
+            "Cache-Control": "no-cache",
+        },
+    )
 
 
 def kinds_param(raw: str | None) -> tuple[list[str] | None, JSONResponse | None]:
@@ -68,8 +84,13 @@ def kinds_param(raw: str | None) -> tuple[list[str] | None, JSONResponse | None]
     kinds = list(dict.fromkeys(k.strip() for k in raw.split(",") if k.strip()))
     unknown = [k for k in kinds if k not in EVENT_KINDS]
     if unknown or not kinds:
-        return None, error(400, f"unknown event kinds {unknown}; known: {', '.join(EVENT_KINDS)}" if unknown
-                           else "kinds is empty; leave it out for every kind", param="kinds")
+        return None, error(
+            400,
+            f"unknown event kinds {unknown}; known: {', '.join(EVENT_KINDS)}"
+            if unknown
+            else "kinds is empty; leave it out for every kind",
+            param="kinds",
+        )
     return kinds, None
 
 
@@ -157,8 +178,12 @@ class Page:
         if err:
             return err
         if self.streams >= MAX_STREAMS:
-            busy = error(429, f"this replica already streams to {MAX_STREAMS} pages; close one or retry later",
-                         "rate_limit_error", code="too_many_streams")
+            busy = error(
+                429,
+                f"this replica already streams to {MAX_STREAMS} pages; close one or retry later",
+                "rate_limit_error",
+                code="too_many_streams",
+            )
             busy.headers["Retry-After"] = "10"
             return busy
         try:
@@ -183,5 +208,9 @@ class Page:
                     await sub.unsubscribe()
                 except Exception:  # the connection is gone already: nothing left to unsubscribe from
                     pass
-        return StreamingResponse(sse(feed, start, stop), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+        return StreamingResponse(
+            sse(feed, start, stop),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )

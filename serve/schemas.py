@@ -1,4 +1,5 @@
 """OpenAI-compatible request models for the HTTP edge (tolerant of fields we do not use)."""
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -57,8 +58,9 @@ class InFunction(_Tolerant):
             raise ValueError("parameters.properties must be an object mapping names to schemas")
         for k, v in props.items():
             if not isinstance(v, dict):
-                raise ValueError(f"parameters.properties.{k} must be a schema object like "
-                                 f'{{"type": "string"}}, not {type(v).__name__}')
+                raise ValueError(
+                    f'parameters.properties.{k} must be a schema object like {{"type": "string"}}, not {type(v).__name__}'
+                )
             if "type" in v and not isinstance(v["type"], (str, list)):
                 raise ValueError(f"parameters.properties.{k}.type must be a string or a list of strings")
         req = p.get("required", [])
@@ -108,8 +110,9 @@ class ChatRequest(_Tolerant):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     user: str | None = None
-    metadata: dict[str, Any] | None = Field(None, description="OpenAI's request metadata; conversation_id, "
-                                            "thread_id or session_id keys a conversation explicitly")
+    metadata: dict[str, Any] | None = Field(
+        None, description="OpenAI's request metadata; conversation_id, thread_id or session_id keys a conversation explicitly"
+    )
     memory: bool = Field(True, description="extension: retrieve experiences into the context (extra_body)")
 
     @model_validator(mode="after")

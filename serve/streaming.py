@@ -7,6 +7,7 @@ sends an error event, then `[DONE]`. Stop sequences cut the text (`serve.wire.St
 `stream_options.include_usage` adds the usage chunk before `[DONE]`. With tools, text streams as it is generated up
 to where a call opens; calls go out whole once vetted (a call a client cannot run streams on as text).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,15 +34,25 @@ async def stream_chat(server, turn):
             loop.call_soon_threadsafe(q.put_nowait, piece)
 
     engine = turn.engine
-    task = asyncio.create_task(server._in_pool(engine.generate, [turn.prompt], turn.max_new,
-                                                 req.temperature, req.top_p, on_text))
+    task = asyncio.create_task(server._in_pool(engine.generate, [turn.prompt], turn.max_new, req.temperature, req.top_p, on_text))
     version = engine.version  # the fingerprint of the first chunk; the record uses what really answered
     created = int(time.time())
 
     def chunk(delta: dict, finish=None) -> str:
-        return "data: " + json.dumps({"id": iid, "object": "chat.completion.chunk", "created": created,
-                                      "model": name, "system_fingerprint": version,
-                                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
+        return (
+            "data: "
+            + json.dumps(
+                {
+                    "id": iid,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": name,
+                    "system_fingerprint": version,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }
+            )
+            + "\n\n"
+        )
 
     # The interaction is recorded before the last frames, and when the client hangs up mid-stream it still is,
     # once the answer is done: clients close the connection at [DONE], which cancels whatever this generator
@@ -64,8 +75,20 @@ async def stream_chat(server, turn):
         except Exception as exc:  # the answer failed mid-stream: an error event, then [DONE]; nothing to record
             recorded = True
             server.log.exception("stream.failed", interaction_id=iid)
-            yield "data: " + json.dumps({"error": {"message": f"generation failed: {type(exc).__name__}",
-                                                   "type": "server_error", "param": None, "code": None}}) + "\n\n"
+            yield (
+                "data: "
+                + json.dumps(
+                    {
+                        "error": {
+                            "message": f"generation failed: {type(exc).__name__}",
+                            "type": "server_error",
+                            "param": None,
+                            "code": None,
+                        }
+                    }
+                )
+                + "\n\n"
+            )
             yield "data: [DONE]\n\n"
             return
         answer = turn.answer(gen)
@@ -75,15 +98,28 @@ async def stream_chat(server, turn):
         if not plain:
             delta = {"content": _unsent(answer.content or "", "".join(sent)) or None}
             if answer.tool_calls:
-                delta["tool_calls"] = [{"index": i, "id": c.id, "type": "function",
-                                        "function": {"name": c.name, "arguments": c.arguments}}
-                                       for i, c in enumerate(answer.tool_calls)]
+                delta["tool_calls"] = [
+                    {"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for i, c in enumerate(answer.tool_calls)
+                ]
             yield chunk(delta)
         yield chunk({}, turn.finish(answer, gen))
         if req.include_usage:  # stream_options.include_usage: one more chunk, with no choices
-            yield "data: " + json.dumps({"id": iid, "object": "chat.completion.chunk", "created": created, "model": name,
-                                         "system_fingerprint": version, "choices": [],
-                                         "usage": usage(turn.n_prompt, gen)}) + "\n\n"
+            yield (
+                "data: "
+                + json.dumps(
+                    {
+                        "id": iid,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": name,
+                        "system_fingerprint": version,
+                        "choices": [],
+                        "usage": usage(turn.n_prompt, gen),
+                    }
+                )
+                + "\n\n"
+            )
         yield "data: [DONE]\n\n"
     finally:
         if not recorded:  # hung up mid-stream: the answer is still being generated; record it when it is done
@@ -95,7 +131,7 @@ def _unsent(content: str, sent: str) -> str:
     the answer's text, but for the whitespace the parsed answer strips)."""
     for head in (sent, sent.lstrip(), sent.strip()):
         if content.startswith(head):
-            return content[len(head):]
+            return content[len(head) :]
     return "" if sent else content
 
 

@@ -23,6 +23,7 @@ converted on this node), is accepted by the stat it had then (`pinned`).
 value of the pointer's key in the bus's key-value bucket (`LiveBoard.watch`: the broadcaster's every move, a pointer
 repaired on its start included), and reports what it serves (`evo.weights_swapped`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,14 @@ from policies.weights.model_store import file_stat, sha256_file
 
 
 class EngineSet:
-    def __init__(self, live, make_canary, file: Callable[[str, str | None], Path | None], log=None,
-                 pinned: Callable[[Path], list[int] | None] = lambda path: None):
+    def __init__(
+        self,
+        live,
+        make_canary,
+        file: Callable[[str, str | None], Path | None],
+        log=None,
+        pinned: Callable[[Path], list[int] | None] = lambda path: None,
+    ):
         """`file(version, path)` resolves a pointer's weights file (`LivePolicy.file`); `pinned(path)` is the stat
         this node found the file's sha256 matching at (`WeightsStore.pinned`)."""
         self.live, self.canary, self.spare = live, None, None
@@ -66,8 +73,7 @@ class EngineSet:
         """Match the LIVE pointer; returns what changed (blocking: run it in a worker thread)."""
         changed, self.via = [], ""
         if pointer.version != self.live.version:
-            if self.canary is not None and self.canary.version == pointer.version \
-                    and type(self.canary) is type(self.live):
+            if self.canary is not None and self.canary.version == pointer.version and type(self.canary) is type(self.live):
                 self.live, self.spare, self.canary = self.canary, self.live, None
                 changed.append("promoted")
             elif path := self._verified(pointer):
@@ -77,8 +83,7 @@ class EngineSet:
         if want is None and self.canary is not None:
             self.spare, self.canary = self.canary, None
             changed.append("canary_ended")
-        elif want is not None and (self.canary is None or self.canary.version != want.version) \
-                and (path := self._verified(want)):
+        elif want is not None and (self.canary is None or self.canary.version != want.version) and (path := self._verified(want)):
             eng = self.canary or self.spare or self._make_canary()
             self._load(eng, path, want.version, pointer)
             self.canary, self.spare = eng, None
@@ -110,8 +115,7 @@ class ReplicaWeights:
 
     def __init__(self, policy, replica: str, prefix: str, report: Callable, log):
         self.policy, self.replica, self.prefix, self._report, self.log = policy, replica, prefix, report, log
-        self.engines = EngineSet(policy.engine, lambda: policy.make_engine("canary"), policy.file, log,
-                                 policy.store.pinned)
+        self.engines = EngineSet(policy.engine, lambda: policy.make_engine("canary"), policy.file, log, policy.store.pinned)
         self.swaps: list[float] = []
         self._lock = asyncio.Lock()
         self.engines.sync(policy.pointer())  # the live version (and canary) before taking traffic
@@ -119,6 +123,10 @@ class ReplicaWeights:
     @property
     def engine(self):
         return self.engines.live
+
+    @property
+    def canary_version(self) -> str | None:
+        return self.engines.canary.version if self.engines.canary else None
 
     async def watch(self, nc) -> None:
         """Follow the pointer: bind its bucket on the bus, then sync on each value of its key (the current one
@@ -136,13 +144,25 @@ class ReplicaWeights:
                 self.swaps.append(total_ms)
                 canary = self.engines.canary
                 via = self.engines.via
-                self.log.info("swap.done", version=self.engine.version, canary=canary and canary.version,
-                              changed=changed, total_ms=round(total_ms, 1), via=via)
+                self.log.info(
+                    "swap.done",
+                    version=self.engine.version,
+                    canary=canary and canary.version,
+                    changed=changed,
+                    total_ms=round(total_ms, 1),
+                    via=via,
+                )
                 await self.report(total_ms, ",".join(changed) + (f" via {via}" if via else ""))
 
     async def report(self, swap_ms: float, reason: str) -> None:
         canary = self.engines.canary
-        ev = WeightsSwapped(replica=self.replica, version=self.engine.version, swap_ms=swap_ms,
-                            canary=canary.version if canary else None, reason=reason, producer=f"serve:{self.replica}")
+        ev = WeightsSwapped(
+            replica=self.replica,
+            version=self.engine.version,
+            swap_ms=swap_ms,
+            canary=canary.version if canary else None,
+            reason=reason,
+            producer=f"serve:{self.replica}",
+        )
         ev.weights_version = self.engine.version
         await self._report(ev)

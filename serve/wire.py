@@ -9,6 +9,7 @@ What the reference accepts and this deployment cannot do is refused by name, nev
 answer then finishes with `length`), as clients send 1024 or 4096 by default; `stop` and
 `parallel_tool_calls: false` are honoured.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,11 +32,11 @@ class BadRequest(Exception):
         return error(self.status, self.message, param=self.param, code=self.code)
 
 
-def error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-          code: str | None = None) -> JSONResponse:
+def error(
+    status: int, message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> JSONResponse:
     """The reference's error object (`code` is a string such as "model_not_found", or null)."""
-    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
-                        status_code=status)
+    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}}, status_code=status)
 
 
 def answer_errors(app) -> None:
@@ -48,6 +49,7 @@ def answer_errors(app) -> None:
 
     async def uncaught(request, exc):
         return error(500, f"internal error: {type(exc).__name__}", "server_error")
+
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(Exception, uncaught)
 
@@ -80,10 +82,14 @@ def to_chat_messages(req: ChatRequest) -> list[ChatMessage]:
     out = []
     for m in req.messages:
         role = "system" if m.role == "developer" else m.role
-        calls = [ToolCall(id=c.id or f"call_{i}", name=c.function.name,
-                          arguments=c.function.arguments if isinstance(c.function.arguments, str)
-                          else json.dumps(c.function.arguments))
-                 for i, c in enumerate(m.tool_calls or [])]
+        calls = [
+            ToolCall(
+                id=c.id or f"call_{i}",
+                name=c.function.name,
+                arguments=c.function.arguments if isinstance(c.function.arguments, str) else json.dumps(c.function.arguments),
+            )
+            for i, c in enumerate(m.tool_calls or [])
+        ]
         out.append(ChatMessage(role=role, content=m.text(), tool_calls=calls, tool_call_id=m.tool_call_id))
     return out
 
@@ -119,8 +125,9 @@ class StopStream:
         if self.stopped:
             self.held = ""
             return text
-        send, self.held = (self.held[:len(self.held) - self.keep], self.held[len(self.held) - self.keep:]) \
-            if self.keep else (self.held, "")
+        send, self.held = (
+            (self.held[: len(self.held) - self.keep], self.held[len(self.held) - self.keep :]) if self.keep else (self.held, "")
+        )
         return send
 
     def rest(self) -> str:
@@ -129,23 +136,31 @@ class StopStream:
 
 
 def usage(n_prompt: int, gen) -> dict:
-    return {"prompt_tokens": n_prompt, "completion_tokens": gen.completion_tokens,
-            "total_tokens": n_prompt + gen.completion_tokens}
+    return {
+        "prompt_tokens": n_prompt,
+        "completion_tokens": gen.completion_tokens,
+        "total_tokens": n_prompt + gen.completion_tokens,
+    }
 
 
 def completion(iid: str, model: str, version: str, answer: ChatMessage, gen, n_prompt: int, finish: str) -> dict:
     msg: dict = {"role": "assistant", "content": answer.content or (None if answer.tool_calls else "")}
     if answer.tool_calls:
-        msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                             for c in answer.tool_calls]
-    return {"id": iid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "system_fingerprint": version,
-            "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}],
-            "usage": usage(n_prompt, gen)}
+        msg["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in answer.tool_calls
+        ]
+    return {
+        "id": iid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": version,
+        "choices": [{"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}],
+        "usage": usage(n_prompt, gen),
+    }
 
 
-def parse_chat(body, max_new_tokens: int, checked: bool = False
-               ) -> tuple[ChatRequest, list[ChatMessage], list[ToolSpec], str]:
+def parse_chat(body, max_new_tokens: int, checked: bool = False) -> tuple[ChatRequest, list[ChatMessage], list[ToolSpec], str]:
     """(request, messages, offered tools, forced prefix) of a parsed JSON body, or BadRequest; `checked`: the
     caller already ran `check_json` on it (the HTTP edge does, for every route)."""
     if not checked and (problem := check_json(body)):
@@ -162,9 +177,18 @@ def parse_chat(body, max_new_tokens: int, checked: bool = False
         req.max_completion_tokens = min(req.max_completion_tokens, max_new_tokens)
     if req.max_tokens:
         req.max_tokens = min(req.max_tokens, max_new_tokens)  # clamped: the answer finishes with "length"
-    tools = [ToolSpec(function=FunctionSpec(name=t.function.name, description=t.function.description or "",
-                                            parameters=t.function.parameters))
-             for t in (req.tools or [])] if req.tool_choice != "none" else []
+    tools = (
+        [
+            ToolSpec(
+                function=FunctionSpec(
+                    name=t.function.name, description=t.function.description or "", parameters=t.function.parameters
+                )
+            )
+            for t in (req.tools or [])
+        ]
+        if req.tool_choice != "none"
+        else []
+    )
     choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
     try:
         forced = tool_choice_prefix(choice, tools)
@@ -178,10 +202,39 @@ def refuse(req: ChatRequest) -> None:
     if req.n > 1:
         raise BadRequest(400, f"n is {req.n}; this deployment returns one choice per request (n = 1)", "n")
     if req.seed is not None:
-        raise BadRequest(400, "seed is not supported: answers are generated in batches with other requests, so no "
-                              "seed can make one reproducible", "seed")
+        raise BadRequest(
+            400,
+            "seed is not supported: answers are generated in batches with other requests, so no seed can make one reproducible",
+            "seed",
+        )
     if (req.response_format or {}).get("type", "text") != "text":
-        raise BadRequest(400, f"response_format {req.response_format.get('type')!r} is not supported (no "
-                              "constrained decoding here); ask for JSON in the prompt instead", "response_format")
+        raise BadRequest(
+            400,
+            f"response_format {req.response_format.get('type')!r} is not supported (no "
+            "constrained decoding here); ask for JSON in the prompt instead",
+            "response_format",
+        )
     if req.logprobs or req.top_logprobs:
         raise BadRequest(400, "logprobs are not supported by this deployment", "logprobs")
+
+
+def model_card(name: str, weights_version: str, replica: str, canary_version: str | None) -> dict:
+    """One entry of GET /v1/models: a name this deployment answers to, and the weights behind it now."""
+    return {
+        "id": name,
+        "object": "model",
+        "owned_by": "kaizen",
+        "created": 0,
+        "weights_version": weights_version,
+        "replica": replica,
+        "canary_version": canary_version,
+    }
+
+
+def no_such_model(name: str, served: str) -> JSONResponse:
+    return error(
+        404,
+        f"The model {name!r} does not exist; this deployment serves {served!r} (aliases: serve.model_aliases)",
+        param="model",
+        code="model_not_found",
+    )

@@ -1,4 +1,5 @@
 """Serving batches: concurrent single-prompt calls of a replica's transformers engine answered together."""
+
 from __future__ import annotations
 
 import threading
@@ -37,8 +38,9 @@ class Batcher:
         self.batches = self.requests = 0
         threading.Thread(target=self._loop, name="engine-batcher", daemon=True).start()
 
-    def submit(self, prompt: str, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-               stream_cb=None) -> Generation:
+    def submit(
+        self, prompt: str, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, stream_cb=None
+    ) -> Generation:
         r = Request(prompt, max_new_tokens, float(temperature or 0.0), float(top_p), stream_cb)
         with self.cv:
             self.queue.append(r)
@@ -107,7 +109,7 @@ class RowStreamer:
             self.done[i] = len(self.ids[i]) >= self.max_new[i]
             text = self.tok.decode(self.ids[i], skip_special_tokens=True)
             if len(text) > len(self.sent[i]) and not text.endswith("\ufffd"):
-                self.cbs[i](text[len(self.sent[i]):])
+                self.cbs[i](text[len(self.sent[i]) :])
                 self.sent[i] = text
 
     def end(self):

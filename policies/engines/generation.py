@@ -1,5 +1,6 @@
 """What every engine shares: a generation's result, the engine protocol, constrained-decoding steps, and a
 tokenizer safe to share between threads. No engine imports another; they all import this."""
+
 from __future__ import annotations
 
 import threading
@@ -23,8 +24,9 @@ class Engine(Protocol):
 
     version: str
 
-    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-                 stream_cb=None) -> list[Generation]: ...
+    def generate(
+        self, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, stream_cb=None
+    ) -> list[Generation]: ...
 
     def count_tokens(self, text: str) -> int: ...
 
@@ -73,6 +75,7 @@ class LockedTokenizer:
         def locked(*a, **kw):
             with self._lock:
                 return attr(*a, **kw)
+
         return locked
 
     def __setattr__(self, name, value):
@@ -109,8 +112,9 @@ def shared_prefix_logprobs(model, torch, pairs: list[tuple[list[int], list[int]]
             cache, keep = DynamicCache(), 0
         else:
             cache.crop(keep)
-        res = model(input_ids=torch.tensor([ids[keep:]], device=device), past_key_values=cache, use_cache=True,
-                    logits_to_keep=len(c) + 1)
+        res = model(
+            input_ids=torch.tensor([ids[keep:]], device=device), past_key_values=cache, use_cache=True, logits_to_keep=len(c) + 1
+        )
         cache, cached = res.past_key_values, ids
         logits = res.logits[0, :-1].float()
         lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c, device=device).unsqueeze(-1))

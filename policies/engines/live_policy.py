@@ -16,6 +16,7 @@ the path named where this node has it, its state dir's copy, or (`weights.store:
 the bus's object store (policies/weights/objects.py). A file whose size and mtime are not the ones the pointer pins
 (the base model converted on another node) has its sha256 checked once here before a swap may use it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,8 +36,11 @@ class LivePolicy:
         the engine and the base model folder."""
         self.settings = settings
         self.store = WeightsStore(settings.state)
-        self.base = Path(base) if base is not None else ensure_base_model(
-            settings.state, settings.model.source, settings.model.path, progress=False)
+        self.base = (
+            Path(base)
+            if base is not None
+            else ensure_base_model(settings.state, settings.model.source, settings.model.path, progress=False)
+        )
         self.engine = engine if engine is not None else self.make_engine(role) if role else None
         if role == "gate" and settings.serve.weights_transport == "shared" and hasattr(self.engine, "share"):
             # the gate engine holds each candidate it scored: replicas copy it from there
@@ -69,10 +73,12 @@ class LivePolicy:
     async def watch(self, then=None) -> None:
         """Follow the key until cancelled: each value is what `pointer()` answers from then on (and this node's copy,
         unless the copy is newer by the writer's clock), then `then(pointer)` runs."""
+
         async def saw(ptr: LivePointer) -> None:
             self.seen = ptr
             if then is not None:
                 await then(ptr)
+
         await self.board.watch(saw)
 
     def make_engine(self, role: str):
@@ -213,8 +219,13 @@ class LivePolicy:
 
     def _make(self, live: WeightsRef, canary: WeightsRef | None, share: float) -> LivePointer:
         c = CanaryRef(version=canary.version, path=canary.path, sha256=canary.sha256, share=share) if canary else None
-        return self.store.make_live(live.version, live.path or None, live.sha256 or None, canary=c,
-                                    shared=self.shared_ref({live.version, canary.version if canary else live.version}))
+        return self.store.make_live(
+            live.version,
+            live.path or None,
+            live.sha256 or None,
+            canary=c,
+            shared=self.shared_ref({live.version, canary.version if canary else live.version}),
+        )
 
     def shared_ref(self, versions: set[str]) -> dict | None:
         """A `SharedRef` of this engine's weights, when they are shared and hold one of `versions` (the gate

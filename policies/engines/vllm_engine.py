@@ -17,6 +17,7 @@ so clients see a slower stream, never an error. `engine` may be injected (tests 
 with the same coroutine methods, and a plain `sampling_params` class); otherwise vllm is imported
 here, and only here.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,9 +30,20 @@ from policies.engines.generation import Generation, LockedTokenizer, trie_step
 
 
 class VllmEngine:
-    def __init__(self, model_dir: str | Path, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.3,
-                 max_model_len: int = 8192, enforce_eager: bool = False, load_format: str = "auto",
-                 version: str = "w-000000", engine=None, tokenizer=None, sampling_params=None):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: str = "bfloat16",
+        gpu_memory_utilization: float = 0.3,
+        max_model_len: int = 8192,
+        enforce_eager: bool = False,
+        load_format: str = "auto",
+        version: str = "w-000000",
+        engine=None,
+        tokenizer=None,
+        sampling_params=None,
+    ):
         from transformers import AutoTokenizer
 
         self.version = version
@@ -48,8 +60,9 @@ class VllmEngine:
         self.last_load = ""
         self._sampling = sampling_params
         if engine is None:
-            engine = self._run(self._make(str(model_dir), dtype, gpu_memory_utilization, max_model_len, enforce_eager,
-                                          load_format))
+            engine = self._run(
+                self._make(str(model_dir), dtype, gpu_memory_utilization, max_model_len, enforce_eager, load_format)
+            )
         self.llm = engine
 
     @staticmethod
@@ -57,9 +70,16 @@ class VllmEngine:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(model=model_dir, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                               max_model_len=max_model_len, enforce_eager=enforce_eager, load_format=load_format,
-                               enable_prefix_caching=True, worker_extension_cls="policies.engines.vllm_worker.WeightLoader")
+        args = AsyncEngineArgs(
+            model=model_dir,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            load_format=load_format,
+            enable_prefix_caching=True,
+            worker_extension_cls="policies.engines.vllm_worker.WeightLoader",
+        )
         return AsyncLLM.from_engine_args(args)
 
     def _run(self, coro, timeout: float | None = None):
@@ -85,20 +105,31 @@ class VllmEngine:
             if stream_cb is not None:
                 text = out.outputs[0].text
                 if len(text) > len(sent) and not text.endswith("\ufffd"):
-                    stream_cb(text[len(sent):])
+                    stream_cb(text[len(sent) :])
                     sent = text
         c = final.outputs[0]
         self.generated_tokens += len(c.token_ids)
-        return Generation(c.text, len(final.prompt_token_ids or []), len(c.token_ids),
-                          "length" if c.finish_reason == "length" else "stop", version, straddled=self.swaps != swaps)
+        return Generation(
+            c.text,
+            len(final.prompt_token_ids or []),
+            len(c.token_ids),
+            "length" if c.finish_reason == "length" else "stop",
+            version,
+            straddled=self.swaps != swaps,
+        )
 
     def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None) -> list[Generation]:
-        params = self._params(max_tokens=max_new_tokens, temperature=temperature or 0.0,
-                              top_p=top_p if temperature else 1.0, stop_token_ids=self.stop_ids,
-                              skip_special_tokens=True)
+        params = self._params(
+            max_tokens=max_new_tokens,
+            temperature=temperature or 0.0,
+            top_p=top_p if temperature else 1.0,
+            stop_token_ids=self.stop_ids,
+            skip_special_tokens=True,
+        )
 
         async def all_():
             return await asyncio.gather(*(self._one(p, params, stream_cb) for p in prompts))
+
         return self._run(all_())
 
     def count_tokens(self, text: str) -> int:
@@ -106,8 +137,9 @@ class VllmEngine:
 
     async def _prompt_logprobs(self, ids: list[int]) -> list:
         out = None
-        async for o in self.llm.generate(self._prompt(ids), self._params(max_tokens=1, prompt_logprobs=0),
-                                         f"kz-lp-{uuid.uuid4().hex}"):
+        async for o in self.llm.generate(
+            self._prompt(ids), self._params(max_tokens=1, prompt_logprobs=0), f"kz-lp-{uuid.uuid4().hex}"
+        ):
             out = o
         return out.prompt_logprobs
 
@@ -120,6 +152,7 @@ class VllmEngine:
 
         async def all_():
             return await asyncio.gather(*(one(p, c) for p, c in pairs))
+
         return self._run(all_())
 
     def choice_logprobs(self, prompts: list[str], choices: list[str]) -> list[list[float]]:
@@ -134,6 +167,7 @@ class VllmEngine:
 
         async def all_():
             return await asyncio.gather(*(one(p) for p in prompts))
+
         return self._run(all_())
 
     def choose(self, prompt: str, options: list[str], temperature: float = 0.0) -> str:
@@ -155,6 +189,7 @@ class VllmEngine:
                 async for o in self.llm.generate(self._prompt(base + chosen), params, f"kz-ch-{uuid.uuid4().hex}"):
                     out = o
                 chosen.append(out.outputs[0].token_ids[0])
+
         return self._run(walk())
 
     # ------------------------------------------------------------------ weights
@@ -169,8 +204,10 @@ class VllmEngine:
             if how != "shared":  # a partial shared copy is overwritten whole, still paused
                 await self.llm.collective_rpc("kaizen_load_weights", args=(path,))
             if not await self.llm.reset_prefix_cache(reset_running_requests=True):
-                raise RuntimeError("vLLM did not reset its prefix cache after a weight update; refusing to serve "
-                                   "prefixes computed with the old weights")
+                raise RuntimeError(
+                    "vLLM did not reset its prefix cache after a weight update; refusing to serve "
+                    "prefixes computed with the old weights"
+                )
             self.version = version  # requests that start from here on are the new version's alone
             self.swaps += 1  # running ones continue under the new weights: they are marked straddled
             self.last_load = how
@@ -196,8 +233,14 @@ class VllmEngine:
         self._paused = False
 
     def health(self) -> dict:
-        return {"engine": "vllm", "version": self.version, "generated_tokens": self.generated_tokens,
-                "paused": self._paused, "swaps": len(self.swap_ms), "last_load": self.last_load}
+        return {
+            "engine": "vllm",
+            "version": self.version,
+            "generated_tokens": self.generated_tokens,
+            "paused": self._paused,
+            "swaps": len(self.swap_ms),
+            "last_load": self.last_load,
+        }
 
     def shutdown(self) -> None:
         shut = getattr(self.llm, "shutdown", None)

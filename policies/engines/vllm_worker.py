@@ -8,6 +8,7 @@ fuses qkv and gate/up itself), so CUDA-graph addresses stay valid. No pickled ca
 RPC (its arguments are strings and numbers). Importing this module never imports vllm, so it is testable on
 CPU with a stand-in worker.
 """
+
 from __future__ import annotations
 
 
@@ -27,12 +28,15 @@ class WeightLoader:
             for name, t in pairs:
                 names.append(name)
                 yield name, t
+
         loaded = model.load_weights(weights=counted())
         if isinstance(loaded, (set, frozenset, list)):  # vLLM reports the (fused) parameters it wrote
             missed = sorted({n for n, _ in model.named_parameters()} - set(loaded))
             if missed:
-                raise RuntimeError(f"{what} left {len(missed)} served parameters unchanged, e.g. {missed[:3]}: "
-                                   "the file lacks trained tensors (an untied lm_head?)")
+                raise RuntimeError(
+                    f"{what} left {len(missed)} served parameters unchanged, e.g. {missed[:3]}: "
+                    "the file lacks trained tensors (an untied lm_head?)"
+                )
         return len(names)
 
     def kaizen_load_weights(self, path: str) -> int:

@@ -8,6 +8,7 @@ fingerprint (entries, k, temperature, token budget, forced call prefix): a diffe
 a new cache. The paired comparison with the base (`policies/stats.py`) uses the same entries.
 Held-out entries are only ever evaluated, never trained on (tests pin that).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,12 +16,11 @@ import json
 from pathlib import Path
 
 from policies.device_lock import file_lock
-from policies.weights.model_store import atomic_write_bytes
 from policies.stats import paired_test
+from policies.weights.model_store import atomic_write_bytes
 
 
-def suite(envs: dict, per_category: int | dict[str, int], categories: dict[str, list[str]] | None = None
-          ) -> dict[str, list[str]]:
+def suite(envs: dict, per_category: int | dict[str, int], categories: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
     """env -> entries: the first `per_category` (an int, or one per environment) held-out entries of every
     category, or only of the categories `categories[env]` names (unknown names are an error)."""
     out = {}
@@ -38,8 +38,9 @@ def suite(envs: dict, per_category: int | dict[str, int], categories: dict[str, 
 
 
 class HeldoutCache:
-    def __init__(self, path: Path, entries: dict[str, list[str]], *, k: int, temperature: float, max_new_tokens: int,
-                 call_prefix: bool):
+    def __init__(
+        self, path: Path, entries: dict[str, list[str]], *, k: int, temperature: float, max_new_tokens: int, call_prefix: bool
+    ):
         self.path, self.entries, self.k = Path(path), entries, k
         self.opts = {"temperature": temperature, "max_new_tokens": max_new_tokens, "call_prefix": call_prefix}
         self.fingerprint = hashlib.sha256(json.dumps([entries, k, self.opts], sort_keys=True).encode()).hexdigest()[:16]
@@ -67,9 +68,14 @@ class HeldoutCache:
     def put(self, version: str, envs: dict, per_entry: dict[str, list[float]]) -> dict:
         """Record a version's avg@k per entry (env -> scores in suite order), scored here or elsewhere (the
         broadcaster's guard); cached."""
-        out = {name: {"avg": sum(per) / max(1, len(per)), "per_entry": per,
-                      "categories": _by_category(envs[name], self.entries[name], per)}
-               for name, per in per_entry.items()}
+        out = {
+            name: {
+                "avg": sum(per) / max(1, len(per)),
+                "per_entry": per,
+                "categories": _by_category(envs[name], self.entries[name], per),
+            }
+            for name, per in per_entry.items()
+        }
         self.versions[version] = out
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # other caches share the file (the guard's base and versions, `main.py report`): merge, do not overwrite
@@ -95,8 +101,15 @@ class HeldoutCache:
                 continue
             x, y = [a[env]["per_entry"][i] for i in keep], [b[env]["per_entry"][i] for i in keep]
             t = paired_test(x, y)
-            out[env] = {"avg": sum(y) / max(1, len(y)), "base_avg": sum(x) / max(1, len(x)), "delta": t["mean_diff"],
-                        "p_value": t["p_value"], "wins": t["wins"], "losses": t["losses"], "n": len(keep)}
+            out[env] = {
+                "avg": sum(y) / max(1, len(y)),
+                "base_avg": sum(x) / max(1, len(x)),
+                "delta": t["mean_diff"],
+                "p_value": t["p_value"],
+                "wins": t["wins"],
+                "losses": t["losses"],
+                "n": len(keep),
+            }
         return out
 
 

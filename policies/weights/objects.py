@@ -15,6 +15,7 @@ These are blocking calls made from worker threads (the learner's save, a replica
 the event loop that owns the NATS connection and wait for it. `delete`, which the broadcaster calls on its loop, runs
 in the background there instead.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,8 @@ from pathlib import Path
 from nats.js import api
 from nats.js.errors import DigestMismatchError, NotFoundError, ObjectNotFoundError
 
-from policies.weights.live_board import open_bucket
 from policies.device_lock import file_lock
+from policies.weights.live_board import open_bucket
 from policies.weights.model_store import WeightsStore, atomic_write_bytes, file_stat, fsync_dir, sha256_file
 
 
@@ -43,9 +44,15 @@ class ObjectWeights:
         self._tasks: set[asyncio.Task] = set()
 
     async def open(self, js) -> "ObjectWeights":
-        self.obs = await open_bucket(lambda: js.object_store(self.bucket), lambda: js.create_object_store(
-            self.bucket, replicas=self.replicas, storage=api.StorageType.FILE,
-            description="Kaizen: weights versions (safetensors), named by version"))
+        self.obs = await open_bucket(
+            lambda: js.object_store(self.bucket),
+            lambda: js.create_object_store(
+                self.bucket,
+                replicas=self.replicas,
+                storage=api.StorageType.FILE,
+                description="Kaizen: weights versions (safetensors), named by version",
+            ),
+        )
         self.loop = asyncio.get_running_loop()
         return self
 
@@ -97,8 +104,7 @@ class ObjectWeights:
                 tmp.unlink(missing_ok=True)
         self._drop_pruned(keep=version)
         if self.log:
-            self.log.info("weights.fetched", version=version, bytes=dest.stat().st_size,
-                          seconds=round(time.monotonic() - t0, 2))
+            self.log.info("weights.fetched", version=version, bytes=dest.stat().st_size, seconds=round(time.monotonic() - t0, 2))
         return dest
 
     async def _get(self, version: str, tmp: Path) -> dict | None:

@@ -26,10 +26,11 @@ moved -> `evo.weights_swapped` on this script's clock, the fetch, and the reques
     .venv/bin/python tests/benchmarks/bench_serve_swaps.py [--swaps 20] [--clients 3] [--block-s 45] \
         [--transports file,shared|file,objects]
 """
+
 import argparse
 import asyncio
-import os
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -87,6 +88,7 @@ def main():
         for name, weights in pairs:
             path, sha = into.save(weights, name, {"parent": "w-000000"})
             yield WeightsRef(version=name, path=str(path), sha256=sha, parent="w-000000", step=1)
+
     refs["file"] = refs["shared"] = list(save(store, (("w-000001", other), ("w-000002", sd))))
 
     async def prepare():
@@ -101,6 +103,7 @@ def main():
             shutil.rmtree(away.dir.parent)  # that host's disk is not this one's (its stats stay pinned in `away`)
             stores["objects"] = away
         await bus.close()
+
     asyncio.run(prepare())
     if "objects" in transports:
         s.weights.store = "nats"  # the replica fetches a version its state dir lacks
@@ -127,8 +130,7 @@ def main():
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{s.serve.port}/v1", api_key="bench-key", max_retries=0,
-                           timeout=120)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{s.serve.port}/v1", api_key="bench-key", max_retries=0, timeout=120)
     records, stop = [], threading.Event()  # (start, end, ok)
 
     def load(i):
@@ -137,9 +139,13 @@ def main():
             t0 = time.perf_counter()
             ok = True
             try:
-                client.chat.completions.create(model=s.model.name, max_tokens=a.max_tokens, temperature=0.7,
-                                               messages=[{"role": "user", "content": f"Tell me a fact about number {i}-{n}."}],
-                                               extra_body={"memory": False})
+                client.chat.completions.create(
+                    model=s.model.name,
+                    max_tokens=a.max_tokens,
+                    temperature=0.7,
+                    messages=[{"role": "user", "content": f"Tell me a fact about number {i}-{n}."}],
+                    extra_body={"memory": False},
+                )
             except Exception as exc:  # noqa: BLE001 - every failure counts
                 ok = False
                 print("request failed:", repr(exc)[:200], flush=True)
@@ -177,8 +183,10 @@ def main():
                     sw = {"how": how, "version": ref.version, "put": time.perf_counter(), "swapped": None}
                     swaps.append(sw)
                     await board.put(ptr)
-                    await bus.publish(WeightsPromoted(weights=ref, candidate_score=0, live_score=0, previous="",
-                                                      stage="live"), weights_version=ref.version)
+                    await bus.publish(
+                        WeightsPromoted(weights=ref, candidate_score=0, live_score=0, previous="", stage="live"),
+                        weights_version=ref.version,
+                    )
                     deadline = time.perf_counter() + 60
                     while time.perf_counter() < deadline:  # the replica reports the swap
                         try:
@@ -217,16 +225,24 @@ def main():
             if k == kind:
                 out += [r for r in records if s0 <= r[0] < s1]
         return out
+
     res = {}
     for kind in ("base", "swap"):
         rs = in_block(kind)
         lat = [(e - b) * 1000 for b, e, ok in rs if ok]
-        res[kind] = {"requests": len(rs), "failed": sum(not ok for *_, ok in rs), "p50_ms": statistics.median(lat),
-                     "p95_ms": pct(lat, .95), "p99_ms": pct(lat, .99), "max_ms": max(lat)}
+        res[kind] = {
+            "requests": len(rs),
+            "failed": sum(not ok for *_, ok in rs),
+            "p50_ms": statistics.median(lat),
+            "p95_ms": pct(lat, 0.95),
+            "p99_ms": pct(lat, 0.99),
+            "max_ms": max(lat),
+        }
     res["swaps"] = len(swaps)
     if "objects" in transports:  # the fetch inside each objects swap, from the replica's log
-        pair_fetches([sw for sw in swaps if sw["how"] == "objects"],
-                     fetches((s.state / "logs" / "serve.log").read_text(errors="replace")))
+        pair_fetches(
+            [sw for sw in swaps if sw["how"] == "objects"], fetches((s.state / "logs" / "serve.log").read_text(errors="replace"))
+        )
     res["transports"] = per = per_transport(swaps, records)
     res["fell_back"] = [v for v in vias if v.startswith("shared") and not v.endswith("via shared")]
     for x, y in (("file", "shared"), ("objects", "file")):
@@ -234,16 +250,19 @@ def main():
             res[f"{x}_over_{y}_p50"] = per[x]["swap_ms"]["p50"] / per[y]["swap_ms"]["p50"]
     res["p99_ratio"] = res["swap"]["p99_ms"] / res["base"]["p99_ms"]
     res["swap_log"] = [{**sw, "put": sw["put"] - t0, "swapped": sw["swapped"] and sw["swapped"] - t0} for sw in swaps]
-    lines = [f"clients={a.clients} max_tokens={a.max_tokens} blocks={a.blocks}x2 of {a.block_s:.0f}s "
-             f"transports={a.transports}"]
+    lines = [f"clients={a.clients} max_tokens={a.max_tokens} blocks={a.blocks}x2 of {a.block_s:.0f}s transports={a.transports}"]
     for kind in ("base", "swap"):
         r = res[kind]
-        lines.append(f"{'no swaps' if kind == 'base' else 'swapping':9} requests={r['requests']:4d} failed={r['failed']} "
-                     f"p50={r['p50_ms']:7.0f} ms p95={r['p95_ms']:7.0f} ms p99={r['p99_ms']:7.0f} ms "
-                     f"max={r['max_ms']:7.0f} ms")
+        lines.append(
+            f"{'no swaps' if kind == 'base' else 'swapping':9} requests={r['requests']:4d} failed={r['failed']} "
+            f"p50={r['p50_ms']:7.0f} ms p95={r['p95_ms']:7.0f} ms p99={r['p99_ms']:7.0f} ms "
+            f"max={r['max_ms']:7.0f} ms"
+        )
     lines += table(per)
-    lines.append("; ".join(f"{k} = {v:.2f}" for k, v in res.items() if k.endswith("_p50")) + f"; shared swaps that "
-                 f"fell back to the file: {len(res['fell_back'])}; p99 ratio swapping / no swaps = {res['p99_ratio']:.2f}")
+    lines.append(
+        "; ".join(f"{k} = {v:.2f}" for k, v in res.items() if k.endswith("_p50")) + f"; shared swaps that "
+        f"fell back to the file: {len(res['fell_back'])}; p99 ratio swapping / no swaps = {res['p99_ratio']:.2f}"
+    )
     print("\n".join(lines))
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
