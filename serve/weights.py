@@ -21,7 +21,9 @@ converted on this node), is accepted by the stat it had then (`pinned`).
 
 `ReplicaWeights` follows the pointer for a replica: on start (before traffic, from this node's copy), then on each
 value of the pointer's key in the bus's key-value bucket (`LiveBoard.watch`: the broadcaster's every move, a pointer
-repaired on its start included), and reports what it serves (`evo.weights_swapped`).
+repaired on its start included), and reports what it serves (`evo.weights_swapped`). With weights in the bus's object
+store (`weights.store: nats`) it also fetches each version the learner publishes (`evo.weights_published`) while the
+gate scores it, so that the swap to it later finds the file on this node: a load, not a download (`prefetch`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from actors.events import WeightsSwapped
+from actors.events import WeightsPublished, WeightsSwapped, parse_event, subject_for
 from actors.lifecycles import CanaryRef, LivePointer
 from policies.weights.model_store import file_stat, sha256_file
 
@@ -133,7 +135,20 @@ class ReplicaWeights:
         first, so a move made while this replica started is not missed). Ends only with the connection."""
         await self.policy.attach(nc.jetstream(), follow=False)
         await self.report(0.0, "joined")
+        if self.policy.objects is not None:
+            await nc.subscribe(subject_for("weights_published", self.prefix), cb=self.prefetch)
         await self.policy.watch(lambda _ptr: self.sync())
+
+    async def prefetch(self, msg) -> None:
+        """Fetch a published version to this node now (best effort: one missed here is fetched at its swap). The
+        object store's digest and our sha256 are checked as at a swap; a node that has the file fetches nothing."""
+        try:
+            ev = parse_event(msg.data)
+            if isinstance(ev, WeightsPublished):
+                ref = ev.weights
+                await asyncio.to_thread(self.policy.file, ref.version, ref.path, ref.sha256)
+        except Exception as exc:  # a poison event or a failed fetch: the swap fetches (and reports) again
+            self.log.warning("weights.prefetch_failed", error=repr(exc)[:200])
 
     async def sync(self) -> None:
         async with self._lock:

@@ -22,9 +22,11 @@ one, this node's fetched copy from an earlier swap is removed: every `objects` s
 store's digest, our sha256 against the pointer's, install), then loads. The fetch's share of a swap is read from
 the replica's log (`weights.fetched`). Per transport (tests/benchmarks/_swaps.py): the replica's swap time, pointer
 moved -> `evo.weights_swapped` on this script's clock, the fetch, and the requests in flight during its swaps.
+With `--prefetch` each objects version is published (`evo.weights_published`) one swap ahead, as the learner
+publishes before the gate, and the replica fetches it then (`ReplicaWeights.prefetch`): the swap finds the file.
 
     .venv/bin/python tests/benchmarks/bench_serve_swaps.py [--swaps 20] [--clients 3] [--block-s 45] \
-        [--transports file,shared|file,objects]
+        [--transports file,shared|file,objects] [--prefetch]
 """
 
 import argparse
@@ -39,7 +41,7 @@ import time
 from pathlib import Path
 
 from _common import pct  # noqa: E402  (also puts the repository on sys.path)
-from _swaps import fetches, pair_fetches, per_transport, table  # noqa: E402
+from _swaps import fetches, pair_fetches, per_transport, spread, table  # noqa: E402
 
 
 def main():
@@ -50,6 +52,12 @@ def main():
     ap.add_argument("--blocks", type=int, default=4, help="blocks of each kind, alternating")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--transports", default="file,shared", help="how swaps reach the replica, alternating")
+    ap.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="objects: publish each version (evo.weights_published) one swap ahead, as the learner publishes before the "
+        "gate scores it, so that the replica may fetch it before the pointer moves (else every objects swap fetches)",
+    )
     ap.add_argument("--out", default="", help="write the figures as JSON here")
     a = ap.parse_args()
     transports = a.transports.split(",")
@@ -61,7 +69,7 @@ def main():
     from safetensors.torch import load_file
 
     from actors.bus import Bus
-    from actors.events import WeightsPromoted, WeightsRef
+    from actors.events import WeightsPromoted, WeightsPublished, WeightsRef
     from config.settings import load_settings
     from deploy import ray_local
     from deploy.nats import EmbeddedNats, free_port
@@ -159,8 +167,17 @@ def main():
         bus = await Bus.from_settings(s.nats, "bench").connect()
         board = await LiveBoard(s, store).open(bus.js)  # the pointer's bucket, which the replica watches
         sub = await bus.nc.subscribe("evo.weights_swapped")
+
+        async def publish_ahead(k):  # the objects version the next objects swap goes to, published (and not here)
+            at = next(i for i in range(k, k + len(transports)) if transports[i % len(transports)] == "objects")
+            nxt = refs["objects"][at % 2]
+            store.remove(nxt.version)
+            await bus.publish(WeightsPublished(weights=nxt), weights_version=nxt.version)
+
         try:
             k = 0
+            if a.prefetch:
+                await publish_ahead(0)
             for kind, t_start, t_end in blocks:
                 while time.perf_counter() < t_start:
                     await asyncio.sleep(0.05)
@@ -176,7 +193,7 @@ def main():
                     if how == "shared":  # the gate scored it: its engine holds it (not timed)
                         await asyncio.to_thread(gate.load_weights, ref.path, ref.version)
                         shared = gate.shared.ref()
-                    if how == "objects":  # a new version on this node: the copy an earlier swap fetched goes
+                    if how == "objects" and not a.prefetch:  # a new version here: the copy an earlier swap fetched goes
                         store.remove(ref.version)
                     ptr = stores[how].make_live(ref.version, ref.path, ref.sha256, shared=shared)
                     store.keep_live(ptr, force=True)  # the broadcaster's node copy, then the bus's key
@@ -198,6 +215,8 @@ def main():
                             sw["swapped"], sw["swap_ms"] = time.perf_counter(), ev["swap_ms"]
                             vias.append(f"{how}: {ev['reason']}")
                             break
+                    if a.prefetch and how != "objects":  # the objects version is not live now: published again
+                        await publish_ahead(k)
                     while time.perf_counter() < t_start + (j + 1) * gap:
                         await asyncio.sleep(0.05)
         finally:
@@ -239,10 +258,11 @@ def main():
             "max_ms": max(lat),
         }
     res["swaps"] = len(swaps)
-    if "objects" in transports:  # the fetch inside each objects swap, from the replica's log
-        pair_fetches(
-            [sw for sw in swaps if sw["how"] == "objects"], fetches((s.state / "logs" / "serve.log").read_text(errors="replace"))
-        )
+    fetched = fetches((s.state / "logs" / "serve.log").read_text(errors="replace")) if "objects" in transports else []
+    if a.prefetch:  # the fetches were made ahead of the swaps: their own figures
+        res["prefetches"] = spread([sec * 1000 for _, sec in fetched])
+    else:  # the fetch inside each objects swap, from the replica's log
+        pair_fetches([sw for sw in swaps if sw["how"] == "objects"], fetched)
     res["transports"] = per = per_transport(swaps, records)
     res["fell_back"] = [v for v in vias if v.startswith("shared") and not v.endswith("via shared")]
     for x, y in (("file", "shared"), ("objects", "file")):
