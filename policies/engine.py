@@ -27,7 +27,8 @@ class TransformersEngine:
     A reference count keeps the next update from overwriting a copy that a call still uses."""
 
     def __init__(self, model_dir: str | Path, dtype: str = "bfloat16", device: str = "cpu", threads: int = 1,
-                 version: str = "w-000000", standby: bool = False, max_batch: int = 1, batch_window_ms: float = 0.0):
+                 version: str = "w-000000", standby: bool = False, max_batch: int = 1, batch_window_ms: float = 0.0,
+                 share_prefill: bool = False):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -51,6 +52,7 @@ class TransformersEngine:
         self._paused = threading.Event()
         self._paused.set()  # set = running
         self.generated_tokens = 0
+        self.share_prefill = share_prefill  # batches via policies/shared_decode.py (the held-out scorers' engine)
         self.im_end = self.tok.convert_tokens_to_ids("<|im_end|>")
         # concurrent single-prompt calls (serving threads) are answered in batches of up to max_batch
         self.batcher = Batcher(self._run_batch, max_batch, batch_window_ms / 1000) if max_batch > 1 else None
@@ -91,6 +93,13 @@ class TransformersEngine:
         torch = self.torch
         stops = (self.im_end, self.tok.eos_token_id)
         with self._using() as (model, version), torch.inference_mode():
+            if self.share_prefill and stream_cbs is None:  # held-out scoring: prompts repeat and share a prefix
+                from policies.shared_decode import decode
+
+                rows = self.tok(prompts, add_special_tokens=False)["input_ids"]
+                news = decode(model, torch, rows, max_new, temperature, top_p, stops, self.tok.pad_token_id,
+                              self.device)
+                return [self._finish(ids, len(r), stops, version) for ids, r in zip(news, rows)]
             enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
             n_prompt = enc["input_ids"].shape[1]
             kwargs = dict(max_new_tokens=max(max_new), pad_token_id=self.tok.pad_token_id, eos_token_id=list(stops))
@@ -105,17 +114,16 @@ class TransformersEngine:
             if stream_cbs is not None:
                 kwargs["streamer"] = RowStreamer(self.tok, stream_cbs, max_new, stops)
             out = model.generate(**enc, **kwargs)
-        gens = []
-        for i in range(len(prompts)):
-            ids = out[i, n_prompt:n_prompt + max_new[i]].tolist()
-            finish = "length"
-            if any(t in ids for t in stops):
-                ids, finish = ids[:min(ids.index(t) for t in stops if t in ids)], "stop"
-            ids = [t for t in ids if t != self.tok.pad_token_id]
-            self.generated_tokens += len(ids)
-            gens.append(Generation(self.tok.decode(ids, skip_special_tokens=True), int(enc["attention_mask"][i].sum()),
-                                   len(ids), finish, version))
-        return gens
+        return [self._finish(out[i, n_prompt:n_prompt + max_new[i]].tolist(), int(enc["attention_mask"][i].sum()),
+                             stops, version) for i in range(len(prompts))]
+
+    def _finish(self, ids: list[int], prompt_tokens: int, stops: tuple, version: str) -> Generation:
+        finish = "length"
+        if any(t in ids for t in stops):
+            ids, finish = ids[:min(ids.index(t) for t in stops if t in ids)], "stop"
+        ids = [t for t in ids if t != self.tok.pad_token_id]
+        self.generated_tokens += len(ids)
+        return Generation(self.tok.decode(ids, skip_special_tokens=True), prompt_tokens, len(ids), finish, version)
 
     def choice_logprobs(self, prompts: list[str], choices: list[str]) -> list[list[float]]:
         """log P(first token of each choice | prompt), one forward pass per prompt (batched).
@@ -279,4 +287,4 @@ def make_engine(settings, model_dir: str | Path, version: str = "w-000000", role
     with device_startup(settings.state, m.device):
         return TransformersEngine(model_dir, dtype=m.serve_dtype, device=m.device, threads=m.torch_threads,
                                   version=version, standby=serving, max_batch=settings.serve.max_batch if serving else 1,
-                                  batch_window_ms=settings.serve.batch_window_ms)
+                                  batch_window_ms=settings.serve.batch_window_ms, share_prefill=role == "eval")

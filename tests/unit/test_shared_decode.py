@@ -1,0 +1,64 @@
+"""The held-out scorers' batched generation (policies/shared_decode.py) on a tiny random model: greedy gives the
+tokens `model.generate` gives, and every sampled token is drawn from the distribution `generate` draws from."""
+import pytest
+
+from policies import shared_decode
+from policies.shared_decode import common_prefix
+
+SYSTEM = "<|im_start|>system\nYou solve problems with Python.<|im_end|>\n"
+
+
+def _prompts():
+    asks = ["What is 2 + 3?", "What is 40265 + 63807?", "Compute 7 * 6 + 1.", "What is 2 + 3?", "Hi"]
+    return [f"{SYSTEM}<|im_start|>user\n{a}<|im_end|>\n<|im_start|>assistant\n" for a in asks]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    from policies.engine import TransformersEngine
+
+    return TransformersEngine(tiny_dir, dtype="float32", threads=1)
+
+
+def test_common_prefix_leaves_a_token_of_every_row():
+    assert common_prefix([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 9]]) == 2
+    assert common_prefix([[1, 2, 3], [1, 2, 3]]) == 2
+    assert common_prefix([[7], [7, 8]]) == 0
+    assert common_prefix([[1, 2], [3, 4]]) == 0
+
+
+def test_greedy_gives_the_tokens_generate_gives(engine):
+    prompts = _prompts() * 2  # repeats, distinct lengths, rows of different budgets that leave at different steps
+    budgets = [3, 17, 9, 24, 1, 12, 24, 5, 20, 2]
+    runs = {}
+    for shared in (False, True):
+        engine.share_prefill = shared
+        runs[shared] = engine._generate(prompts, budgets, 0.0, 1.0, None)
+    engine.share_prefill = False
+    assert [(g.text, g.completion_tokens, g.finish_reason, g.prompt_tokens) for g in runs[True]] == \
+        [(g.text, g.completion_tokens, g.finish_reason, g.prompt_tokens) for g in runs[False]]
+    assert [g.completion_tokens for g in runs[True]] == budgets  # a random model never stops by itself here
+
+
+def test_each_sampled_token_is_drawn_from_the_full_forwards_distribution(engine, monkeypatch):
+    import torch
+
+    tok, model = engine.tok, engine.model
+    rows = [tok(p, add_special_tokens=False)["input_ids"] for p in _prompts()] * 3
+    budgets = [2 + i % 7 for i in range(len(rows))]
+    seen = []
+    warp = shared_decode._warp
+    monkeypatch.setattr(shared_decode, "_warp", lambda torch, logits, t, p: seen.append(logits.clone())
+                        or warp(torch, logits, t, p))
+    torch.manual_seed(3)
+    with torch.inference_mode():
+        out = shared_decode.decode(model, torch, rows, budgets, 0.9, 0.95, (), tok.pad_token_id, "cpu")
+        assert [len(o) for o in out] == budgets
+        assert len(seen) == max(budgets)
+        for step, logits in enumerate(seen):
+            alive = [i for i in range(len(rows)) if len(out[i]) > step]  # the rows of this step, in batch order
+            assert logits.shape[0] == len(alive)
+            for j, i in enumerate(alive):
+                ids = torch.tensor([rows[i] + out[i][:step]])
+                want = model(input_ids=ids).logits[0, -1].float()
+                assert torch.allclose(logits[j], want, atol=1e-4), (step, i)
