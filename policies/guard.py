@@ -294,5 +294,5 @@ class Guard:
     def health(self) -> dict:
         c = self.current
         base = self.base_cache.get(BASE_VERSION)
-        return {"checking": c and c.version, "checked_entries": c and len(c.per_entry),
+        return {"checking": c and c.version, "checked_entries": c and len(c.per_entry), "busy": self._busy,
                 "base": {e: round(x["avg"], 4) for e, x in base.items()} if base else None, "error": self.error}
