@@ -62,3 +62,15 @@ def test_each_sampled_token_is_drawn_from_the_full_forwards_distribution(engine,
                 ids = torch.tensor([rows[i] + out[i][:step]])
                 want = model(input_ids=ids).logits[0, -1].float()
                 assert torch.allclose(logits[j], want, atol=1e-4), (step, i)
+
+
+def test_only_the_held_out_scorers_engine_shares_prefills(tmp_path, tiny_dir):
+    """The guard, `main.py report` and the benchmarks' scoring make their engine with role "eval"; serving (its
+    streaming and batcher), the explorer, the gate and the judge keep `model.generate`."""
+    from config.settings import load_settings
+    from policies.engine import make_engine
+
+    s = load_settings(None)
+    s.state_dir = str(tmp_path / "state")
+    assert make_engine(s, tiny_dir, role="eval").share_prefill
+    assert not any(make_engine(s, tiny_dir, role=r).share_prefill for r in ("serve", "explorer", "gate", "judge"))
