@@ -9,9 +9,9 @@ out [shared prefix][padding][rest of the prompt]; the attention mask hides the p
 tokens only, as `generate` counts them under left padding.
 
 Each step draws from what `generate` draws from: the last position's logits in float32, divided by the
-temperature, cut to the top-p nucleus (transformers' own warpers), softmax, one multinomial draw; greedy takes the
-argmax. The random draws fall differently (rows leave the batch), so sampled results are the same in distribution,
-not token for token; greedy results are the same tokens (tests/unit/test_shared_decode.py).
+temperature, cut to the top-p nucleus, softmax, one multinomial draw (`draw`, without sorting the whole vocabulary
+each step as `generate` does); greedy takes the argmax. The random draws fall differently, so sampled results are
+the same in distribution, not token for token; greedy results are the same tokens (tests/unit/test_shared_decode.py).
 """
 from __future__ import annotations
 
@@ -28,14 +28,34 @@ def common_prefix(rows: list[list[int]]) -> int:
     return max(0, n)
 
 
-def _warp(torch, logits, temperature: float, top_p: float):
+def draw(torch, logits, temperature: float, top_p: float, candidates: tuple[int, ...] = (256, 4096)):
+    """One token per row from softmax(logits / temperature) cut to its top-p nucleus, as `generate` draws (its
+    `TopPLogitsWarper`: a token is kept when the tokens more likely than it hold less than `top_p`). `generate` sorts
+    the whole vocabulary every step for that; here a row's nucleus is looked for among its 256 most likely tokens,
+    then its 4096, and only a row whose nucleus is wider still takes the whole-vocabulary way."""
     if temperature != 1.0:
         logits = logits / temperature
-    if top_p < 1.0:
+    if top_p >= 1.0:
+        return torch.multinomial(torch.softmax(logits, dim=-1), num_samples=1).squeeze(1)
+    nxt = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    rows = torch.arange(logits.shape[0], device=logits.device)  # the rows not drawn yet
+    norm = torch.logsumexp(logits, dim=-1, keepdim=True)
+    for k in candidates:
+        if k >= logits.shape[-1] or not len(rows):
+            break
+        top, ids = torch.topk(logits[rows], k, dim=-1)  # most likely first
+        p = torch.exp(top - norm[rows])
+        above = p.cumsum(dim=-1) - p  # the mass of the tokens more likely than each
+        within = p.sum(dim=-1) >= top_p  # the nucleus lies within these k: every token after them is cut
+        w = top[within].masked_fill(above[within] >= top_p, float("-inf"))
+        nxt[rows[within]] = ids[within].gather(1, torch.multinomial(torch.softmax(w, dim=-1), 1)).squeeze(1)
+        rows = rows[~within]
+    if len(rows):
         from transformers.generation.logits_process import TopPLogitsWarper
 
-        logits = TopPLogitsWarper(top_p=top_p)(None, logits)
-    return logits
+        whole = TopPLogitsWarper(top_p=top_p)(None, logits[rows])
+        nxt[rows] = torch.multinomial(torch.softmax(whole, dim=-1), num_samples=1).squeeze(1)
+    return nxt
 
 
 def prefill(model, torch, prompts: list[list[int]], pad_id: int, device):
@@ -73,11 +93,7 @@ def decode(model, torch, prompts: list[list[int]], max_new: list[int], temperatu
     out: list[list[int]] = [[] for _ in prompts]
     alive = list(range(len(prompts)))  # the rows still generating, in the order of the batch's rows
     while alive:
-        if sample:
-            probs = torch.softmax(_warp(torch, logits, float(temperature), float(top_p)), dim=-1)
-            nxt = torch.multinomial(probs, num_samples=1).squeeze(1)
-        else:
-            nxt = torch.argmax(logits, dim=-1)
+        nxt = draw(torch, logits, float(temperature), float(top_p)) if sample else torch.argmax(logits, dim=-1)
         keep = []
         for j, (i, t) in enumerate(zip(alive, nxt.tolist())):
             out[i].append(t)

@@ -86,22 +86,32 @@ def main():
                 res[p]["seconds"] += time.monotonic() - t0
                 res[p]["per_entry"].update({e: sum(out["entries"][e]) / g.k for e in ids})
                 print(f"{env} chunk {no} ({len(ids)} entries) {p}: {res[p]['seconds']:.1f} s so far", flush=True)
+            write(a, s, suite, res, done=False)  # after every chunk: a run cut short still compares like with like
+    write(a, s, suite, res, done=True)
 
+
+def write(a, s, suite, res, done: bool) -> None:
+    g, r = s.guard, s.rollout
     n_entries = sum(map(len, suite.values()))
-    for p, x in res.items():
+    for x in res.values():
+        x["entries"] = len(x["per_entry"])
         x["avg"] = sum(x["per_entry"].values()) / max(1, len(x["per_entry"]))
         x["env_s"] = x["seconds"] - x["generate_s"]
-        print(f"{p}: {x['seconds']:.1f} s per check ({n_entries} entries x{g.k}; generation {x['generate_s']:.1f} s "
-              f"in {x['generate_calls']} calls, {x['tokens']} tokens; environment {x['env_s']:.1f} s), "
-              f"avg@{g.k} {100 * x['avg']:.1f}%")
-    out = {"config": Path(a.config).name, "suite": {e: len(v) for e, v in suite.items()}, "k": g.k,
+    out = {"config": Path(a.config).name, "suite": {e: len(v) for e, v in suite.items()}, "complete": done, "k": g.k,
            "chunk_entries": g.chunk_entries, "temperature": r.temperature, "max_new_tokens": r.max_new_tokens,
            "torch_threads": s.model.torch_threads, "dtype": s.model.serve_dtype, "paths": res}
     if "old" in res and "new" in res:
-        out["ratio"] = res["old"]["seconds"] / res["new"]["seconds"]
-        print(f"old / new: {out['ratio']:.2f}x")
+        out["ratio"] = res["old"]["seconds"] / max(1e-9, res["new"]["seconds"])
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1))
+    if not done:
+        return
+    for p, x in res.items():
+        print(f"{p}: {x['seconds']:.1f} s per check ({n_entries} entries x{g.k}; generation {x['generate_s']:.1f} s "
+              f"in {x['generate_calls']} calls, {x['tokens']} tokens; environment {x['env_s']:.1f} s), "
+              f"avg@{g.k} {100 * x['avg']:.1f}%")
+    if "ratio" in out:
+        print(f"old / new: {out['ratio']:.2f}x")
     print("wrote", a.out)
 
 

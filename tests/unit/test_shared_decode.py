@@ -47,9 +47,9 @@ def test_each_sampled_token_is_drawn_from_the_full_forwards_distribution(engine,
     rows = [tok(p, add_special_tokens=False)["input_ids"] for p in _prompts()] * 3
     budgets = [2 + i % 7 for i in range(len(rows))]
     seen = []
-    warp = shared_decode._warp
-    monkeypatch.setattr(shared_decode, "_warp", lambda torch, logits, t, p: seen.append(logits.clone())
-                        or warp(torch, logits, t, p))
+    draw = shared_decode.draw
+    monkeypatch.setattr(shared_decode, "draw", lambda torch, logits, t, p: seen.append(logits.clone())
+                        or draw(torch, logits, t, p))
     torch.manual_seed(3)
     with torch.inference_mode():
         out = shared_decode.decode(model, torch, rows, budgets, 0.9, 0.95, (), tok.pad_token_id, "cpu")
@@ -62,6 +62,24 @@ def test_each_sampled_token_is_drawn_from_the_full_forwards_distribution(engine,
                 ids = torch.tensor([rows[i] + out[i][:step]])
                 want = model(input_ids=ids).logits[0, -1].float()
                 assert torch.allclose(logits[j], want, atol=1e-4), (step, i)
+
+
+def test_a_draw_samples_the_nucleus_generate_samples():
+    """`draw` finds the top-p nucleus among a row's most likely tokens (else in the whole vocabulary): the same
+    support and probabilities as transformers' warpers, for a peaked, a middling and a flat row."""
+    import torch
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 40) * torch.tensor([[4.0], [1.0], [0.2]])
+    n = 20000
+    for candidates in ((8,), (4, 16), (64,)):  # the flat row's nucleus is wider than 16: the whole vocabulary
+        for row in logits:
+            want = torch.softmax(TopPLogitsWarper(top_p=0.9)(None, row[None] / 0.7), dim=-1)[0]
+            got = shared_decode.draw(torch, row.repeat(n, 1), 0.7, 0.9, candidates=candidates)
+            freq = torch.bincount(got, minlength=40).float() / n
+            assert (freq[want == 0] == 0).all()
+            assert (freq - want).abs().max() < 0.015
 
 
 def test_only_the_held_out_scorers_engine_shares_prefills(tmp_path, tiny_dir):
