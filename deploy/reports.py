@@ -50,7 +50,7 @@ def evaluated(s: Settings, rows: list[dict], args) -> tuple[dict, dict | None]:
     cache = heldout_cache(s, envs, args.per_category, args.k)
     served = [r["version"] for r in rows if r["gate"].startswith(("canary", "live"))]
     if args.eval:
-        from policies.engines.engine import make_engine
+        from policies.engines.roles import make_engine
         from policies.weights.model_store import ensure_base_model
 
         store = WeightsStore(s.state)
@@ -99,7 +99,7 @@ def report(s: Settings, run: dict, args) -> int:
 def evaluate(s: Settings, args) -> int:
     """Held-out evaluation: avg@k / best@k per environment and category (AgentEvolver's table)."""
     from envs.registry import make_envs
-    from policies.engines.engine import make_engine
+    from policies.engines.roles import make_engine
     from policies.evaluation import report
     from policies.weights.model_store import BASE_VERSION, WeightsStore, ensure_base_model
 

@@ -3,9 +3,10 @@
 `Engine` (`policies/engines/generation.py`) is what serving replicas, the explorer and the broadcaster's evaluator use:
 `generate`, `load_weights`, `pause`, `resume`, `health` (plus the scoring helpers the judge and
 the gate use). `TransformersEngine` runs on CPU or GPU; `VllmEngine` (`policies/engines/vllm_engine.py`,
-GPU, `gpu` extra) implements the same protocol and is imported only by `make_engine()` for the
+GPU, `gpu` extra) implements the same protocol and is imported only by `make_engine()` (`policies/engines/roles.py`) for the
 roles configured in `model.vllm_roles`, so the CPU path never imports vllm (a test pins that).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,8 +15,7 @@ import time
 from pathlib import Path
 
 from policies.engines.batching import Batcher, Request, RowBudget, RowStreamer
-from policies.device_lock import device_startup
-from policies.engines.generation import Engine, Generation, LockedTokenizer, shared_prefix_logprobs, trie_step
+from policies.engines.generation import Generation, LockedTokenizer, shared_prefix_logprobs, trie_step
 
 
 class TransformersEngine:
@@ -26,8 +26,18 @@ class TransformersEngine:
     finish on the weights they started with, new calls get the new ones, and nobody waits for the copy.
     A reference count keeps the next update from overwriting a copy that a call still uses."""
 
-    def __init__(self, model_dir: str | Path, dtype: str = "bfloat16", device: str = "cpu", threads: int = 1,
-                 version: str = "w-000000", standby: bool = False, max_batch: int = 1, batch_window_ms: float = 0.0):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        dtype: str = "bfloat16",
+        device: str = "cpu",
+        threads: int = 1,
+        version: str = "w-000000",
+        standby: bool = False,
+        max_batch: int = 1,
+        batch_window_ms: float = 0.0,
+        share_prefill: bool = False,
+    ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -51,6 +61,7 @@ class TransformersEngine:
         self._paused = threading.Event()
         self._paused.set()  # set = running
         self.generated_tokens = 0
+        self.share_prefill = share_prefill  # batches via policies/engines/shared_decode.py (the held-out scorers' engine)
         self.im_end = self.tok.convert_tokens_to_ids("<|im_end|>")
         # concurrent single-prompt calls (serving threads) are answered in batches of up to max_batch
         self.batcher = Batcher(self._run_batch, max_batch, batch_window_ms / 1000) if max_batch > 1 else None
@@ -76,21 +87,34 @@ class TransformersEngine:
     def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None):
         if self.batcher is not None and len(prompts) == 1:
             return [self.batcher.submit(prompts[0], max_new_tokens, temperature, top_p, stream_cb)]
-        return self._generate(prompts, [max_new_tokens] * len(prompts), temperature, top_p,
-                              [stream_cb] * len(prompts) if stream_cb is not None else None)
+        return self._generate(
+            prompts,
+            [max_new_tokens] * len(prompts),
+            temperature,
+            top_p,
+            [stream_cb] * len(prompts) if stream_cb is not None else None,
+        )
 
     def _run_batch(self, reqs: list[Request]) -> list[Generation]:
         r = reqs[0]  # the batcher groups requests with the same sampling parameters
         cbs = [x.stream_cb for x in reqs]
-        return self._generate([x.prompt for x in reqs], [x.max_new_tokens for x in reqs], r.temperature, r.top_p,
-                              cbs if any(cbs) else None)
+        return self._generate(
+            [x.prompt for x in reqs], [x.max_new_tokens for x in reqs], r.temperature, r.top_p, cbs if any(cbs) else None
+        )
 
-    def _generate(self, prompts: list[str], max_new: list[int], temperature: float, top_p: float,
-                  stream_cbs: list | None) -> list[Generation]:
+    def _generate(
+        self, prompts: list[str], max_new: list[int], temperature: float, top_p: float, stream_cbs: list | None
+    ) -> list[Generation]:
         """One padded batch; each row stops at its own token budget or at an end token."""
         torch = self.torch
         stops = (self.im_end, self.tok.eos_token_id)
         with self._using() as (model, version), torch.inference_mode():
+            if self.share_prefill and stream_cbs is None:  # held-out scoring: prompts repeat and share a prefix
+                from policies.engines.shared_decode import decode
+
+                rows = self.tok(prompts, add_special_tokens=False)["input_ids"]
+                news = decode(model, torch, rows, max_new, temperature, top_p, stops, self.tok.pad_token_id, self.device)
+                return [self._finish(ids, len(r), stops, version) for ids, r in zip(news, rows)]
             enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
             n_prompt = enc["input_ids"].shape[1]
             kwargs = dict(max_new_tokens=max(max_new), pad_token_id=self.tok.pad_token_id, eos_token_id=list(stops))
@@ -105,17 +129,18 @@ class TransformersEngine:
             if stream_cbs is not None:
                 kwargs["streamer"] = RowStreamer(self.tok, stream_cbs, max_new, stops)
             out = model.generate(**enc, **kwargs)
-        gens = []
-        for i in range(len(prompts)):
-            ids = out[i, n_prompt:n_prompt + max_new[i]].tolist()
-            finish = "length"
-            if any(t in ids for t in stops):
-                ids, finish = ids[:min(ids.index(t) for t in stops if t in ids)], "stop"
-            ids = [t for t in ids if t != self.tok.pad_token_id]
-            self.generated_tokens += len(ids)
-            gens.append(Generation(self.tok.decode(ids, skip_special_tokens=True), int(enc["attention_mask"][i].sum()),
-                                   len(ids), finish, version))
-        return gens
+        return [
+            self._finish(out[i, n_prompt : n_prompt + max_new[i]].tolist(), int(enc["attention_mask"][i].sum()), stops, version)
+            for i in range(len(prompts))
+        ]
+
+    def _finish(self, ids: list[int], prompt_tokens: int, stops: tuple, version: str) -> Generation:
+        finish = "length"
+        if any(t in ids for t in stops):
+            ids, finish = ids[: min(ids.index(t) for t in stops if t in ids)], "stop"
+        ids = [t for t in ids if t != self.tok.pad_token_id]
+        self.generated_tokens += len(ids)
+        return Generation(self.tok.decode(ids, skip_special_tokens=True), prompt_tokens, len(ids), finish, version)
 
     def choice_logprobs(self, prompts: list[str], choices: list[str]) -> list[list[float]]:
         """log P(first token of each choice | prompt), one forward pass per prompt (batched).
@@ -129,8 +154,7 @@ class TransformersEngine:
         out: list[list[float]] = []
         with self._using() as (model, _), torch.inference_mode():
             for i in range(0, len(prompts), 4):  # small batches keep CPU memory flat on long prompts
-                enc = self.tok(prompts[i:i + 4], return_tensors="pt", padding=True,
-                               add_special_tokens=False).to(self.device)
+                enc = self.tok(prompts[i : i + 4], return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
                 logits = model(**enc).logits[:, -1, :].float()
                 lp = torch.log_softmax(logits, dim=-1)[:, first]
                 out.extend(lp.tolist())
@@ -140,8 +164,10 @@ class TransformersEngine:
         """(sum of log P(continuation tokens | prompt), number of continuation tokens) per (prompt,
         continuation) pair. The promotion gate scores held-out reference actions with it: a continuous
         measure that damage to the weights moves at once, where task success on a few tasks is coarse."""
-        ids = [(self.tok(p, add_special_tokens=False)["input_ids"], self.tok(c, add_special_tokens=False)["input_ids"])
-               for p, c in pairs]
+        ids = [
+            (self.tok(p, add_special_tokens=False)["input_ids"], self.tok(c, add_special_tokens=False)["input_ids"])
+            for p, c in pairs
+        ]
         with self._using() as (model, _), self.torch.inference_mode():
             return shared_prefix_logprobs(model, self.torch, ids, self.device)
 
@@ -255,28 +281,12 @@ class TransformersEngine:
         self._paused.set()
 
     def health(self) -> dict:
-        return {"engine": "transformers", "version": self.version, "device": self.device,
-                "generated_tokens": self.generated_tokens, "paused": not self._paused.is_set(),
-                "last_load": self.last_load, "shares": self.shared is not None}
-
-
-ROLES = ("serve", "canary", "explorer", "gate", "judge", "questioner", "eval")
-
-
-def make_engine(settings, model_dir: str | Path, version: str = "w-000000", role: str = "serve") -> Engine:
-    """The engine for one role: vLLM when `model.engine` is vllm and the role is in `model.vllm_roles`
-    (vLLM engines reserve GPU memory each, so only the high-throughput roles get one), else transformers."""
-    if role not in ROLES:
-        raise ValueError(f"unknown engine role {role!r}; known: {ROLES}")
-    m = settings.model
-    if m.engine == "vllm" and role in m.vllm_roles:
-        from policies.engines.vllm_engine import VllmEngine
-
-        with device_startup(settings.state, "cuda"):  # vLLM profiles free GPU memory while it starts
-            return VllmEngine(model_dir, dtype=m.serve_dtype, gpu_memory_utilization=m.gpu_memory_utilization,
-                              max_model_len=m.max_model_len, enforce_eager=m.enforce_eager, version=version)
-    serving = role in ("serve", "canary")
-    with device_startup(settings.state, m.device):
-        return TransformersEngine(model_dir, dtype=m.serve_dtype, device=m.device, threads=m.torch_threads,
-                                  version=version, standby=serving, max_batch=settings.serve.max_batch if serving else 1,
-                                  batch_window_ms=settings.serve.batch_window_ms)
+        return {
+            "engine": "transformers",
+            "version": self.version,
+            "device": self.device,
+            "generated_tokens": self.generated_tokens,
+            "paused": not self._paused.is_set(),
+            "last_load": self.last_load,
+            "shares": self.shared is not None,
+        }

@@ -82,7 +82,7 @@ class LivePolicy:
         await self.board.watch(saw)
 
     def make_engine(self, role: str):
-        from policies.engines.engine import make_engine
+        from policies.engines.roles import make_engine
 
         return make_engine(self.settings, self.base, role=role)
 

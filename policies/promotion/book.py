@@ -19,7 +19,7 @@ from pathlib import Path
 from actors.events import WeightsRef, WeightsStatus, derived_id
 from actors.lifecycles import IllegalTransition, transition
 from actors.lifecycles import WeightsState as S
-from policies.promotion.guard import anchor
+from policies.promotion.guard_decisions import anchor
 from policies.promotion.models import (
     Action,
     Canary,

@@ -14,127 +14,24 @@ of the suite, and only a well-known base rate gives a test power there. The test
 (`policies/stats.fewer_successes`). The check is sequential with a futility stop only: once `guard.early_fraction`
 of the suite is scored and the version has succeeded at least as often as the base there (and at all), it is
 `not_below`; otherwise the whole suite decides, `below` at p < `guard.alpha` with a lower rate. A futility stop
-never makes a false alarm more likely; it halves a healthy version's check.
+never makes a false alarm more likely; it halves a healthy version's check. These decisions are pure functions in
+`policies/promotion/guard_decisions.py`; this module is the thread that makes the checks.
 
 A version below the base rolls back (`rollback_plan`) with every served version descending from it, to the newest
 live version checked no worse, else the base, and holds serving (`PromotionBook.hold`): the guard checks the
 newest candidate instead, and nothing new reaches users until one is no worse. Every check is an
 `evo.heldout_scored` event; every rollback an `evo.weights_rolled_back` whose reason gives the figures.
 """
+
 from __future__ import annotations
 
 import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 
+from policies.promotion.guard_decisions import Check, guard_suite, look, rollback_plan
 from policies.weights.model_store import BASE_VERSION
-from policies.stats import fewer_successes
-
-
-# ---------------------------------------------------------------------------- decisions (pure)
-@dataclass
-class Check:
-    version: str
-    env: str
-    per_entry: list[float]  # the version's avg@k on the entries scored so far, in suite order
-    base: list[float]  # the base's avg@base_k on the same entries
-    suite_entries: int
-    k: int
-    base_k: int = 8
-    duration_s: float = 0.0
-    verdict: str = ""  # "" while running, then not_below | below
-    stats: dict = field(default_factory=dict)
-
-    @property
-    def complete(self) -> bool:
-        return len(self.per_entry) >= self.suite_entries
-
-    def event(self):
-        from actors.events import HeldoutScored, derived_id
-
-        return HeldoutScored(event_id=derived_id("heldout_scored", f"{self.version}:{self.env}:"
-                                                                     f"{len(self.per_entry)}:{self.verdict}"),
-                             version=self.version, env=self.env, entries=len(self.per_entry),
-                             suite_entries=self.suite_entries, k=self.k, verdict=self.verdict,
-                             duration_s=self.duration_s, reason=self.summary(), **self.stats)
-
-    def summary(self) -> str:
-        s = self.stats
-        return (f"{self.env} {100 * s['base_avg']:.1f}% -> {100 * s['avg']:.1f}% ({100 * s['delta']:+.1f} points, "
-                f"p={s['p_value']:.4f}, +{s['wins']}/-{s['losses']}, {len(self.per_entry)} of {self.suite_entries} "
-                f"entries x{self.k} vs the base's x{self.base_k}{', stopped early' if not self.complete else ''})")
-
-
-def compare(version: list[float], k: int, base: list[float], base_k: int) -> dict:
-    """Success rates and the one-sided exact p that the version succeeds less often (per-entry avg@k in)."""
-    avg, base_avg = sum(version) / len(version), sum(base) / len(base)
-    p = fewer_successes([round(x * base_k) for x in base], base_k, [round(x * k) for x in version], k)
-    return {"avg": avg, "base_avg": base_avg, "delta": avg - base_avg, "p_value": p,
-            "wins": sum(v > b for v, b in zip(version, base)), "losses": sum(v < b for v, b in zip(version, base))}
-
-
-def look(check: Check, early_fraction: float, alpha: float) -> str:
-    """After a chunk: "" (go on), "not_below" or "below". Early only for futility (no loss so far)."""
-    if not check.per_entry:
-        return ""
-    check.stats = compare(check.per_entry, check.k, check.base, check.base_k)
-    if check.complete:
-        return "below" if check.stats["delta"] < 0 and check.stats["p_value"] < alpha else "not_below"
-    # no loss so far, and evidence of it: a version that solved nothing yet has not shown it is no worse
-    if len(check.per_entry) >= early_fraction * check.suite_entries and check.stats["delta"] >= 0 \
-            and check.stats["avg"] > 0:
-        return "not_below"
-    return ""
-
-
-def rollback_plan(bad: str, why: str, live: str, canary: str | None, passed: str | None, history: list[str],
-                  checks: dict[str, str], descends) -> list[tuple[str, str, str | None, str]]:
-    """What a `below` verdict on `bad` undoes, in order: ("supersede", passed, None, reason), ("rollback", canary,
-    live, reason), ("rollback", live, to, reason). A version is undone when it is `bad` or descends from it
-    (`descends(a, b)`: a is b or was trained from it) and was not checked no worse itself (`checks`: version ->
-    verdict); live goes back to the newest version that went live and was checked no worse, never one that
-    descends from `bad`, else the base; a running canary ends with the live version it was measured against."""
-    def hit(v):
-        return v is not None and checks.get(v) != "not_below" and descends(v, bad)
-
-    def reason(v):
-        return why if v == bad else f"descends from {bad}, {why}"
-
-    to = next((v for v in reversed(history) if checks.get(v) == "not_below" and not descends(v, bad)), BASE_VERSION)
-    out = [("supersede", passed, None, reason(passed))] if hit(passed) else []
-    live_goes = hit(live) and live != to
-    if hit(canary) or (canary is not None and live_goes):  # a canary whose baseline goes ends with it
-        out.append(("rollback", canary, live, reason(canary) if hit(canary) else f"{live}, its baseline, goes: {why}"))
-    if live_goes:
-        out.append(("rollback", live, to, f"{reason(live)}; back to {to}, the newest live version no worse than "
-                    "the base"))
-    return out
-
-
-def guard_suite(envs: dict, g) -> dict[str, list[str]]:
-    """env -> entries the guard scores: the named environments only, `g.per_category` held-out entries of each named
-    category, the categories interleaved so that a first half (an early stop) holds all of them."""
-    from policies.evaluation.heldout import suite
-
-    return {env: interleave(ids, envs[env].category_of)
-            for env, ids in suite(envs, {env: g.per_category for env in g.suite}, g.suite).items()}
-
-
-def interleave(entries: list[str], category_of) -> list[str]:
-    """Round-robin over the categories, each in its own order: add_1, muladd_1, add_2, muladd_2, ..."""
-    by: dict[str, list[str]] = {}
-    for e in entries:
-        by.setdefault(category_of(e), []).append(e)
-    lists = list(by.values())
-    return [e for i in range(max(map(len, lists), default=0)) for lst in lists if i < len(lst) for e in [lst[i]]]
-
-
-def anchor(history: list[str], checks: dict[str, str]) -> str | None:
-    """The newest version that went live and was checked no worse than the base: where a rollback goes (its
-    file is kept)."""
-    return next((v for v in reversed(history) if checks.get(v) == "not_below"), None)
 
 
 # ---------------------------------------------------------------------------- the background scorer
@@ -142,16 +39,24 @@ class Guard:
     """The broadcaster's background scorer: `offer(version)` when idle, `results()` each tick."""
 
     def __init__(self, settings, base_path, store, envs):
-        from policies.evaluation.heldout import HeldoutCache
-
         from envs.registry import make_env
+        from policies.evaluation.heldout import HeldoutCache
 
         g, r = settings.guard, settings.rollout
         envs = {**envs, **{n: make_env(n, settings.env) for n in g.suite if n not in envs}}  # e.g. bfcl_single
         self.s, self.g, self.base_path, self.store, self.envs = settings, g, base_path, store, envs
         self.suite = guard_suite(envs, g)
-        caches = {k: HeldoutCache(settings.state / "evals" / "heldout.json", self.suite, k=k, temperature=r.temperature,
-                                  max_new_tokens=r.max_new_tokens, call_prefix=r.call_prefix) for k in {g.k, g.base_k}}
+        caches = {
+            k: HeldoutCache(
+                settings.state / "evals" / "heldout.json",
+                self.suite,
+                k=k,
+                temperature=r.temperature,
+                max_new_tokens=r.max_new_tokens,
+                call_prefix=r.call_prefix,
+            )
+            for k in {g.k, g.base_k}
+        }
         self.cache, self.base_cache = caches[g.k], caches[g.base_k]
         self.opts = {"max_new_tokens": r.max_new_tokens, "temperature": r.temperature, "call_prefix": r.call_prefix}
         self._todo: queue.Queue = queue.Queue(maxsize=1)
@@ -180,9 +85,16 @@ class Guard:
         if c.verdict != "below" or not rollback:
             return []
         checks = {**book.checks, c.version: c.verdict}
-        return rollback_plan(c.version, f"below the base on held-out {c.summary()}", live,
-                             book.canary and book.canary.version, book.passed and book.passed.version, book.history,
-                             checks, book.descends)
+        return rollback_plan(
+            c.version,
+            f"below the base on held-out {c.summary()}",
+            live,
+            book.canary and book.canary.version,
+            book.passed and book.passed.version,
+            book.history,
+            checks,
+            book.descends,
+        )
 
     def done(self, c: Check, book, hold: bool = True) -> None:
         """The broadcaster carried out what `c` undoes: record its verdict (a failure before this retries it). With
@@ -244,10 +156,10 @@ class Guard:
     def _chunks(self, entries: list[str]):
         n = max(1, self.g.chunk_entries)
         for i in range(0, len(entries), n):
-            yield i // n, entries[i:i + n]
+            yield i // n, entries[i : i + n]
 
     def _load(self, version: str) -> None:
-        from policies.engines.engine import make_engine
+        from policies.engines.roles import make_engine
 
         if self.engine is None:
             self.engine = make_engine(self.s, self.base_path, role="eval")
@@ -259,10 +171,14 @@ class Guard:
     def _base(self) -> dict[str, list[float]]:
         if (got := self.base_cache.get(BASE_VERSION)) is None:
             self._load(BASE_VERSION)
-            got = self.base_cache.put(BASE_VERSION, self.envs, {
-                env: [x for no, ids in self._chunks(entries)
-                      for x in self._scores(BASE_VERSION, env, ids, no, self.g.base_k)]
-                for env, entries in self.suite.items()})
+            got = self.base_cache.put(
+                BASE_VERSION,
+                self.envs,
+                {
+                    env: [x for no, ids in self._chunks(entries) for x in self._scores(BASE_VERSION, env, ids, no, self.g.base_k)]
+                    for env, entries in self.suite.items()
+                },
+            )
         return {env: got[env]["per_entry"] for env in self.suite}
 
     def check(self, version: str) -> list[Check]:
@@ -281,7 +197,7 @@ class Guard:
                 if c.verdict:
                     break
                 c.per_entry += self._scores(version, env, ids, no)
-                c.base = base[env][:len(c.per_entry)]
+                c.base = base[env][: len(c.per_entry)]
                 c.verdict = look(c, self.g.early_fraction, self.g.alpha)
             c.duration_s = time.monotonic() - t0
             if c.complete:
@@ -294,5 +210,10 @@ class Guard:
     def health(self) -> dict:
         c = self.current
         base = self.base_cache.get(BASE_VERSION)
-        return {"checking": c and c.version, "checked_entries": c and len(c.per_entry),
-                "base": {e: round(x["avg"], 4) for e, x in base.items()} if base else None, "error": self.error}
+        return {
+            "checking": c and c.version,
+            "checked_entries": c and len(c.per_entry),
+            "busy": self._busy,
+            "base": {e: round(x["avg"], 4) for e, x in base.items()} if base else None,
+            "error": self.error,
+        }

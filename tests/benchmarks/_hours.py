@@ -157,7 +157,7 @@ def _caches(a, config: Path, state: Path):
     from config.settings import load_settings
     from deploy import reports
     from policies.evaluation.heldout import HeldoutCache
-    from policies.promotion.guard import guard_suite
+    from policies.promotion.guard_decisions import guard_suite
 
     s = load_settings(config)
     s.state_dir = str(state)
@@ -184,7 +184,7 @@ def seed_base(a, config: Path, state: Path) -> None:
     (nothing else running) and kept in the checkout's `.kaizen/evals/heldout.json` with the converted model, as
     `up` keeps them in its state dir (a base does not change)."""
     from _common import ROOT
-    from policies.engines.engine import make_engine
+    from policies.engines.roles import make_engine
     from policies.weights.model_store import BASE_VERSION, ensure_base_model
 
     s, envs, kept = _caches(a, Path(a.config), ROOT / ".kaizen")

@@ -11,7 +11,7 @@ from _hours import _p50, learner_detail, suite_args, suite_envs
 
 def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str) -> dict:
     from deploy import reports as cli
-    from policies.engines.engine import make_engine
+    from policies.engines.roles import make_engine
     from policies.evaluation import lineage
     from policies.promotion.gate import gate_entries
     from policies.weights.model_store import BASE_VERSION, WeightsStore, ensure_base_model

@@ -22,7 +22,7 @@ from pathlib import Path
 from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
 from config.settings import load_settings  # noqa: E402
 from envs.registry import make_envs  # noqa: E402
-from policies.engines.engine import make_engine  # noqa: E402
+from policies.engines.roles import make_engine  # noqa: E402
 from policies.promotion.gate import gate_heldout, reference_nll, reference_pairs  # noqa: E402
 from policies.rollout import evaluate  # noqa: E402
 from policies.weights.model_store import ensure_base_model  # noqa: E402

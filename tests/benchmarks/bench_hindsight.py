@@ -44,7 +44,7 @@ def main():
     from config.settings import load_settings
     from envs.bfcl_single import CATEGORIES, SingleTurnEnvironment, check, reference_calls
     from policies.chat import CALL_PREFIX, assistant_text, call_opening, parse_forced, render
-    from policies.engines.engine import make_engine
+    from policies.engines.roles import make_engine
     from policies.judge.judge import PolicyJudge
     from policies.learning.hindsight import next_turn, teacher_messages
     from policies.stats import paired_test

@@ -6,7 +6,9 @@ Starts `main.py up --detach` on a fresh state dir, then, side by side in one run
    the raw engine in this process, batches of `--clients` prompts of `--max-tokens` tokens; then one
    client, then `--clients` clients through the OpenAI API, `--phase-s` each: aggregate tokens/s,
    p50 latency. Targets: clients/one >= 3x, clients/raw engine >= 0.8x.
-2. loop running (SIGCONT): one client again. Target: its p50 <= 1.5x the paused one.
+2. loop running (SIGCONT): one client again. Target: its p50 <= 1.5x the paused one (users first), with
+   the guard generating in the background meanwhile (it scores the base from the start of `up`; its health
+   before and after the phase is recorded).
 3. `--minutes` of `--clients` clients at saturation with the loop running; every answer is rated
    (feedback); a forced weights swap every `--swap-every-s` (two versions written at start,
    alternated with `main.py promote --force`; the loop's own promotions come on top); at 40% a
@@ -16,8 +18,9 @@ Starts `main.py up --detach` on a fresh state dir, then, side by side in one run
    drained; target 0) and duplicated.
 Finally `main.py down`, timed (target <= 30 s). Writes JSON (`--out`).
 
-    .venv/bin/python tests/benchmarks/bench_load.py [--minutes 10] [--clients 8] [--phase-s 45]
+    .venv/bin/python tests/benchmarks/bench_load.py [--minutes 10] [--clients 8] [--phase-s 45] [--no-faults]
 """
+
 import argparse
 import json
 import os
@@ -32,79 +35,14 @@ from pathlib import Path
 
 import yaml
 
-from _common import ROOT, pct  # noqa: E402  (also puts the repository on sys.path)
-
-QUESTIONS = ["Count from one to twenty in words.", "Name some animals that live in the sea.",
-             "Tell me a short story about a robot.", "List the planets of the solar system.",
-             "Explain what a compiler does.", "Describe the colour blue to someone who cannot see."]
+from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
+from _load_clients import QUESTIONS, Clients, summary  # noqa: E402
 
 
 def cli(env, *args, timeout=300):
-    return subprocess.run([sys.executable, str(ROOT / "main.py"), *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-class Clients:
-    """`n` threads that send chat completions back to back; every answer gets a feedback rating."""
-
-    def __init__(self, run: dict, n: int, max_tokens: int, rate: bool):
-        import httpx
-        import openai
-
-        self.key = Path(run["api_key_file"]).read_text().strip()
-        self.endpoint, self.n, self.max_tokens, self.rate = run["endpoint"], n, max_tokens, rate
-        self.model = run["model"]
-        self.openai, self.httpx = openai, httpx
-        self.records: list[dict] = []  # {"t", "latency", "tokens", "ok", "error", "id", "feedback"}
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-
-    def _one(self, i: int) -> None:
-        c = self.openai.OpenAI(base_url=self.endpoint, api_key=self.key, max_retries=0, timeout=300)
-        k = 0
-        while not self.stop.is_set():
-            q = QUESTIONS[(i + k) % len(QUESTIONS)]
-            k += 1
-            t0 = time.monotonic()
-            rec = {"t": t0, "ok": False, "tokens": 0, "id": None, "feedback": None, "error": None}
-            try:
-                r = c.chat.completions.create(model=self.model, messages=[{"role": "user", "content": q}],
-                                              max_tokens=self.max_tokens)
-                rec.update(ok=True, tokens=r.usage.completion_tokens, id=r.id)
-            except Exception as exc:  # noqa: BLE001 - a failed request is what this measures
-                rec["error"] = repr(exc)[:200]
-            rec["latency"] = time.monotonic() - t0
-            if rec["ok"] and self.rate:
-                try:
-                    fb = self.httpx.post(self.endpoint + "/feedback", headers={"Authorization": f"Bearer {self.key}"},
-                                         json={"interaction_id": rec["id"], "score": 1.0 if k % 2 else -1.0}, timeout=60)
-                    rec["feedback"] = fb.status_code
-                except Exception as exc:  # noqa: BLE001
-                    rec["feedback"] = repr(exc)[:100]
-            with self.lock:
-                self.records.append(rec)
-
-    def run_for(self, seconds: float) -> list[dict]:
-        self.stop.clear()
-        start = len(self.records)
-        threads = [threading.Thread(target=self._one, args=(i,), daemon=True) for i in range(self.n)]
-        t0 = time.monotonic()
-        for t in threads:
-            t.start()
-        time.sleep(seconds)
-        self.stop.set()
-        for t in threads:
-            t.join(600)
-        self.wall = time.monotonic() - t0
-        return self.records[start:]
-
-
-def summary(recs: list[dict], wall: float) -> dict:
-    ok = [r for r in recs if r["ok"]]
-    lat = [r["latency"] for r in ok]
-    return {"requests": len(recs), "failed": len(recs) - len(ok), "tokens_per_s": round(sum(r["tokens"] for r in ok) / wall, 2),
-            "p50_s": round(pct(lat, 0.5), 2) if lat else None, "p99_s": round(pct(lat, 0.99), 2) if lat else None,
-            "errors": sorted({r["error"] for r in recs if r["error"]})[:5]}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def raw_engine(model_dir: Path, n: int, max_tokens: int, seconds: float) -> dict:
@@ -127,6 +65,11 @@ def loop_pids(env) -> dict[str, int]:
     return {name: a["pid"] for name, a in st["actors"].items() if isinstance(a, dict) and a.get("pid")}
 
 
+def guard_health(env) -> dict | None:
+    st = json.loads(cli(env, "status", "--json", timeout=120).stdout or "{}")
+    return (st.get("actors", {}).get("broadcaster") or {}).get("guard")
+
+
 def signal_loop(pids: dict[str, int], sig) -> None:
     for name, pid in pids.items():
         if name != "navigator":  # memory for live requests is part of serving
@@ -146,6 +89,90 @@ def nats_pids(up_pid: int) -> list[int]:
     return out
 
 
+def fault_run(a, env, run, s, versions, out) -> None:
+    """Phase 3: `--minutes` of clients at saturation with forced swaps and kills, then every served interaction and
+    accepted feedback looked up on the stream."""
+    many = Clients(run, a.clients, a.max_tokens, rate=True)
+    faults: dict = {"swaps_forced": 0}
+    stop = threading.Event()
+
+    def swapper():
+        i = 0
+        while not stop.wait(a.swap_every_s):
+            r = cli(env, "promote", versions[i % 2], "--force", "--reason", "bench_load swap", timeout=120)
+            faults["swaps_forced"] += r.returncode == 0
+            i += 1
+
+    def killer():
+        total = a.minutes * 60
+        if stop.wait(0.4 * total):
+            return
+        (old,) = nats_pids(run["pid"])
+        os.kill(old, signal.SIGKILL)
+        t0 = time.monotonic()
+        while not [p for p in nats_pids(run["pid"]) if p != old] and time.monotonic() - t0 < 120:
+            time.sleep(0.05)
+        faults["nats_restarted_s"] = round(time.monotonic() - t0, 2)
+        t1 = time.monotonic()
+        st = cli(env, "status", "--json", "--no-actors", timeout=60)
+        faults["status_during_restart_s"] = round(time.monotonic() - t1, 2)
+        faults["status_bus"] = json.loads(st.stdout).get("bus", "?")[:80] if st.returncode == 0 else st.stderr[-200:]
+        if stop.wait(0.2 * total):
+            return
+        victim = loop_pids(env).get("explorer")
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 300:
+            now = loop_pids(env).get("explorer")
+            if now and now != victim:
+                faults["actor_back_s"] = round(time.monotonic() - t0, 1)
+                break
+            time.sleep(2)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (swapper, killer)]
+    for t in threads:
+        t.start()
+    recs = many.run_for(a.minutes * 60)
+    stop.set()
+    out["fault_run"] = {
+        **summary(recs, many.wall),
+        **faults,
+        "feedback_not_202": sum(1 for r in recs if r["ok"] and r["feedback"] != 202),
+    }
+    print("fault run", out["fault_run"], flush=True)
+
+    # every served interaction and accepted feedback on the stream, once
+    import httpx
+
+    ready_url = run["endpoint"].replace("/v1", "/readyz")
+    for _ in range(120):
+        ready = httpx.get(ready_url, timeout=10).json()
+        if ready.get("outbox") == 0 and ready.get("bus") == "connected":
+            break
+        time.sleep(1)
+    import asyncio
+
+    sys.argv = ["main.py"]
+    from deploy import stream_view as cli_mod
+
+    events = asyncio.run(cli_mod.read_events(s, run, ["interaction", "feedback", "weights_swapped"]))
+    inter = [e.interaction_id for e in events if e.kind == "interaction"]
+    fb = [e.interaction_id for e in events if e.kind == "feedback"]
+    served = [r["id"] for r in recs if r["ok"]]
+    rated = [r["id"] for r in recs if r["feedback"] == 202]
+    swaps = [e for e in events if e.kind == "weights_swapped" and e.reason != "joined"]
+    out["events"] = {
+        "interactions_served": len(served),
+        "interactions_lost": len(set(served) - set(inter)),
+        "interactions_duplicated": len(inter) - len(set(inter)),
+        "feedback_accepted": len(rated),
+        "feedback_lost": len(set(rated) - set(fb)),
+        "feedback_duplicated": len(fb) - len(set(fb)),
+        "replica_swaps": len(swaps),
+    }
+    print("events", out["events"], flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=float, default=10)
@@ -154,6 +181,12 @@ def main():
     ap.add_argument("--phase-s", type=float, default=45)
     ap.add_argument("--swap-every-s", type=float, default=110)
     ap.add_argument("--config", default=str(ROOT / "config" / "cpu.yaml"))
+    ap.add_argument(
+        "--faults",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--no-faults: stop after phase 2 (users first), without the fault run",
+    )
     ap.add_argument("--out", default=str(ROOT / "tests" / "benchmarks" / "results" / "load_cpu.json"))
     a = ap.parse_args()
     import torch
@@ -205,81 +238,14 @@ def main():
         finally:
             signal_loop(pids, signal.SIGCONT)
         time.sleep(20)  # the loop picks up again
+        guard = [guard_health(env)]  # whether the guard generates meanwhile (scoring the base, or a version)
         one = Clients(run, 1, a.max_tokens, rate=False)
         out["one_client_loop_running"] = summary(one.run_for(a.phase_s), one.wall)
-        print("1 client, loop running", out["one_client_loop_running"], flush=True)
+        out["guard_while_loop_running"] = guard + [guard_health(env)]
+        print("1 client, loop running", out["one_client_loop_running"], "guard", out["guard_while_loop_running"], flush=True)
 
-        # the fault run
-        many = Clients(run, a.clients, a.max_tokens, rate=True)
-        faults: dict = {"swaps_forced": 0}
-        stop = threading.Event()
-
-        def swapper():
-            i = 0
-            while not stop.wait(a.swap_every_s):
-                r = cli(env, "promote", versions[i % 2], "--force", "--reason", "bench_load swap", timeout=120)
-                faults["swaps_forced"] += r.returncode == 0
-                i += 1
-
-        def killer():
-            total = a.minutes * 60
-            if stop.wait(0.4 * total):
-                return
-            (old,) = nats_pids(run["pid"])
-            os.kill(old, signal.SIGKILL)
-            t0 = time.monotonic()
-            while not [p for p in nats_pids(run["pid"]) if p != old] and time.monotonic() - t0 < 120:
-                time.sleep(0.05)
-            faults["nats_restarted_s"] = round(time.monotonic() - t0, 2)
-            t1 = time.monotonic()
-            st = cli(env, "status", "--json", "--no-actors", timeout=60)
-            faults["status_during_restart_s"] = round(time.monotonic() - t1, 2)
-            faults["status_bus"] = json.loads(st.stdout).get("bus", "?")[:80] if st.returncode == 0 else st.stderr[-200:]
-            if stop.wait(0.2 * total):
-                return
-            victim = loop_pids(env).get("explorer")
-            os.kill(victim, signal.SIGKILL)
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < 300:
-                now = loop_pids(env).get("explorer")
-                if now and now != victim:
-                    faults["actor_back_s"] = round(time.monotonic() - t0, 1)
-                    break
-                time.sleep(2)
-        threads = [threading.Thread(target=f, daemon=True) for f in (swapper, killer)]
-        for t in threads:
-            t.start()
-        recs = many.run_for(a.minutes * 60)
-        stop.set()
-        out["fault_run"] = {**summary(recs, many.wall), **faults,
-                            "feedback_not_202": sum(1 for r in recs if r["ok"] and r["feedback"] != 202)}
-        print("fault run", out["fault_run"], flush=True)
-
-        # every served interaction and accepted feedback on the stream, once
-        import httpx
-
-        ready_url = run["endpoint"].replace("/v1", "/readyz")
-        for _ in range(120):
-            ready = httpx.get(ready_url, timeout=10).json()
-            if ready.get("outbox") == 0 and ready.get("bus") == "connected":
-                break
-            time.sleep(1)
-        import asyncio
-
-        sys.argv = ["main.py"]
-        from deploy import stream_view as cli_mod
-
-        events = asyncio.run(cli_mod.read_events(s, run, ["interaction", "feedback", "weights_swapped"]))
-        inter = [e.interaction_id for e in events if e.kind == "interaction"]
-        fb = [e.interaction_id for e in events if e.kind == "feedback"]
-        served = [r["id"] for r in recs if r["ok"]]
-        rated = [r["id"] for r in recs if r["feedback"] == 202]
-        swaps = [e for e in events if e.kind == "weights_swapped" and e.reason != "joined"]
-        out["events"] = {"interactions_served": len(served), "interactions_lost": len(set(served) - set(inter)),
-                         "interactions_duplicated": len(inter) - len(set(inter)),
-                         "feedback_accepted": len(rated), "feedback_lost": len(set(rated) - set(fb)),
-                         "feedback_duplicated": len(fb) - len(set(fb)), "replica_swaps": len(swaps)}
-        print("events", out["events"], flush=True)
+        if a.faults:
+            fault_run(a, env, run, s, versions, out)
     finally:
         t0 = time.monotonic()
         d = cli(env, "down", timeout=120)
@@ -288,9 +254,11 @@ def main():
     p, c = out.get("one_client_loop_paused", {}), out.get("clients_loop_paused", {})
     r, e = out.get("one_client_loop_running", {}), out.get("raw_engine", {})
     if p.get("tokens_per_s") and c.get("tokens_per_s"):
-        out["ratios"] = {"clients_vs_one": round(c["tokens_per_s"] / p["tokens_per_s"], 2),
-                         "clients_vs_raw_engine": round(c["tokens_per_s"] / e["tokens_per_s"], 2),
-                         "p50_loop_running_vs_paused": round(r["p50_s"] / p["p50_s"], 2) if r.get("p50_s") else None}
+        out["ratios"] = {
+            "clients_vs_one": round(c["tokens_per_s"] / p["tokens_per_s"], 2),
+            "clients_vs_raw_engine": round(c["tokens_per_s"] / e["tokens_per_s"], 2),
+            "p50_loop_running_vs_paused": round(r["p50_s"] / p["p50_s"], 2) if r.get("p50_s") else None,
+        }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1))
     print(json.dumps(out.get("ratios", {})), f"down {out['down_s']}s; written {a.out}")

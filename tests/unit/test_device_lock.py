@@ -36,7 +36,7 @@ def test_engines_and_the_learner_load_under_the_lock(tmp_path, tiny_dir, monkeyp
     import contextlib
 
     from config.settings import load_settings
-    from policies.engines import engine
+    from policies.engines import roles
     from policies.learning import trainer
 
     seen = []
@@ -46,11 +46,11 @@ def test_engines_and_the_learner_load_under_the_lock(tmp_path, tiny_dir, monkeyp
         seen.append(str(device))
         yield
 
-    monkeypatch.setattr(engine, "device_startup", record)
+    monkeypatch.setattr(roles, "device_startup", record)
     monkeypatch.setattr(trainer, "device_startup", record)
     s = load_settings(None)
     s.state_dir = str(tmp_path / "state")
-    engine.make_engine(s, tiny_dir, role="gate")
+    roles.make_engine(s, tiny_dir, role="gate")
     t = trainer.Trainer(s, tiny_dir)
     t._load()  # a scratch or reference copy
     assert seen == [s.model.device, s.learner.device, s.learner.device]

@@ -9,7 +9,8 @@ from test_live_policy import _version  # noqa: E402
 
 from actors.events import HeldoutScored, WeightsRolledBack, WeightsStatus
 from actors.lifecycles import WeightsState as S
-from policies.promotion.guard import Check, Guard, anchor, look, rollback_plan
+from policies.promotion.guard import Guard
+from policies.promotion.guard_decisions import Check, anchor, look, rollback_plan
 
 
 def _check(version, base, n=None):
@@ -120,7 +121,7 @@ def test_rollback_plan(bad, live, canary, passed, history, checks, want):
 
 
 def test_categories_are_interleaved_so_a_first_half_holds_each_of_them():
-    from policies.promotion.guard import interleave
+    from policies.promotion.guard_decisions import interleave
 
     ids = ["add_1", "add_2", "add_3", "mul_1", "mul_2"]
     assert interleave(ids, lambda e: e.split("_")[0]) == ["add_1", "mul_1", "add_2", "mul_2", "add_3"]

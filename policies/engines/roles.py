@@ -1,0 +1,51 @@
+"""Which engine each role gets: `make_engine(settings, model_dir, version, role)`.
+
+vLLM for the roles in `model.vllm_roles` when `model.engine` is vllm (each vLLM engine reserves GPU memory, so only
+the high-throughput roles get one; imported only here, so the CPU path never imports vllm), else transformers
+(`policies/engines/engine.py`): serving roles batch concurrent requests, the held-out scorers' `eval` engine shares
+prefills (`policies/engines/shared_decode.py`). Every engine starts under the device's start-up lock
+(`policies/device_lock.py`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from policies.device_lock import device_startup
+from policies.engines.engine import TransformersEngine
+from policies.engines.generation import Engine
+
+ROLES = ("serve", "canary", "explorer", "gate", "judge", "questioner", "eval")
+
+
+def make_engine(settings, model_dir: str | Path, version: str = "w-000000", role: str = "serve") -> Engine:
+    """The engine for one role: vLLM when `model.engine` is vllm and the role is in `model.vllm_roles`
+    (vLLM engines reserve GPU memory each, so only the high-throughput roles get one), else transformers."""
+    if role not in ROLES:
+        raise ValueError(f"unknown engine role {role!r}; known: {ROLES}")
+    m = settings.model
+    if m.engine == "vllm" and role in m.vllm_roles:
+        from policies.engines.vllm_engine import VllmEngine
+
+        with device_startup(settings.state, "cuda"):  # vLLM profiles free GPU memory while it starts
+            return VllmEngine(
+                model_dir,
+                dtype=m.serve_dtype,
+                gpu_memory_utilization=m.gpu_memory_utilization,
+                max_model_len=m.max_model_len,
+                enforce_eager=m.enforce_eager,
+                version=version,
+            )
+    serving = role in ("serve", "canary")
+    with device_startup(settings.state, m.device):
+        return TransformersEngine(
+            model_dir,
+            dtype=m.serve_dtype,
+            device=m.device,
+            threads=m.torch_threads,
+            version=version,
+            standby=serving,
+            max_batch=settings.serve.max_batch if serving else 1,
+            batch_window_ms=settings.serve.batch_window_ms,
+            share_prefill=role == "eval",
+        )
