@@ -21,6 +21,21 @@ from pathlib import Path
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, below the kernel's ephemeral range where it can: a port the OS hands out (bind to 0) may be
+    taken by one of Ray's own listeners or an outgoing connection before the server that was given it binds."""
+    import random
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    for port in random.sample(range(10000, low), min(64, max(0, low - 10000))):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
