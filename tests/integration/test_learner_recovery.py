@@ -13,36 +13,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from sample_groups import two_sample_group  # tests/ is on sys.path
 
 from actors.bus import Bus
-from actors.events import ChatMessage, Judgement, Sample, ToolCall, parse_event
+from actors.events import parse_event
 
 ROOT = Path(__file__).resolve().parents[2]
 N_GROUPS = 8  # 4 steps of 2 groups
-
-
-def _group(i: int) -> Judgement:
-    def sample(ok: bool) -> Sample:
-        call = ToolCall(id="c", name="mkdir" if ok else "rm", arguments=json.dumps({"dir_name": f"d{i}"}))
-        return Sample(
-            sample_id=f"s{i}{ok}",
-            messages=[
-                ChatMessage(role="system", content="You call functions."),
-                ChatMessage(role="user", content=f"Create the folder d{i}."),
-                ChatMessage(role="assistant", tool_calls=[call]),
-            ],
-            step_indices=[2],
-        )
-
-    return Judgement(
-        event_id=f"j-{i:02d}",
-        group_id=f"g{i}",
-        source="rollout",
-        task_id=f"t{i}",
-        samples=[sample(True), sample(False)],
-        outcomes=[1.0, 0.0],
-        step_labels=[["GOOD"], ["BAD"]],
-    )
 
 
 async def _events(bus, prefix, kind):
@@ -108,7 +85,7 @@ async def test_kill_9_mid_step_and_mid_checkpoint(settings, nats_server, model_d
         )
 
     for i in range(N_GROUPS):
-        await bus.publish(_group(i))
+        await bus.publish(two_sample_group(i))
     proc = start()
     try:
         # 1) killed in the middle of a step: after step_started, before its checkpoint
@@ -148,7 +125,7 @@ async def test_kill_9_mid_step_and_mid_checkpoint(settings, nats_server, model_d
     await bus.close()
     assert sorted(steps) == [1, 2, 3, 4] and 1 <= killed_at < 4
     applied = sorted(i for e in steps.values() for i in e.source_event_ids)
-    assert applied == [f"j-{i:02d}" for i in range(N_GROUPS)]  # each judgement in exactly one step
+    assert applied == [f"j-{i}" for i in range(N_GROUPS)]  # each judgement in exactly one step
     from policies.learning.checkpoint import CheckpointStore
     from policies.weights.model_store import WeightsStore
 
@@ -159,5 +136,5 @@ async def test_kill_9_mid_step_and_mid_checkpoint(settings, nats_server, model_d
     assert all(store.verify(e.weights.path, e.weights.sha256) for e in published.values())
     state, man, skipped = CheckpointStore(settings.state / "learner").load()
     assert man["step"] == 4 and man["version"] == versions[-1] and skipped == []
-    assert sorted(state["applied"]) == [f"j-{i:02d}" for i in range(N_GROUPS)]
+    assert sorted(state["applied"]) == [f"j-{i}" for i in range(N_GROUPS)]
     assert "learner.resumed" in log.read_text()

@@ -6,7 +6,9 @@ the messages are doubles that record what happens to them."""
 
 import asyncio
 
-from actors.events import ChatMessage, Judgement, LearnerStep, Sample, ToolCall
+from sample_groups import two_sample_group  # tests/ is on sys.path
+
+from actors.events import LearnerStep
 
 
 class Bus:
@@ -26,31 +28,6 @@ class Msg:
 
     async def in_progress(self):
         pass
-
-
-def _group(i: int, version: str) -> Judgement:
-    def sample(ok: bool) -> Sample:
-        call = ToolCall(id="c", name="mkdir" if ok else "rm", arguments=f'{{"dir_name": "d{i}"}}')
-        return Sample(
-            sample_id=f"s{i}{ok}",
-            messages=[
-                ChatMessage(role="system", content="You call functions."),
-                ChatMessage(role="user", content=f"Create the folder d{i}."),
-                ChatMessage(role="assistant", tool_calls=[call]),
-            ],
-            step_indices=[2],
-        )
-
-    return Judgement(
-        event_id=f"j-{i}",
-        group_id=f"g{i}",
-        source="rollout",
-        task_id=f"t{i}",
-        weights_version=version,
-        samples=[sample(True), sample(False)],
-        outcomes=[1.0, 0.0],
-        step_labels=[["GOOD"], ["BAD"]],
-    )
 
 
 def _learner(tmp_path, tiny_dir, **learner):
@@ -81,7 +58,7 @@ def _learner(tmp_path, tiny_dir, **learner):
 def _step(ln, i: int) -> tuple[LearnerStep, Msg]:
     """Judgement i arrives (sampled with the version the learner trains now), then one tick."""
     msg = Msg()
-    asyncio.run(ln.handle_judgement(_group(i, ln.trainer.version), msg))
+    asyncio.run(ln.handle_judgement(two_sample_group(i, ln.trainer.version), msg))
     asyncio.run(ln.tick())
     return [e for e in ln.bus.events if isinstance(e, LearnerStep)][-1], msg
 
