@@ -37,6 +37,7 @@ class TransformersEngine:
         max_batch: int = 1,
         batch_window_ms: float = 0.0,
         share_prefill: bool = False,
+        attention: str | None = None,
     ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -49,7 +50,8 @@ class TransformersEngine:
         self.tok.padding_side = "left"
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype)).to(device)
+        extra = {"attn_implementation": attention} if attention else {}  # None: transformers' default (sdpa)
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype), **extra).to(device)
         self.model.eval()
         self.version = version
         self._lock = threading.Lock()  # one model call at a time

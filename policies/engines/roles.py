@@ -16,6 +16,10 @@ from policies.engines.engine import TransformersEngine
 from policies.engines.generation import Engine
 
 ROLES = ("serve", "canary", "explorer", "gate", "judge", "questioner", "eval")
+# The held-out scorers decode one token a step for a batch of left-padded rows. On CPU, torch's sdpa kernel took 47% of
+# such a check's time (16.6 ms a call, against 1.6 ms for a matrix product); the eager attention's two small products
+# make the whole check faster (tests/benchmarks/bench_guard_check.py, LOG.md). Other roles keep transformers' default.
+EVAL_ATTENTION_CPU = "eager"
 
 
 def make_engine(settings, model_dir: str | Path, version: str = "w-000000", role: str = "serve") -> Engine:
@@ -48,4 +52,5 @@ def make_engine(settings, model_dir: str | Path, version: str = "w-000000", role
             max_batch=settings.serve.max_batch if serving else 1,
             batch_window_ms=settings.serve.batch_window_ms,
             share_prefill=role == "eval",
+            attention=EVAL_ATTENTION_CPU if role == "eval" and m.device == "cpu" else None,
         )

@@ -11,12 +11,13 @@ chunk in turn so that both see the same machine:
 - old: `model.generate` on every row (each of an entry's k copies of a prompt prefilled in full, every row
   decoded until the batch's last one ends), `--old-batch` episodes a call (16, the guard's batch before);
 - new: `policies/engines/shared_decode.py` (each distinct prompt prefilled once after the prefix all share, a row leaves
-  the batch when it ends), `guard.batch` episodes a call (or `--new-batch`).
+  the batch when it ends), `guard.batch` episodes a call (or `--new-batch`), with the eval role's attention (eager
+  on CPU; old uses transformers' default, sdpa). `new@sdpa` is the new path with sdpa, as before eager.
 
 Prints seconds per check, the ratio, where the time went (generation vs the environment's steps), the avg@k of
 each (the same in distribution) and writes JSON.
 
-    .venv/bin/python tests/benchmarks/bench_guard_check.py [--entries N] [--paths old,new,new:32] [--out FILE]
+    .venv/bin/python tests/benchmarks/bench_guard_check.py [--entries N] [--paths old,new,new:32,new@sdpa] [--out FILE]
 """
 
 import argparse
@@ -57,9 +58,15 @@ def main():
     opts = {"max_new_tokens": r.max_new_tokens, "temperature": r.temperature, "call_prefix": r.call_prefix}
     batches = {"old": a.old_batch, "new": a.new_batch or g.batch}
     paths = {}
-    for p in a.paths.split(","):  # old | new, optionally with its own batch: new:32
-        name, _, batch = p.partition(":")
-        paths[p if batch else name] = {"share_prefill": name == "new", "batch": int(batch or batches[name])}
+    default_attention = engine.model.config._attn_implementation  # the eval role's (eager on CPU)
+    for p in a.paths.split(","):  # old | new, optionally with its own batch and attention: new:32, new@sdpa
+        spec, _, attention = p.partition("@")
+        name, _, batch = spec.partition(":")
+        paths[p if batch or attention else name] = {
+            "share_prefill": name == "new",
+            "batch": int(batch or batches[name]),
+            "attention": attention or ("sdpa" if name == "old" else default_attention),
+        }
     res = {
         p: {**cfg, "seconds": 0.0, "generate_s": 0.0, "generate_calls": 0, "tokens": 0, "per_entry": {}}
         for p, cfg in paths.items()
@@ -84,6 +91,7 @@ def main():
             ids = entries[i : i + n]
             for p, cfg in paths.items():  # the guard's `_scores`, one chunk, each path in turn
                 engine.share_prefill, engine.generate = cfg["share_prefill"], timed(p)
+                engine.model.set_attn_implementation(cfg["attention"])
                 t0 = time.monotonic()
                 torch.manual_seed(no)
                 out = evaluate(engine, envs[env], ids, k=g.k, batch=cfg["batch"], **opts)
@@ -113,8 +121,9 @@ def write(a, s, suite, res, done: bool) -> None:
         "dtype": s.model.serve_dtype,
         "paths": res,
     }
-    if "old" in res and "new" in res:
-        out["ratio"] = res["old"]["seconds"] / max(1e-9, res["new"]["seconds"])
+    first, last = list(res)[0], list(res)[-1]
+    if first != last:
+        out["ratio"] = {f"{first} / {last}": res[first]["seconds"] / max(1e-9, res[last]["seconds"])}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1))
     if not done:
@@ -125,8 +134,8 @@ def write(a, s, suite, res, done: bool) -> None:
             f"in {x['generate_calls']} calls, {x['tokens']} tokens; environment {x['env_s']:.1f} s), "
             f"avg@{g.k} {100 * x['avg']:.1f}%"
         )
-    if "ratio" in out:
-        print(f"old / new: {out['ratio']:.2f}x")
+    for pair, ratio in out.get("ratio", {}).items():
+        print(f"{pair}: {ratio:.2f}x")
     print("wrote", a.out)
 
 

@@ -28,14 +28,17 @@ def test_common_prefix_leaves_a_token_of_every_row():
     assert common_prefix([[1, 2], [3, 4]]) == 0
 
 
-def test_greedy_gives_the_tokens_generate_gives(engine):
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])  # eager: the eval role's on CPU (policies/engines/roles.py)
+def test_greedy_gives_the_tokens_generate_gives(engine, attention):
     prompts = _prompts() * 2  # repeats, distinct lengths, rows of different budgets that leave at different steps
     budgets = [3, 17, 9, 24, 1, 12, 24, 5, 20, 2]
     runs = {}
+    engine.model.set_attn_implementation(attention)
     for shared in (False, True):
         engine.share_prefill = shared
         runs[shared] = engine._generate(prompts, budgets, 0.0, 1.0, None)
     engine.share_prefill = False
+    engine.model.set_attn_implementation("sdpa")
     assert [(g.text, g.completion_tokens, g.finish_reason, g.prompt_tokens) for g in runs[True]] == [
         (g.text, g.completion_tokens, g.finish_reason, g.prompt_tokens) for g in runs[False]
     ]
@@ -86,12 +89,16 @@ def test_a_draw_samples_the_nucleus_generate_samples():
 
 
 def test_only_the_held_out_scorers_engine_shares_prefills(tmp_path, tiny_dir):
-    """The guard, `main.py report` and the benchmarks' scoring make their engine with role "eval"; serving (its
-    streaming and batcher), the explorer, the gate and the judge keep `model.generate`."""
+    """The guard, `main.py report` and the benchmarks' scoring make their engine with role "eval" (shared prefills,
+    eager attention on CPU); serving (its streaming and batcher), the explorer, the gate and the judge keep
+    `model.generate` and transformers' default attention."""
     from config.settings import load_settings
     from policies.engines.roles import make_engine
 
     s = load_settings(None)
     s.state_dir = str(tmp_path / "state")
-    assert make_engine(s, tiny_dir, role="eval").share_prefill
-    assert not any(make_engine(s, tiny_dir, role=r).share_prefill for r in ("serve", "explorer", "gate", "judge"))
+    scorer = make_engine(s, tiny_dir, role="eval")
+    assert scorer.share_prefill and scorer.model.config._attn_implementation == "eager"
+    others = [make_engine(s, tiny_dir, role=r) for r in ("serve", "explorer", "gate", "judge")]
+    assert not any(e.share_prefill for e in others)
+    assert {e.model.config._attn_implementation for e in others} == {"sdpa"}
