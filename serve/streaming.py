@@ -38,21 +38,20 @@ async def stream_chat(server, turn):
     version = engine.version  # the fingerprint of the first chunk; the record uses what really answered
     created = int(time.time())
 
+    def frame(choices: list, **extra) -> str:
+        body = {
+            "id": iid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": name,
+            "system_fingerprint": version,
+            "choices": choices,
+            **extra,
+        }
+        return "data: " + json.dumps(body) + "\n\n"
+
     def chunk(delta: dict, finish=None) -> str:
-        return (
-            "data: "
-            + json.dumps(
-                {
-                    "id": iid,
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": name,
-                    "system_fingerprint": version,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-                }
-            )
-            + "\n\n"
-        )
+        return frame([{"index": 0, "delta": delta, "finish_reason": finish}])
 
     # The interaction is recorded before the last frames, and when the client hangs up mid-stream it still is,
     # once the answer is done: clients close the connection at [DONE], which cancels whatever this generator
@@ -105,21 +104,7 @@ async def stream_chat(server, turn):
             yield chunk(delta)
         yield chunk({}, turn.finish(answer, gen))
         if req.include_usage:  # stream_options.include_usage: one more chunk, with no choices
-            yield (
-                "data: "
-                + json.dumps(
-                    {
-                        "id": iid,
-                        "object": "chat.completion.chunk",
-                        "created": created,
-                        "model": name,
-                        "system_fingerprint": version,
-                        "choices": [],
-                        "usage": usage(turn.n_prompt, gen),
-                    }
-                )
-                + "\n\n"
-            )
+            yield frame([], usage=usage(turn.n_prompt, gen))
         yield "data: [DONE]\n\n"
     finally:
         if not recorded:  # hung up mid-stream: the answer is still being generated; record it when it is done
