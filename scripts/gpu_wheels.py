@@ -20,9 +20,11 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -94,6 +96,27 @@ def tree_mib() -> float:
     return sum((ROOT / f.decode()).stat().st_size for f in files if f and (ROOT / f.decode()).is_file()) / MIB
 
 
+def download(pip: list[str], common: list[str], wheels: Path, reqs: list[str]) -> None:
+    """Every requirement as a wheel for the device's Python. One that PyPI ships as an sdist alone (antlr4 4.9.3,
+    which verl's hydra pins) is built here with `pip wheel`; only a pure-Python result (py3-none-any) is kept."""
+    todo = list(reqs)
+    while todo:
+        r = subprocess.run([*pip, "download", "-q", *common, "-d", str(wheels), *todo], capture_output=True, text=True)
+        if r.returncode == 0:
+            return
+        m = re.search(r"No matching distribution found for (\S+)", r.stderr)
+        if not m or m[1] not in todo:
+            raise RuntimeError(f"pip download failed:\n{r.stderr[-3000:]}")
+        built = Path(tempfile.mkdtemp(prefix="kz-sdist-"))
+        subprocess.run([*pip, "wheel", "-q", "--no-deps", "-w", str(built), m[1]], check=True)
+        whl = [w for w in built.glob("*.whl") if w.name.endswith("-py3-none-any.whl")]
+        if not whl:
+            raise RuntimeError(f"{m[1]} has no wheel for the device and does not build as pure Python")
+        shutil.move(str(whl[0]), wheels / whl[0].name)
+        print(f"built {whl[0].name} from its sdist")
+        todo.remove(m[1])
+
+
 def pack(a) -> int:
     work, out = Path(a.work), Path(a.out)
     wheels, site = work / "wheels", work / "site"
@@ -103,7 +126,7 @@ def pack(a) -> int:
     common = ["--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", *plat]
     pip = [sys.executable, "-m", "pip"]
     extra = [x for x in a.extra.split(",") if x]
-    subprocess.run([*pip, "download", "-q", *common, "-d", str(wheels), *reqs, *extra], check=True)
+    download(pip, common, wheels, [*reqs, *extra])
     shutil.rmtree(site, ignore_errors=True)
     subprocess.run(
         [*pip, "install", "-q", "--no-compile", *common, "--target", str(site), *map(str, sorted(wheels.glob("*.whl")))],
