@@ -17,7 +17,9 @@ weights and random weights files of the right names and shapes are written for t
 
 import argparse
 import json
+import signal
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -105,6 +107,8 @@ def main():
         eng = VllmEngine(model_dir, gpu_memory_utilization=a.gpu_memory_utilization)
     prompt = "<|im_start|>user\nTell me a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
     engine_start_s = time.perf_counter() - t_start
+    print(f"engine started in {engine_start_s:.1f}s", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM: the figures so far are written"))
     eng.generate([prompt], 8)  # warm
     stop, records = threading.Event(), []  # (start, end, tokens, ok)
 
@@ -121,26 +125,39 @@ def main():
     threads = [threading.Thread(target=client, daemon=True) for _ in range(a.clients)]
     for t in threads:
         t.start()
-    time.sleep(a.warmup_s)
-    t_base = time.perf_counter()
-    time.sleep(a.baseline_s)  # a window without swaps
-    t_swap = time.perf_counter()
     transports = a.transports.split(",")
-    shared = producer(model_dir, tmp) if "shared" in transports else None
     swap_ms: dict[str, list[float]] = {t: [] for t in transports}
-    for i in range(a.swaps * len(transports)):
-        how, f, v = transports[i % len(transports)], files[(i + 1) % 2], f"w-{i + 1:06d}"
-        ref = None
-        if how == "shared":
-            stage(shared, f, v)
-            ref = shared.ref()
-        swap_ms[how].append(eng.load_weights(f, v, shared=ref))
-        assert eng.last_load == how, eng.last_load  # a shared swap that fell back to the file is not one
-        time.sleep(1.5)
-    t_end = time.perf_counter()
-    stop.set()
-    for t in threads:
-        t.join(300)
+    t_base = t_swap = t_end = None
+    try:
+        time.sleep(a.warmup_s)
+        t_base = time.perf_counter()
+        time.sleep(a.baseline_s)  # a window without swaps
+        t_swap = time.perf_counter()
+        shared = producer(model_dir, tmp) if "shared" in transports else None
+        for i in range(a.swaps * len(transports)):
+            how, f, v = transports[i % len(transports)], files[(i + 1) % 2], f"w-{i + 1:06d}"
+            ref = None
+            if how == "shared":
+                stage(shared, f, v)
+                ref = shared.ref()
+            swap_ms[how].append(eng.load_weights(f, v, shared=ref))
+            assert eng.last_load == how, eng.last_load  # a shared swap that fell back to the file is not one
+            print(f"swap {i + 1} ({how}): {swap_ms[how][-1]:.1f} ms", flush=True)
+            time.sleep(1.5)
+        t_end = time.perf_counter()
+    finally:  # stopped early (a budget's SIGTERM, a failed swap): what was measured is still written
+        stop.set()
+        for t in threads:
+            t.join(300 if t_end else 10)
+        res = results(a, model_dir, engine_start_s, records, swap_ms, t_base, t_swap, t_end or time.perf_counter())
+        print(json.dumps(res, indent=1), flush=True)
+        if a.out:
+            Path(a.out).write_text(json.dumps(res, indent=1))
+    eng.shutdown()
+
+
+def results(a, model_dir, engine_start_s, records, swap_ms, t_base, t_swap, t_end) -> dict:
+    """The figures of the windows that were reached; `complete` says whether every swap ran."""
 
     def window(t0, t1):
         rs = [r for r in records if t0 <= r[0] < t1]
@@ -149,25 +166,23 @@ def main():
             "requests": len(rs),
             "failed": sum(not r[3] for r in rs),
             "tokens_per_s": sum(r[2] for r in rs) / (t1 - t0),
-            "p50_ms": statistics.median(lat),
-            "p99_ms": pct(lat, 0.99),
+            "p50_ms": statistics.median(lat) if lat else None,
+            "p99_ms": pct(lat, 0.99) if lat else None,
         }
 
     res = {
         "model": str(model_dir),
         "clients": a.clients,
         "swaps_each": a.swaps,
+        "complete": all(len(xs) == a.swaps for xs in swap_ms.values()),
         "engine_start_s": round(engine_start_s, 1),
-        "swap_ms": {t: {"p50": statistics.median(xs), "p99": pct(xs, 0.99)} for t, xs in swap_ms.items()},
-        "no_swaps": window(t_base, t_swap),
-        "swapping": window(t_swap, t_end),
+        "swap_ms": {t: {"n": len(xs), "p50": statistics.median(xs), "p99": pct(xs, 0.99)} for t, xs in swap_ms.items() if xs},
+        "no_swaps": window(t_base, t_swap) if t_swap else None,
+        "swapping": window(t_swap, t_end) if t_swap else None,
     }
-    if len(swap_ms) == 2 and "shared" in swap_ms:
+    if {"file", "shared"} <= res["swap_ms"].keys():
         res["file_over_shared_p50"] = res["swap_ms"]["file"]["p50"] / res["swap_ms"]["shared"]["p50"]
-    print(json.dumps(res, indent=1))
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1))
-    eng.shutdown()
+    return res
 
 
 if __name__ == "__main__":
