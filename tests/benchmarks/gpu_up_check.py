@@ -35,6 +35,7 @@ import yaml
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
 from _gpu_models import models  # noqa: E402
+from _run_logs import tails  # noqa: E402
 
 BASE_DIR = ROOT / ".kaizen" / "model" / "smollm2-135m-instruct"
 KINDS = ["learner_step", "weights_published", "weights_promoted", "weights_status", "weights_swapped", "weights_rolled_back"]
@@ -175,11 +176,14 @@ def up(a) -> int:
             )
             try:
                 r.wait(timeout=max(left, 30))
+            except subprocess.TimeoutExpired:
+                pass  # not ready in time: killed below, then the logs say why
             finally:
                 if r.poll() is None or not (state / "run.json").exists():
                     kill_detached(r, up_log)
         print(up_log.read_text()[-4000:], flush=True)
         if r.returncode != 0:
+            print(tails(state), flush=True)
             return 1
         run = json.loads((state / "run.json").read_text())
         ready_s = run.get("ready_s")
@@ -233,6 +237,8 @@ def up(a) -> int:
         log = state / "logs" / "up.log"
         if rc and log.exists():
             print(f"--- last lines of {log}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+            if ready_s is not None:  # not ready: printed above
+                print(tails(state), flush=True)
         if "res" not in locals():  # stopped before the end: what is known
             res = figures_of([], stats, ready_s, forced)
         Path(a.json).write_text(json.dumps({**res, "wall_s": round(time.monotonic() - t_begin)}))
