@@ -26,13 +26,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from gpu_steps import BUDGET_S, ROOT, STEPS, plan, run_step
+from gpu_steps import BUDGET_S, CALLS, ROOT, STEPS, plan, run_step
 
 
 def parser() -> argparse.ArgumentParser:
@@ -138,6 +139,37 @@ def smi(query: str) -> str | None:
     return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
 
 
+def gpu_used_mib() -> int | None:
+    used = smi("memory.used")
+    return int(used.split()[0]) if used else None
+
+
+def settle(before: int | None, wait_s: float = 30) -> tuple[float, list[str]]:
+    """After a step: the GPU memory it took given back (within 1 GiB of before it ran) in up to `wait_s`; else the
+    processes still on the GPU are killed, so that the next step's engine profiles a free device. A step that leaves
+    processes behind has failed (for `up`, that is what `down` left)."""
+    t0 = time.monotonic()
+    while before is not None and time.monotonic() - t0 < wait_s:
+        if (used := gpu_used_mib()) is None or used <= before + 1024:
+            return round(time.monotonic() - t0, 1), []
+        time.sleep(1)
+    if before is None:
+        return 0.0, []
+    r = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20
+    )
+    pids = [int(x) for x in r.stdout.split() if x.strip().isdigit()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return round(time.monotonic() - t0, 1), [
+        f"{(gpu_used_mib() or 0) - before} MiB of the GPU still held {wait_s:.0f}s after it ended; killed {len(pids)} "
+        f"processes on the GPU ({pids})"
+    ]
+
+
 def stop_up(cache: Path, a) -> None:
     """`main.py down` for the up step's state dir, if an `up` still runs there."""
     state = cache / "up" / "state"
@@ -187,8 +219,17 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     steps = plan(a, cache, work)
     total = sum(s["budget_s"] for s in steps)
-    if total > a.total_s:
-        raise SystemExit(f"the budgets add up to {total:.0f}s, over --total-s {a.total_s:.0f}")
+    for call in CALLS:
+        part = [s for s in steps if s["name"] in call]
+        if (t := sum(s["budget_s"] for s in part)) > a.total_s:
+            raise SystemExit(
+                f"the budgets of {','.join(s['name'] for s in part)} add up to {t:.0f}s, over --total-s {a.total_s:.0f}"
+            )
+    if total > a.total_s and not a.dry_run:
+        raise SystemExit(
+            f"the budgets add up to {total:.0f}s, over one call's --total-s {a.total_s:.0f}: run it as {len(CALLS)} calls "
+            "on the warm machine, " + " then ".join(f"--only {','.join(c)}" for c in CALLS)
+        )
     t0, results, figs = time.monotonic(), [], {}
     dev = smi("name,memory.total,driver_version") or "no GPU (no nvidia-smi answer)"
     print(
@@ -202,21 +243,26 @@ def main(argv=None) -> int:
         if step["name"] == "up":
             stop_up(cache, a)  # a fresh state dir: nothing left of an earlier run on this machine
             shutil.rmtree(cache / "up", ignore_errors=True)
+        before = None if a.dry_run else gpu_used_mib()
         r = run_step(step, environment(cache, a), out / f"{step['name']}.log")
+        if step["name"] == "up":
+            stop_up(cache, a)  # stopped mid-run: `down` anyway, before the GPU is checked
+        r["gpu_settle_s"], left = settle(before)
+        if left:
+            r["ok"] = False
+            r["problems"] += left
         try:
             found = figures(step["name"], work, Path(r["log"]).read_text(errors="replace"))
         except (ValueError, OSError) as exc:  # a step that wrote half a JSON file has failed anyway
             found, r["ok"] = {}, False
             r["problems"].append(f"its figures could not be read: {exc}")
-        if (used := smi("memory.used")) is not None:
-            found["gpu_mem_used_mib_after"] = int(used.split()[0])
+        if (used := gpu_used_mib()) is not None:
+            found.update(gpu_mem_used_mib_after=used, gpu_settle_s=r["gpu_settle_s"])
         figs.update({f"{step['name']}.{k}": v for k, v in found.items()})
         results.append(r)
         print(
             f"[gpu_check] {r['name']}: {'ok' if r['ok'] else 'FAILED'} in {r['seconds']}s {'; '.join(r['problems'])}", flush=True
         )
-        if step["name"] == "up":
-            stop_up(cache, a)  # stopped mid-run: `down` anyway
     res = {
         "dry_run": a.dry_run,
         "device": dev,

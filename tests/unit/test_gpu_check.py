@@ -62,7 +62,7 @@ def test_every_step_runs_and_a_failing_one_stops_none_after_it(dry):
     assert hung["timed_out"] and hung["seconds"] < 14 and "out of time" in hung["problems"][0]  # SIGTERM 10 s early
     assert failed["rc"] == 3 and not failed["timed_out"]
     assert steps["install"]["ok"] and steps["gpu_tests"]["ok"] and steps["up"]["ok"]
-    assert res["budget_s"] == 25 + 14 + 90 + 160 + 270 and wall < 120
+    assert res["budget_s"] == 25 + 14 + 150 + 220 + 300 and wall < 120
 
 
 def test_the_figures_come_from_the_real_plumbing(dry):
@@ -93,8 +93,13 @@ def test_the_summary_shows_every_figure_and_each_failures_log_tail(dry):
 
 def test_the_device_run_is_checked_before_it_starts(tmp_path):
     check = _module("gpu_check")
-    with pytest.raises(SystemExit, match="add up to 1305s, over --total-s 580"):
+    with pytest.raises(SystemExit, match="the budgets of up add up to 1000s, over --total-s 580"):
         check.main(["--dry-run", "--out", str(tmp_path), "--budget", "up=1000"])
+    # every step at once is more than one device call holds: the two calls are named
+    with pytest.raises(
+        SystemExit, match="run it as 2 calls on the warm machine, --only install,models,gpu_tests,bench then --only up"
+    ):
+        check.main(["--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="dry-run only"):
         check.main(["--out", str(tmp_path), "--inject-fail", "bench"])
     with pytest.raises(SystemExit, match="unknown steps"):
@@ -184,3 +189,42 @@ def test_the_up_steps_figures_and_preset_from_real_event_models(tmp_path, monkey
     s = load_settings(up.derived_config(a, tmp_path / "state"))
     assert (s.model.source, s.model.path, s.model.name) == ("hf-folder", str(tmp_path / "tiny"), "tiny")
     assert (s.model.engine, s.gate.heldout_tasks, s.serve.weights_transport) == ("vllm", 8, "file")
+
+
+def test_after_a_step_its_gpu_memory_is_awaited_and_what_it_left_on_the_gpu_is_killed(monkeypatch):
+    check = _module("gpu_check")
+    used = iter([9000, 5000, 1200])  # the step's engine gives its memory back over two seconds
+    monkeypatch.setattr(check, "gpu_used_mib", lambda: next(used))
+    waited, problems = check.settle(500, wait_s=10)
+    assert problems == [] and 1.5 <= waited < 5
+
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a process the step left
+    monkeypatch.setattr(check, "gpu_used_mib", lambda: 31500)
+    real_run = subprocess.run
+    smi = lambda argv, **kw: (  # noqa: E731  nvidia-smi's list of the processes on the GPU
+        subprocess.CompletedProcess(argv, 0, f"{left.pid}\n", "") if argv[0] == "nvidia-smi" else real_run(argv, **kw)
+    )
+    monkeypatch.setattr(check.subprocess, "run", smi)
+    waited, problems = check.settle(500, wait_s=1)
+    assert left.wait(timeout=10) == -9  # SIGKILL
+    assert problems == [f"31000 MiB of the GPU still held 1s after it ended; killed 1 processes on the GPU ([{left.pid}])"]
+    assert check.settle(None) == (0.0, [])  # no GPU (the dry run): nothing to wait for
+
+
+def test_a_failed_ups_logs_are_shown_in_a_few_lines_each(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "benchmarks"))
+    from _run_logs import tails
+
+    state = tmp_path / "state"
+    (state / "logs").mkdir(parents=True)
+    (state / "logs" / "explorer.log").write_text("".join(f"explorer line {i}\n" for i in range(50)))
+    (state / "logs" / "up.log").write_text("printed by up itself\n")
+    ray = state / "ray" / "session_latest" / "logs"
+    ray.mkdir(parents=True)
+    (ray / "worker-aa.err").write_text("ok\nTraceback (most recent call last):\nValueError: Free memory on device\n")
+    (ray / "worker-bb.out").write_text("INFO all well\n")
+    text = tails(state, lines=5)
+    assert "explorer line 49" in text and "explorer line 44" not in text and "printed by up itself" not in text
+    assert "ValueError: Free memory on device" in text and "worker-bb" not in text
+    (ray / "worker-aa.err").write_text("INFO fine\n")
+    assert "no Ray worker log" in tails(state)
