@@ -1,11 +1,13 @@
 """What a failed `up` left in its logs, in a few lines each: the actors' and Serve's own logs under the state dir,
-and Ray's worker logs that hold an error (a vLLM engine's start-up writes there: the actor's stdout and stderr)."""
+Ray's worker logs that hold an error (a vLLM engine's start-up writes there: the actor's stdout and stderr), and
+the warnings of Serve's controller (a replica that cannot be placed or keeps failing its start says so there)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+LEVEL = re.compile(r"(^| )(WARNING|ERROR) ")
 ERROR = re.compile(r"Traceback|Error|error:|CUDA out of memory|RuntimeError|AssertionError")
 
 
@@ -23,4 +25,7 @@ def tails(state: Path, lines: int = 12, workers: int = 4) -> str:
         out += [f"--- {f} (last {2 * lines} lines):", *f.read_text(errors="replace").splitlines()[-2 * lines :]]
     if dirs and not bad:
         out.append(f"--- no Ray worker log in {dirs[0]} mentions an error")
+    for f in sorted(dirs[0].glob("serve/controller_*.log"))[-1:] if dirs else []:  # e.g. a replica Ray cannot place
+        said = [ln for ln in f.read_text(errors="replace").splitlines() if LEVEL.search(ln)]
+        out += [f"--- {f}: its last {2 * lines} warnings and errors:", *said[-2 * lines :]]
     return "\n".join(out)

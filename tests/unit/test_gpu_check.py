@@ -223,7 +223,13 @@ def test_a_failed_ups_logs_are_shown_in_a_few_lines_each(tmp_path, monkeypatch):
     ray.mkdir(parents=True)
     (ray / "worker-aa.err").write_text("ok\nTraceback (most recent call last):\nValueError: Free memory on device\n")
     (ray / "worker-bb.out").write_text("INFO all well\n")
+    (ray / "serve").mkdir()
+    (ray / "serve" / "controller_1.log").write_text(
+        "INFO 1 -- Deploying app\nWARNING 2 -- Deployment 'Agent' has 1 replicas that have taken more than 30s to be "
+        "scheduled: resources required {'GPU': 0.25}\n"
+    )
     text = tails(state, lines=5)
+    assert "taken more than 30s to be scheduled" in text and "Deploying app" not in text
     assert "explorer line 49" in text and "explorer line 44" not in text and "printed by up itself" not in text
     assert "ValueError: Free memory on device" in text and "worker-bb" not in text
     (ray / "worker-aa.err").write_text("INFO fine\n")
