@@ -60,6 +60,10 @@ class EnvSettings(_Section):
     names: list[str] = Field(["bfcl", "code"], description="Environments the questioner draws tasks from (bfcl, code)")
     bfcl_categories: list[str] = Field(["base"], description="BFCL v3 multi-turn categories used for training")
     bfcl_classes: list[str] | None = Field(None, description="Only entries whose classes are all in this list (None = all)")
+    bfcl_single_categories: list[str] = Field(
+        ["simple_python", "multiple", "parallel"],
+        description="BFCL v4 single-turn categories of `bfcl_single`: its entries, held-out split and checks",
+    )
     max_turns: int = Field(2, description="User turns per episode (a prefix of the BFCL entry)")
     max_steps_per_turn: int = Field(3, description="Assistant actions per user turn before the turn is closed")
     heldout_fraction: float = Field(0.2, description="Share of entries held out for evaluation (by id hash)")

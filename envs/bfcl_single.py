@@ -148,7 +148,7 @@ class SingleTurnEnvironment:
 
     @classmethod
     def from_settings(cls, env) -> "SingleTurnEnvironment":
-        return cls(heldout_fraction=env.heldout_fraction)
+        return cls(categories=env.bfcl_single_categories, heldout_fraction=env.heldout_fraction)
 
     def entries(self, split: Split) -> list[str]:
         return sorted(e for e in self._entries if split_of(e, self.heldout_fraction) == split)

@@ -8,13 +8,15 @@ call gets the tool's error back, then "That is not what I asked." and the reques
 conversation; a right one gets the tools' results and the next request. A conversation holds up to
 `--requests-per-conversation` requests. No answer is rated unless `--rate-share` says so (then that share of
 answers, drawn at random, gets +1 / -1 by the checker). The held-out split of those categories is never sent.
+`--bfcl-categories simple_python` keeps the traffic, the held-out split and the guard's checks to that category
+(`env.bfcl_single_categories`).
 
 Everything else is bench_learning_curve's: `up` on a fresh state dir, `--minutes` of traffic, then the base and
 the served versions scored on the held-out split (`--per-category bfcl_single=N`, avg@k, paired sign-flip test),
 the lineage, per-stage times, what each learner step learned from, the judgements that came from next turns by
 rule, and the guard's checks (its suite is set to the same held-out split here). Writes JSON and a PNG.
 
-    .venv/bin/python tests/benchmarks/bench_live_traffic.py --minutes 60 [--rate-share 0.1] [--repeats N]
+    .venv/bin/python tests/benchmarks/bench_live_traffic.py --minutes 60 [--rate-share 0.1] [--bfcl-categories C,C]
 """
 
 import json
@@ -43,7 +45,7 @@ def _tools(entry: dict) -> tuple[list[dict], dict[str, str]]:
     return tools, names
 
 
-def live_users(rate_share: float, per_conversation: int):
+def live_users(rate_share: float, per_conversation: int, categories: list[str]):
     def users(run_info: dict, stop: threading.Event, stats: dict, pause_s: float, seed: int) -> None:
         import httpx
         import openai
@@ -51,7 +53,7 @@ def live_users(rate_share: float, per_conversation: int):
         from actors.events import ToolCall
         from envs.bfcl_single import SingleTurnEnvironment, check, load
 
-        env = SingleTurnEnvironment()
+        env = SingleTurnEnvironment(categories=categories)
         train = env.entries("train")  # the held-out split is never sent
         entries = {e: load(env.category_of(e))[0][e] for e in train}
         key = Path(run_info["api_key_file"]).read_text().strip()
@@ -148,14 +150,21 @@ def main():
     )
     ap.add_argument("--rate-share", type=float, default=0.0, help="share of answers rated (+1/-1 by the checker)")
     ap.add_argument("--requests-per-conversation", type=int, default=3)
+    ap.add_argument(
+        "--bfcl-categories",
+        default="simple_python,multiple,parallel",
+        help="the single-turn categories of the traffic, the held-out split and the guard's checks (comma-separated)",
+    )
     a = ap.parse_args()
+    cats = a.bfcl_categories.split(",")
     cfg = yaml.safe_load(Path(a.config).read_text()) or {}
+    cfg.setdefault("env", {})["bfcl_single_categories"] = cats
     per = int(a.per_category.split("=")[1])
     cfg.setdefault("guard", {}).update(suite={"bfcl_single": []}, per_category=per)  # the guard checks this split
     path = Path(tempfile.mkdtemp(prefix="kz-live-")) / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     a.config = str(path)
-    a.users_fn = live_users(a.rate_share, a.requests_per_conversation)
+    a.users_fn = live_users(a.rate_share, a.requests_per_conversation, cats)
     run(a)
 
 

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from actors.events import ChatMessage, ToolCall
 from envs.bfcl_single import SingleTurnEnvironment, check, reference_calls
 
@@ -55,3 +57,16 @@ def test_the_checker_does_not_import_any_vendor_client():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_the_configured_categories_are_its_entries_held_out_split_and_checks():
+    from config.settings import Settings
+    from envs.registry import make_env
+
+    s = Settings.model_validate({"env": {"bfcl_single_categories": ["simple_python"]}})
+    env = make_env("bfcl_single", s.env)
+    held, whole = env.entries("heldout"), SingleTurnEnvironment().entries("heldout")
+    assert held and {env.category_of(e) for e in held} == {"simple_python"}
+    assert held == [e for e in whole if e.startswith("simple_python_")]  # the same split, only that category
+    with pytest.raises(ValueError, match="unknown BFCL single-turn category 'simple_java'"):
+        SingleTurnEnvironment(categories=["simple_java"])
