@@ -20,9 +20,9 @@ STEPS = ["install", "models", "gpu_tests", "bench", "up"]
 BUDGET_S = {"install": 25, "models": 60, "gpu_tests": 150, "bench": 220, "up": 300}
 CALLS = (("install", "models", "gpu_tests", "bench"), ("up",))
 # The `up` step checks that the path works through a promotion inside the lease, not the preset's speed (bench
-# measures the engine start with compile and CUDA graphs at 7B): eager engines start ~40 s sooner each, and a
-# learner step of 2 groups comes early enough for the gate to decide within the traffic.
-UP_SET = ["model.enforce_eager=true", "learner.groups_per_step=2"]
+# measures the engine start with compile and CUDA graphs at 7B): eager engines start ~40 s sooner each, a learner
+# step of 2 groups comes early, and a gate of 8 tasks (and 16 NLL entries) decides within the traffic.
+UP_SET = ["model.enforce_eager=true", "learner.groups_per_step=2", "gate.heldout_tasks=8", "gate.nll_entries=16"]
 GRACE_S = 10
 IMPORTS = (
     "vllm,ray,ray.serve,verl,nats,pymilvus,milvus_lite,structlog,pydantic,openai,opentelemetry.sdk,gguf,"
