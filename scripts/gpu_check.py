@@ -26,14 +26,13 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from gpu_steps import BUDGET_S, CALLS, ROOT, STEPS, plan, run_step
+from gpu_steps import BUDGET_S, CALLS, ROOT, STEPS, gpu_used_mib, plan, run_step, settle, smi
 
 
 def parser() -> argparse.ArgumentParser:
@@ -129,58 +128,20 @@ def figures(name: str, out: Path, log: str) -> dict:
     return found
 
 
-def smi(query: str) -> str | None:
-    """nvidia-smi's answer to --query-gpu=QUERY, or None without one."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    r = subprocess.run(
-        ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20
-    )
-    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
-
-
-def gpu_used_mib() -> int | None:
-    used = smi("memory.used")
-    return int(used.split()[0]) if used else None
-
-
-def settle(before: int | None, wait_s: float = 30) -> tuple[float, list[str]]:
-    """After a step: the GPU memory it took given back (within 1 GiB of before it ran) in up to `wait_s`; else the
-    processes still on the GPU are killed, so that the next step's engine profiles a free device. A step that leaves
-    processes behind has failed (for `up`, that is what `down` left)."""
-    t0 = time.monotonic()
-    while before is not None and time.monotonic() - t0 < wait_s:
-        if (used := gpu_used_mib()) is None or used <= before + 1024:
-            return round(time.monotonic() - t0, 1), []
-        time.sleep(1)
-    if before is None:
-        return 0.0, []
-    r = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20
-    )
-    pids = [int(x) for x in r.stdout.split() if x.strip().isdigit()]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    return round(time.monotonic() - t0, 1), [
-        f"{(gpu_used_mib() or 0) - before} MiB of the GPU still held {wait_s:.0f}s after it ended; killed {len(pids)} "
-        f"processes on the GPU ({pids})"
-    ]
-
-
 def stop_up(cache: Path, a) -> None:
     """`main.py down` for the up step's state dir, if an `up` still runs there."""
     state = cache / "up" / "state"
     if (state / "run.json").exists():
-        subprocess.run(
-            [sys.executable, "main.py", "down"],
-            cwd=ROOT,
-            timeout=60,
-            capture_output=True,
-            env={**environment(cache, a), "KAIZEN_STATE_DIR": str(state)},
-        )
+        try:
+            subprocess.run(
+                [sys.executable, "main.py", "down"],
+                cwd=ROOT,
+                timeout=60,
+                capture_output=True,
+                env={**environment(cache, a), "KAIZEN_STATE_DIR": str(state)},
+            )
+        except subprocess.TimeoutExpired:  # what it left on the GPU is killed by `settle`
+            pass
 
 
 def summary(res: dict, tail: int) -> str:
@@ -263,18 +224,19 @@ def main(argv=None) -> int:
         print(
             f"[gpu_check] {r['name']}: {'ok' if r['ok'] else 'FAILED'} in {r['seconds']}s {'; '.join(r['problems'])}", flush=True
         )
-    res = {
-        "dry_run": a.dry_run,
-        "device": dev,
-        "seconds": round(time.monotonic() - t0, 1),
-        "budget_s": total,
-        "steps": results,
-        "figures": figs,
-        "failed": [r["name"] for r in results if not r["ok"]],
-    }
-    (out / "gpu_check.json").write_text(json.dumps(res, indent=1))
-    text = summary(res, a.tail)
-    (out / "summary.txt").write_text(text + "\n")
+        # written after every step: a call cut short by the device's limit still brings back what ran
+        res = {
+            "dry_run": a.dry_run,
+            "device": dev,
+            "seconds": round(time.monotonic() - t0, 1),
+            "budget_s": total,
+            "steps": results,
+            "figures": figs,
+            "failed": [r["name"] for r in results if not r["ok"]],
+        }
+        (out / "gpu_check.json").write_text(json.dumps(res, indent=1))
+        text = summary(res, a.tail)
+        (out / "summary.txt").write_text(text + "\n")
     print(text, flush=True)
     for r in results:  # what comes back from the device is at most 16 MiB a file
         log = Path(r["log"])

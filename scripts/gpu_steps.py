@@ -5,6 +5,7 @@ budget ends and SIGKILL at it, a --help checked for the flags the device run pas
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,9 +15,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ["install", "models", "gpu_tests", "bench", "up"]
 # Sized from the first device run (H200, 2026-11-27): models 39 s (the base's conversion); tests/gpu 119 s (vLLM's
-# cold compile of the small model inside); bench ~210 s at the 7B shape (two 14 GiB weight files 23 s, engine start
-# 70 s, swaps ~5 s apart as each reads or stages 14 GiB); `up` was not ready within 178 s with two engines compiling
-# one after the other. A 600 s call holds one of CALLS, not both: one after the other on the warm machine.
+# cold compile of the small model inside); bench ~210 s at the 7B shape (two 12.9 GiB weight files 23 s, engine start
+# 70 s, swaps ~5 s apart as each reads or stages 12.9 GiB); `up` was not ready within 178 s (two engines compiling
+# one after the other, the bench's memory not yet given back). A 600 s call holds one of CALLS, not both: one after
+# the other on the warm machine. Each step may add up to 30 s of `settle`, and `up` a minute of `down`.
 BUDGET_S = {"install": 25, "models": 60, "gpu_tests": 150, "bench": 220, "up": 300}
 CALLS = (("install", "models", "gpu_tests", "bench"), ("up",))
 # The `up` step checks that the path works through a promotion inside the lease, not the preset's speed (bench
@@ -213,3 +215,63 @@ def signal_group(pgid: int, sig: int) -> None:
 
 def show(argv: list[str]) -> str:
     return " ".join(argv).replace("\n", "; ")
+
+
+def smi(query: str) -> str | None:
+    """nvidia-smi's answer to --query-gpu=QUERY, or None without one (no nvidia-smi, no answer in 20 s, an error)."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        r = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
+
+
+def gpu_used_mib() -> int | None:
+    try:
+        return int((smi("memory.used") or "").split()[0])
+    except (IndexError, ValueError):  # "[N/A]", "[Unknown Error]"
+        return None
+
+
+def gpu_pids() -> list[int]:
+    """The processes nvidia-smi lists on the GPU that are this machine's (a container may list the host's pids),
+    never this check or what runs it."""
+    try:
+        r = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    mine = {os.getpid(), os.getppid(), 1}
+    return [int(x) for x in r.stdout.split() if x.isdigit() and int(x) not in mine and Path(f"/proc/{x}").exists()]
+
+
+def settle(before: int | None, wait_s: float = 30) -> tuple[float, list[str]]:
+    """After a step: the GPU memory it took given back (within 1 GiB of before it ran) in up to `wait_s`; else the
+    processes still on the GPU are killed, so that the next step's engine profiles a free device. A step that leaves
+    memory held has failed (for `up`, that is what `down` left)."""
+    t0 = time.monotonic()
+    while before is not None and time.monotonic() - t0 < wait_s:
+        if (used := gpu_used_mib()) is None or used <= before + 1024:
+            return round(time.monotonic() - t0, 1), []
+        time.sleep(1)
+    if before is None:
+        return 0.0, []
+    killed = []
+    for pid in gpu_pids():
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except OSError:
+            pass
+    return round(time.monotonic() - t0, 1), [
+        f"{(gpu_used_mib() or 0) - before} MiB of the GPU still held {wait_s:.0f}s after it ended; killed "
+        f"{len(killed)} processes on the GPU ({killed})"
+    ]

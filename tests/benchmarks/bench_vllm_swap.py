@@ -108,8 +108,13 @@ def main():
     prompt = "<|im_start|>user\nTell me a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
     engine_start_s = time.perf_counter() - t_start
     print(f"engine started in {engine_start_s:.1f}s", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM: the figures so far are written"))
-    eng.generate([prompt], 8)  # warm
+    stopped: list[float] = []  # when a SIGTERM came: what fails after it (the engine got it too) is not the swaps'
+
+    def on_term(*_):
+        stopped.append(time.perf_counter())
+        sys.exit("stopped by SIGTERM: the figures so far are written")
+
+    signal.signal(signal.SIGTERM, on_term)
     stop, records = threading.Event(), []  # (start, end, tokens, ok)
 
     def client():
@@ -123,12 +128,13 @@ def main():
                 print("request failed:", repr(exc)[:200])
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(a.clients)]
-    for t in threads:
-        t.start()
     transports = a.transports.split(",")
     swap_ms: dict[str, list[float]] = {t: [] for t in transports}
     t_base = t_swap = t_end = None
     try:
+        eng.generate([prompt], 8)  # warm
+        for t in threads:
+            t.start()
         time.sleep(a.warmup_s)
         t_base = time.perf_counter()
         time.sleep(a.baseline_s)  # a window without swaps
@@ -145,11 +151,14 @@ def main():
             print(f"swap {i + 1} ({how}): {swap_ms[how][-1]:.1f} ms", flush=True)
             time.sleep(1.5)
         t_end = time.perf_counter()
-    finally:  # stopped early (a budget's SIGTERM, a failed swap): what was measured is still written
-        stop.set()
-        for t in threads:
-            t.join(300 if t_end else 10)
-        res = results(a, model_dir, engine_start_s, records, swap_ms, t_base, t_swap, t_end or time.perf_counter())
+    finally:  # stopped early (a budget's SIGTERM, a failed swap): what was measured is still written, within the
+        stop.set()  # 10 s the check leaves between its SIGTERM and its SIGKILL
+        deadline = time.monotonic() + (300 if t_end else 3)
+        for t in (t for t in threads if t.ident):  # the started ones
+            t.join(max(0.0, deadline - time.monotonic()))
+        end = t_end or (stopped[0] if stopped else time.perf_counter())
+        done = list(records) if t_end else [r for r in list(records) if r[1] < end]
+        res = results(a, model_dir, engine_start_s, done, swap_ms, t_base, t_swap, end)
         print(json.dumps(res, indent=1), flush=True)
         if a.out:
             Path(a.out).write_text(json.dumps(res, indent=1))

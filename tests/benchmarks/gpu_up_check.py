@@ -138,7 +138,7 @@ def dry_up(a, cfg: Path) -> int:
 
 
 def up(a) -> int:
-    t_begin = time.monotonic()
+    t_begin, t_wall = time.monotonic(), time.time()
     deadline = t_begin + a.deadline_s
     state = Path(a.state)
     cfg = derived_config(a, state)
@@ -183,7 +183,7 @@ def up(a) -> int:
                     kill_detached(r, up_log)
         print(up_log.read_text()[-4000:], flush=True)
         if r.returncode != 0:
-            print(tails(state), flush=True)
+            print(tails(state, since=t_wall), flush=True)
             return 1
         run = json.loads((state / "run.json").read_text())
         ready_s = run.get("ready_s")
@@ -238,7 +238,7 @@ def up(a) -> int:
         if rc and log.exists():
             print(f"--- last lines of {log}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
             if ready_s is not None:  # not ready: printed above
-                print(tails(state), flush=True)
+                print(tails(state, since=t_wall), flush=True)
         if "res" not in locals():  # stopped before the end: what is known
             res = figures_of([], stats, ready_s, forced)
         Path(a.json).write_text(json.dumps({**res, "wall_s": round(time.monotonic() - t_begin)}))

@@ -5,6 +5,7 @@ with or without an xz binary."""
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -99,7 +100,7 @@ def test_the_device_run_is_checked_before_it_starts(tmp_path):
     with pytest.raises(
         SystemExit, match="run it as 2 calls on the warm machine, --only install,models,gpu_tests,bench then --only up"
     ):
-        check.main(["--out", str(tmp_path)])
+        check.main(["--out", str(tmp_path), "--cache", str(tmp_path / "cache")])
     with pytest.raises(SystemExit, match="dry-run only"):
         check.main(["--out", str(tmp_path), "--inject-fail", "bench"])
     with pytest.raises(SystemExit, match="unknown steps"):
@@ -192,23 +193,27 @@ def test_the_up_steps_figures_and_preset_from_real_event_models(tmp_path, monkey
 
 
 def test_after_a_step_its_gpu_memory_is_awaited_and_what_it_left_on_the_gpu_is_killed(monkeypatch):
-    check = _module("gpu_check")
+    steps = _module("gpu_steps")
+    real_used = steps.gpu_used_mib
     used = iter([9000, 5000, 1200])  # the step's engine gives its memory back over two seconds
-    monkeypatch.setattr(check, "gpu_used_mib", lambda: next(used))
-    waited, problems = check.settle(500, wait_s=10)
+    monkeypatch.setattr(steps, "gpu_used_mib", lambda: next(used))
+    waited, problems = steps.settle(500, wait_s=10)
     assert problems == [] and 1.5 <= waited < 5
 
     left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a process the step left
-    monkeypatch.setattr(check, "gpu_used_mib", lambda: 31500)
+    monkeypatch.setattr(steps, "gpu_used_mib", lambda: 31500)
     real_run = subprocess.run
+    listed = f"{left.pid}\n{os.getpid()}\n4194999\n"  # itself and a pid not of this machine are never killed
     smi = lambda argv, **kw: (  # noqa: E731  nvidia-smi's list of the processes on the GPU
-        subprocess.CompletedProcess(argv, 0, f"{left.pid}\n", "") if argv[0] == "nvidia-smi" else real_run(argv, **kw)
+        subprocess.CompletedProcess(argv, 0, listed, "") if argv[0] == "nvidia-smi" else real_run(argv, **kw)
     )
-    monkeypatch.setattr(check.subprocess, "run", smi)
-    waited, problems = check.settle(500, wait_s=1)
+    monkeypatch.setattr(steps.subprocess, "run", smi)
+    waited, problems = steps.settle(500, wait_s=1)
     assert left.wait(timeout=10) == -9  # SIGKILL
     assert problems == [f"31000 MiB of the GPU still held 1s after it ended; killed 1 processes on the GPU ([{left.pid}])"]
-    assert check.settle(None) == (0.0, [])  # no GPU (the dry run): nothing to wait for
+    assert steps.settle(None) == (0.0, [])  # no GPU (the dry run): nothing to wait for
+    monkeypatch.setattr(steps, "smi", lambda q: "[N/A]")  # an answer that is not a number
+    assert real_used() is None
 
 
 def test_a_failed_ups_logs_are_shown_in_a_few_lines_each(tmp_path, monkeypatch):
