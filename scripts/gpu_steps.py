@@ -217,17 +217,21 @@ def show(argv: list[str]) -> str:
     return " ".join(argv).replace("\n", "; ")
 
 
-def smi(query: str) -> str | None:
-    """nvidia-smi's answer to --query-gpu=QUERY, or None without one (no nvidia-smi, no answer in 20 s, an error)."""
+def _nvidia_smi(query: str) -> str | None:
+    """nvidia-smi's CSV answer to QUERY (e.g. --query-gpu=memory.used), or None: no nvidia-smi, no answer in 20 s,
+    an error."""
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        r = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20
-        )
+        r = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return None
     return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
+
+
+def smi(query: str) -> str | None:
+    """nvidia-smi's answer to --query-gpu=QUERY, or None without one."""
+    return _nvidia_smi(f"--query-gpu={query}")
 
 
 def gpu_used_mib() -> int | None:
@@ -240,17 +244,9 @@ def gpu_used_mib() -> int | None:
 def gpu_pids() -> list[int]:
     """The processes nvidia-smi lists on the GPU that are this machine's (a container may list the host's pids),
     never this check or what runs it."""
-    try:
-        r = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []
+    listed = _nvidia_smi("--query-compute-apps=pid") or ""
     mine = {os.getpid(), os.getppid(), 1}
-    return [int(x) for x in r.stdout.split() if x.isdigit() and int(x) not in mine and Path(f"/proc/{x}").exists()]
+    return [int(x) for x in listed.split() if x.isdigit() and int(x) not in mine and Path(f"/proc/{x}").exists()]
 
 
 def settle(before: int | None, wait_s: float = 30) -> tuple[float, list[str]]:

@@ -29,6 +29,7 @@ import yaml
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
 from bench_learning_curve import parser, run  # noqa: E402
+from envs.bfcl_single import CATEGORIES  # noqa: E402
 
 NOT_WHAT_I_ASKED = "That is not what I asked."
 
@@ -152,7 +153,7 @@ def main():
     ap.add_argument("--requests-per-conversation", type=int, default=3)
     ap.add_argument(
         "--bfcl-categories",
-        default="simple_python,multiple,parallel",
+        default=",".join(CATEGORIES),
         help="the single-turn categories of the traffic, the held-out split and the guard's checks (comma-separated)",
     )
     a = ap.parse_args()

@@ -208,6 +208,7 @@ def test_after_a_step_its_gpu_memory_is_awaited_and_what_it_left_on_the_gpu_is_k
         subprocess.CompletedProcess(argv, 0, listed, "") if argv[0] == "nvidia-smi" else real_run(argv, **kw)
     )
     monkeypatch.setattr(steps.subprocess, "run", smi)
+    monkeypatch.setattr(steps.shutil, "which", lambda name: f"/usr/bin/{name}")
     waited, problems = steps.settle(500, wait_s=1)
     assert left.wait(timeout=10) == -9  # SIGKILL
     assert problems == [f"31000 MiB of the GPU still held 1s after it ended; killed 1 processes on the GPU ([{left.pid}])"]
