@@ -205,11 +205,14 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def use_own_endpoint(s: Settings, url: str) -> None:
-    """`self` as the judge's or the task writer's endpoint: our own Serve app at `url`, with its API key."""
+    """`self` as the judge's or the task writer's endpoint: our own Serve app at `url`, with its API key, asked
+    for the served model by its name unless a model is set (our endpoint answers no other name)."""
     if s.judge.base_url == "self":
         s.judge.base_url, s.judge.api_key = url, s.serve.api_key
+        s.judge.model = s.judge.model or s.model.name
     if s.questioner.generator_base_url == "self":
         s.questioner.generator_base_url, s.questioner.generator_api_key = url, s.serve.api_key
+        s.questioner.generator_model = s.questioner.generator_model or s.model.name
 
 
 async def ensure_stream(s: Settings, attempts: int = -1) -> None:

@@ -39,6 +39,14 @@ def test_self_endpoints_point_at_the_api_inside_the_cluster(tmp_path):
     s = kuberay.settings_from_args(_args(tmp_path, "config/gpu-7b.yaml", own_url="http://kaizen-serve-svc:8000/v1"))
     assert (s.judge.base_url, s.judge.api_key) == ("http://kaizen-serve-svc:8000/v1", "sk-test")
     assert (s.questioner.generator_base_url, s.questioner.generator_api_key) == ("http://kaizen-serve-svc:8000/v1", "sk-test")
+    # our endpoint answers only the served model's name (the first GPU `up` got 404s for 'judge' and 'generator')
+    assert s.judge.model == s.questioner.generator_model == s.model.name == "Qwen2-7B-Instruct"
+
+
+def test_a_model_named_for_the_self_judge_is_kept():
+    s = load_settings("config/gpu-7b.yaml", **{"judge.model": "critic", "serve.model_aliases": ["critic"]})
+    launch.use_own_endpoint(s, "http://127.0.0.1:8000/v1")
+    assert (s.judge.model, s.questioner.generator_model) == ("critic", "Qwen2-7B-Instruct")
 
 
 def test_no_key_is_refused(tmp_path):
