@@ -103,6 +103,16 @@ class EventActor:
     async def tick(self) -> None:
         """Periodic work between fetches (questioner's pacing, learner's batching)."""
 
+    async def beat_held(self, every_s: float = 15.0) -> None:
+        """Tell the server that the messages in `self.held` are still being worked on, at most once per `every_s`."""
+        held = getattr(self, "held", None)
+        if not held or time.monotonic() - getattr(self, "_last_beat", 0.0) <= every_s:
+            return
+        self._last_beat = time.monotonic()
+        for m in list(held.values()):
+            with contextlib.suppress(Exception):
+                await m.in_progress()
+
     async def _once(self) -> None:
         if self._sub is None:
             await asyncio.sleep(self.fetch_timeout_s)

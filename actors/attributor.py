@@ -230,13 +230,7 @@ class Attributor(EventActor):
             return
         for cid in self.book.idle(time.time()):
             await self._close(cid)
-        if self.held and time.monotonic() - self._last_beat > min(15.0, self.settings.nats.ack_wait_s / 3):
-            self._last_beat = time.monotonic()
-            for m in list(self.held.values()):
-                try:
-                    await m.in_progress()
-                except Exception:
-                    pass
+        await self.beat_held(min(15.0, self.settings.nats.ack_wait_s / 3))
 
     async def _close(self, cid: str) -> None:
         """Close one conversation; if that cannot be carried out, it goes back to the book (tried again later)."""

@@ -1,27 +1,25 @@
 """Learner: GRPO steps on judged groups -> a new weights version, asynchronous to the rollouts.
 
-The explorer keeps generating with the weights it has while the learner trains; each sample carries
-the version that generated it. Before a step, samples more than `learner.max_staleness` learner
-steps behind the weights being trained (measured along the lineage in the weights manifests; a
-version outside the lineage, e.g. one that was rolled back, counts as too stale) are dropped with
-their group; the rest are corrected by truncated importance weights (`policies/learning/trainer.py`).
+The explorer keeps generating with the weights it has while the learner trains; each sample carries the version that
+generated it. Before a step, samples more than `learner.max_staleness` learner steps behind the weights being trained
+(along the lineage in the weights manifests; a version outside it, e.g. one rolled back, counts as too stale) are
+dropped with their group; the rest are corrected by truncated importance weights (`policies/learning/trainer.py`).
+While live groups are held, the learner does not step further than that bound past the served version: it waits for
+the broadcaster's decision rather than make what users are answered with too stale to learn from.
 
-Judgement messages are held (not acked) until the step that uses them is committed. The commit
-point is the checkpoint (`policies/learning/checkpoint.py`): it holds the model, the optimizer, the new
-version's name and the ids of every judgement applied. Exporting the weights file, publishing
-`evo.learner_step` / `evo.weights_published` (event ids derived from the step) and acking follow
-it and are idempotent, so after a crash at any point the learner resumes from the last verified
-checkpoint, redoes what follows it, acks redelivered judgements it already applied and trains on
-the others: no batch is lost or applied twice. With `learner.replay_groups`, the newest groups earlier steps
-trained go into the next step again (a second pass, importance-corrected against the version that sampled
-them; kept in memory only, dropped when stale or when the learner resets to another version).
-Groups without any advantage are acked untrained;
-rated live interactions are pooled into groups of `learner.min_live_group`, tool calls and text answers apart. It always
-trains from a version
-users get or will get: after a rejection of a version it descends from, from that version's nearest
-ancestor that is the canary or live; after a rollback, from the version rolled back to; and when a
-version goes live that it does not descend from, from that one. With `learner.kl_target` its step size follows the
-measured drift from the base and halves when a version it trained is rejected (`policies/learning/step_size.py`).
+Judgement messages are held (not acked) until the step that uses them is committed. The commit point is the checkpoint
+(`policies/learning/checkpoint.py`): the model, the optimizer, the new version's name and the ids of every judgement
+applied. Exporting the weights file, publishing `evo.learner_step` / `evo.weights_published` (event ids derived from
+the step) and acking follow it and are idempotent, so after a crash at any point the learner resumes from the last
+verified checkpoint, redoes what follows it, acks redelivered judgements it already applied and trains on the others:
+no batch is lost or applied twice. With `learner.replay_groups`, the newest groups earlier steps trained go into the
+next step again (importance-corrected against the version that sampled them; in memory only, dropped when stale or
+when the learner resets). Groups without any advantage are acked untrained; rated live interactions are pooled into
+groups of `learner.min_live_group`, tool calls and text answers apart. It always trains from a version users get or
+will get: after a rejection of a version it descends from, from that version's nearest ancestor that is the canary or
+live; after a rollback, from the version rolled back to; when a version it does not descend from goes live, from that
+one. With `learner.kl_target` its step size follows the measured drift from the base and halves when a version it
+trained is rejected (`policies/learning/step_size.py`).
 """
 
 from __future__ import annotations
@@ -42,8 +40,8 @@ from actors.events import (
 from config import telemetry
 from policies.engines.live_policy import LivePolicy
 from policies.learning.checkpoint import CheckpointStore
-from policies.learning.groups import at_floor, behaviour_of, fair_step, informative, live_group, live_kind
-from policies.learning.staleness import staleness
+from policies.learning.groups import at_floor, behaviour_of, informative, live_group, live_kind, step_choice
+from policies.learning.staleness import lead_over_users, staleness
 from policies.learning.step_events import learner_step, signal_shares, weights_published
 from policies.learning.step_size import StepSize
 from policies.weights.model_store import BASE_VERSION, version_name
@@ -157,6 +155,17 @@ class Learner(EventActor):
     def _fresh(self, g: Judgement) -> bool:
         return all(self.staleness(v) is not None and self.trainer.reproducible(v) for v in g.behaviour_versions)
 
+    async def _waits_for_users(self) -> bool:
+        """Live groups held and the trainer `max_staleness` steps past the served version (the GPU learner steps in
+        seconds, the gate takes minutes): no step until the broadcaster decides (`lead_over_users`)."""
+        held_live = any(g.source == "live" for g in self.ready) or any(self.live.values())
+        m = self.settings.learner.max_staleness
+        lead = held_live and lead_over_users(self.store, self.trainer.version, self.weights_version, m)
+        if lead and getattr(self, "_waiting", None) != (self.trainer.version, self.weights_version):
+            self._waiting = (self.trainer.version, self.weights_version)
+            self.log.info("learner.waiting_for_serving", training=self.trainer.version, served=self.weights_version, lead=lead)
+        return bool(lead)
+
     async def _drop_stale(self) -> None:
         fresh = []
         self.replay = [g for g in self.replay if self._fresh(g)]  # acked already: they just leave
@@ -177,23 +186,17 @@ class Learner(EventActor):
 
     # ------------------------------------------------------------------ one step
     async def tick(self) -> None:
-        now = time.monotonic()
-        if self.held and now - self._last_beat > 15:
-            self._last_beat = now
-            for m in list(self.held.values()):
-                try:
-                    await m.in_progress()
-                except Exception:
-                    pass
+        await self.beat_held()
         n = self.settings.learner.groups_per_step
         if len(self.ready) < n:
             return
         await self._drop_stale()
-        if len(self.ready) < n:
+        if len(self.ready) < n or await self._waits_for_users():
             return
-        # the newest groups first: they are what the served version does now, and the cycle from an
+        # live groups about to go stale, then the newest: what the served version does now, and the cycle from an
         # interaction to served weights does not wait behind a backlog (older ones go stale and are dropped)
-        groups = fair_step(self.ready, n, self.settings.learner.live_groups_per_user)  # popped once committed
+        ln = self.settings.learner
+        groups = step_choice(self.ready, n, ln.live_groups_per_user, self.staleness, ln.max_staleness)  # popped once committed
         again = list(self.replay)  # trained before: a second pass, importance-corrected like any older sample
         step_groups = groups + again
         ids = sorted({i for g in groups for i in g.source_event_ids})
@@ -281,9 +284,7 @@ class Learner(EventActor):
         self.log.info("learner.reset", training=version, previous=old, why=why)
 
     def _signal_shares(self) -> dict[str, float]:
-        return signal_shares(
-            getattr(self, "groups_seen", 0), getattr(self, "groups_own_signal", 0), getattr(self, "groups_no_signal", 0)
-        )
+        return signal_shares(*(getattr(self, k, 0) for k in ("groups_seen", "groups_own_signal", "groups_no_signal")))
 
     def health(self) -> dict:
         t = getattr(self, "trainer", None)

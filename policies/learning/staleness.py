@@ -20,3 +20,17 @@ def staleness(store: WeightsStore, training: str, version: str, max_staleness: i
     if version != BASE_VERSION and not (store.manifest(version) or {}).get("path"):
         return None
     return lineage.index(version)
+
+
+def lead_over_users(store: WeightsStore, training: str, served: str, max_staleness: int) -> int | None:
+    """How many learner steps `training` is past the `served` version once that lead is `max(1, max_staleness)` or
+    more, else None. While live groups are held (users keep sending more), a step from there would leave what the
+    served version writes too stale to learn from: the learner waits for the broadcaster to promote, reject or roll
+    back instead (each moves `served` or resets `training`); the held live groups at their last chance then go first
+    (`groups.step_choice`). A served version that is no ancestor of `training` (another branch) is None too: waiting
+    would not make its samples fresh."""
+    bound = max(1, max_staleness)
+    lineage = store.ancestors(training, 10_000)
+    if served not in lineage or lineage.index(served) < bound:
+        return None
+    return lineage.index(served)

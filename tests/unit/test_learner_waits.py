@@ -1,0 +1,77 @@
+"""The learner does not run ahead of what users are answered with: while live groups are held, it steps at most
+`max(1, learner.max_staleness)` versions past the served one, then waits for the broadcaster (the first GPU `up`
+published 5 versions in 40 s while the gate decided none, and every live group after that was dropped as stale).
+Without live groups it steps on as before; live groups at their last chance are trained first."""
+
+import asyncio
+
+import torch
+from learner_harness import Msg, make_learner  # tests/ is on sys.path
+from sample_groups import two_sample_group
+
+from actors.events import LearnerStep
+from policies.learning.groups import behaviour_of, step_choice
+from policies.learning.staleness import lead_over_users
+from policies.weights.model_store import WeightsStore
+
+
+def test_the_lead_counts_only_from_the_bound_and_only_along_the_lineage(tmp_path):
+    store = WeightsStore(tmp_path)
+    sd = {"w": torch.zeros(1)}
+    store.save(sd, "w-000001", {"parent": "w-000000"})
+    for n in range(2, 7):
+        store.save(sd, f"w-{n:06d}", {"parent": f"w-{n - 1:06d}"})
+    store.save(sd, "w-000007", {"parent": "w-000003"})  # trained from w-3 after w-4..w-6 were rejected
+    assert lead_over_users(store, "w-000004", "w-000000", 4) == 4  # 4 past the served base: wait
+    assert lead_over_users(store, "w-000003", "w-000000", 4) is None  # one more step keeps its samples fresh
+    assert lead_over_users(store, "w-000006", "w-000000", 4) == 6  # already past: still wait, never further
+    assert lead_over_users(store, "w-000007", "w-000005", 4) is None  # another branch: waiting would not help
+    assert lead_over_users(store, "w-000001", "w-000000", 0) == 1  # strictly on-policy: one step, then wait
+    assert lead_over_users(store, "w-000000", "w-000000", 0) is None
+
+
+def _live(i: int, version: str):
+    j = two_sample_group(i, version).model_copy(update={"source": "live"})
+    return j.model_copy(update={"source_event_ids": [j.event_id], "behaviour_versions": behaviour_of(j)})
+
+
+def _steps(ln) -> list[LearnerStep]:
+    return [e for e in ln.bus.events if isinstance(e, LearnerStep)]
+
+
+def test_with_live_groups_held_the_learner_waits_for_serving_and_trains_them_once_it_moves(tmp_path, tiny_dir):
+    ln = make_learner(tmp_path, tiny_dir, max_staleness=1)
+    asyncio.run(ln.handle_judgement(two_sample_group(1), Msg()))
+    asyncio.run(ln.tick())
+    assert ln.trainer.version == "w-000001" and ln.weights_version == "w-000000"  # one past the served base
+    ln.ready.append(_live(2, "w-000000"))  # users are answered by the base
+    ln.held["j-2"] = Msg()
+    asyncio.run(ln.handle_judgement(two_sample_group(3, "w-000001"), Msg()))
+    for _ in range(3):
+        asyncio.run(ln.tick())
+    assert len(_steps(ln)) == 1 and len(ln.ready) == 2 and ln.dropped_stale == 0  # waits; loses nothing
+    ln.weights_version = "w-000001"  # the broadcaster promoted it
+    asyncio.run(ln.tick())
+    asyncio.run(ln.tick())
+    assert len(_steps(ln)) == 3 and ln.dropped_stale == 0 and ln.held == {}  # both trained: one step behind is fresh
+    assert sorted(i for s in _steps(ln)[1:] for i in s.source_event_ids) == ["j-2", "j-3"]
+
+
+def test_without_live_groups_the_learner_steps_on(tmp_path, tiny_dir):
+    ln = make_learner(tmp_path, tiny_dir, max_staleness=1)
+    for i in range(1, 4):
+        asyncio.run(ln.handle_judgement(two_sample_group(i, ln.trainer.version), Msg()))
+        asyncio.run(ln.tick())
+    assert len(_steps(ln)) == 3 and ln.trainer.version == "w-000003" and ln.weights_version == "w-000000"
+
+
+def test_live_groups_at_their_last_chance_go_first_then_the_newest():
+    age = {"w-000000": 2, "w-000001": 1, "w-000002": 0}  # learner steps behind the weights being trained
+    old_live, rollout, new_live, newest = _live(1, "w-000000"), _live(2, "w-000002"), _live(3, "w-000001"), _live(4, "w-000002")
+    rollout = rollout.model_copy(update={"source": "rollout"})
+    newest = newest.model_copy(update={"source": "rollout"})
+    ready = [old_live, rollout, new_live, newest]
+    pick = step_choice(ready, 2, 8, age.get, 2)
+    assert [g.group_id for g in pick] == ["g1", "g4"]  # the live group about to go stale, then the newest
+    assert [g.group_id for g in step_choice(ready, 2, 8, age.get, 3)] == ["g3", "g4"]  # none at the edge: newest first
+    assert [g.group_id for g in step_choice(ready, 1, 8, age.get, 2)] == ["g1"]
