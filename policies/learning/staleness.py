@@ -29,8 +29,10 @@ def lead_over_users(store: WeightsStore, training: str, served: str, max_stalene
     back instead (each moves `served` or resets `training`); the held live groups at their last chance then go first
     (`groups.step_choice`). A served version that is no ancestor of `training` (another branch) is None too: waiting
     would not make its samples fresh."""
-    bound = max(1, max_staleness)
-    lineage = store.ancestors(training, 10_000)
-    if served not in lineage or lineage.index(served) < bound:
-        return None
-    return lineage.index(served)
+    lead, version = 0, training
+    while version != served:  # along the parent links until `served`: a few manifests in the steady state
+        man = store.manifest(version)
+        version, lead = (man or {}).get("parent"), lead + 1
+        if not version or lead > 1000:
+            return None
+    return lead if lead >= max(1, max_staleness) else None
