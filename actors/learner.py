@@ -4,8 +4,8 @@ The explorer keeps generating with the weights it has while the learner trains; 
 generated it. Before a step, samples more than `learner.max_staleness` learner steps behind the weights being trained
 (along the lineage in the weights manifests; a version outside it, e.g. one rolled back, counts as too stale) are
 dropped with their group; the rest are corrected by truncated importance weights (`policies/learning/trainer.py`).
-While live groups are held, the learner does not step further than that bound past the served version: it waits for
-the broadcaster's decision rather than make what users are answered with too stale to learn from.
+While live samples are held, it steps no further than max(1, that bound) past what users are answered with (live or
+canary) and waits for the broadcaster's decision, at most `learner.max_wait_s`, rather than make it too stale to learn.
 
 Judgement messages are held (not acked) until the step that uses them is committed. The commit point is the checkpoint
 (`policies/learning/checkpoint.py`): the model, the optimizer, the new version's name and the ids of every judgement
@@ -41,7 +41,7 @@ from config import telemetry
 from policies.engines.live_policy import LivePolicy
 from policies.learning.checkpoint import CheckpointStore
 from policies.learning.groups import at_floor, behaviour_of, informative, live_group, live_kind, step_choice
-from policies.learning.staleness import lead_over_users, staleness
+from policies.learning.staleness import WaitForUsers, staleness
 from policies.learning.step_events import learner_step, signal_shares, weights_published
 from policies.learning.step_size import StepSize
 from policies.weights.model_store import BASE_VERSION, version_name
@@ -74,6 +74,7 @@ class Learner(EventActor):
             if live.path:
                 await asyncio.to_thread(self.trainer.reset_to, live.path, live.version)
         self.weights_version = self.policy.live_version
+        self.wait = WaitForUsers(s.learner.max_wait_s)
         self.step_size = StepSize.from_settings(s.learner)  # moves the trainer's lr (a resumed optimizer's)
         self.ready: list[Judgement] = []  # informative groups waiting for a step
         self.live: dict[str, list[Judgement]] = {}  # rated interactions by kind of step, pooled until a group forms
@@ -156,15 +157,13 @@ class Learner(EventActor):
         return all(self.staleness(v) is not None and self.trainer.reproducible(v) for v in g.behaviour_versions)
 
     async def _waits_for_users(self) -> bool:
-        """Live groups held and the trainer `max_staleness` steps past the served version (the GPU learner steps in
-        seconds, the gate takes minutes): no step until the broadcaster decides (`lead_over_users`)."""
-        held_live = any(g.source == "live" for g in self.ready) or any(self.live.values())
-        m = self.settings.learner.max_staleness
-        lead = held_live and lead_over_users(self.store, self.trainer.version, self.weights_version, m)
-        if lead and getattr(self, "_waiting", None) != (self.trainer.version, self.weights_version):
-            self._waiting = (self.trainer.version, self.weights_version)
-            self.log.info("learner.waiting_for_serving", training=self.trainer.version, served=self.weights_version, lead=lead)
-        return bool(lead)
+        """Users active and the trainer `max_staleness` steps past what they are answered with (the GPU learner steps
+        in seconds, the gate takes minutes): no step until the broadcaster decides, or `learner.max_wait_s`."""
+        active, t = any(g.source == "live" for g in self.ready) or any(self.live.values()), self.trainer.version
+        state = self.wait(self.store, t, self.policy.pointer(), self.settings.learner.max_staleness, active, time.monotonic())
+        if state in ("waiting", "expired"):
+            self.log.info(f"learner.{state}_for_serving", training=t, served=self.wait.key[1:], max_wait_s=self.wait.max_wait_s)
+        return state in ("waiting", "still")
 
     async def _drop_stale(self) -> None:
         fresh = []

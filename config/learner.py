@@ -65,6 +65,11 @@ class LearnerSettings(_Section):
         description="Samples generated more than this many learner steps behind the weights "
         "being trained are dropped (0 = strictly on-policy)",
     )
+    max_wait_s: float = Field(
+        600.0,
+        description="While users are active, the learner steps no further than max_staleness past the version they "
+        "are answered with (live or canary) and waits for the gate, at most this long for one version",
+    )
     is_threshold: float = Field(
         2.0,
         description="Upper bound of the truncated importance ratio pi_train / "

@@ -26,6 +26,7 @@ def make_learner(tmp_path, tiny_dir, **learner):
     from config.settings import load_settings
     from policies.engines.live_policy import LivePolicy
     from policies.learning.checkpoint import CheckpointStore
+    from policies.learning.staleness import WaitForUsers
     from policies.learning.step_size import StepSize
     from policies.learning.trainer import Trainer
     from policies.weights.model_store import BASE_VERSION
@@ -39,7 +40,7 @@ def make_learner(tmp_path, tiny_dir, **learner):
     ln.base, ln.store = tiny_dir, ln.policy.store
     ln.ckpts = CheckpointStore(s.state / "learner")
     ln.trainer, ln.parent = Trainer(s, tiny_dir, ln.store), BASE_VERSION
-    ln.weights_version = BASE_VERSION  # the served version, as `start` reads it from the pointer
+    ln.weights_version, ln.wait = BASE_VERSION, WaitForUsers(s.learner.max_wait_s)
     ln.step_size = StepSize.from_settings(s.learner)
     ln.ready, ln.live, ln.replay, ln.held = [], {}, [], {}
     ln._last_beat, ln.steps_done, ln.dropped_stale = 0.0, 0, 0

@@ -123,13 +123,14 @@ def fair_step(ready: list[Judgement], n: int, per_user: int) -> list[Judgement]:
 def step_choice(ready: list[Judgement], n: int, per_user: int, staleness, max_staleness: int) -> list[Judgement]:
     """The `n` groups of a step: live groups at their last chance first (`staleness` of a behaviour version at
     `max_staleness`: fresh for this step, too stale after it; what users wrote, which the learner would otherwise
-    drop, e.g. after it waited for the served version to move), the newest of them if there are more, then
+    drop, e.g. after it waited for the served version to move), chosen by `fair_step` if there are more, then
     `fair_step` over the rest. Returned in the order they arrived."""
 
     def last_chance(g: Judgement) -> bool:
         return max((staleness(v) or 0 for v in g.behaviour_versions), default=0) >= max_staleness
 
-    first = [g for g in ready if g.source == "live" and last_chance(g)][-n:]
+    edge = [g for g in ready if g.source == "live" and last_chance(g)]
+    first = fair_step(edge, min(n, len(edge)), per_user) if edge else []  # one user's burst does not fill it either
     rest = [g for g in ready if all(g is not f for f in first)]
     chosen = first + (fair_step(rest, n - len(first), per_user) if len(first) < n else [])
     return [g for g in ready if any(g is c for c in chosen)]

@@ -3,6 +3,8 @@ manifests' parent links (`WeightsStore.ancestors`): the learner drops groups bey
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from policies.weights.model_store import BASE_VERSION, WeightsStore
 
 REFERENCE = "reference"  # behaviour of an off-policy reference sample: no weights version generated it
@@ -22,17 +24,39 @@ def staleness(store: WeightsStore, training: str, version: str, max_staleness: i
     return lineage.index(version)
 
 
-def lead_over_users(store: WeightsStore, training: str, served: str, max_staleness: int) -> int | None:
-    """How many learner steps `training` is past the `served` version once that lead is `max(1, max_staleness)` or
-    more, else None. While live groups are held (users keep sending more), a step from there would leave what the
-    served version writes too stale to learn from: the learner waits for the broadcaster to promote, reject or roll
-    back instead (each moves `served` or resets `training`); the held live groups at their last chance then go first
-    (`groups.step_choice`). A served version that is no ancestor of `training` (another branch) is None too: waiting
-    would not make its samples fresh."""
+def lead_over_users(store: WeightsStore, training: str, served: list[str], max_staleness: int) -> int | None:
+    """How many learner steps `training` is past the nearest of the `served` versions (live, and the canary while
+    there is one) once that lead is `max(1, max_staleness)` or more, else None. While users are active (live samples
+    held), a step from there would leave what they are answered with too stale to learn from (`staleness` above
+    `max_staleness`): the learner waits for the broadcaster to promote, reject or roll back (`WaitForUsers`); the
+    held live groups at their last chance then go first (`groups.step_choice`). A served version that is no ancestor
+    of `training` (another branch) gives None too: waiting would not make its samples fresh."""
     lead, version = 0, training
-    while version != served:  # along the parent links until `served`: a few manifests in the steady state
+    while version not in served:  # along the parent links until a served version: a few manifests in the steady state
         man = store.manifest(version)
         version, lead = (man or {}).get("parent"), lead + 1
         if not version or lead > 1000:
             return None
     return lead if lead >= max(1, max_staleness) else None
+
+
+@dataclass
+class WaitForUsers:
+    """The learner's wait at `lead_over_users` over the `pointer`'s live and canary versions, at most `max_wait_s`
+    for one (training, served) pair: a gate that never decides (a guard's hold, a stalled broadcaster, held messages
+    filling the consumer's `max_ack_pending`) costs one step per `max_wait_s`, not the learner. Called before each
+    step; says 'waiting' (new: log it), 'still', 'expired' (log it and step) or None (step)."""
+
+    max_wait_s: float
+    key: tuple | None = None  # (training, *served) of the wait in progress
+    since: float = 0.0
+
+    def __call__(self, store, training: str, pointer, max_staleness: int, active: bool, now: float):
+        served = [pointer.version, *([pointer.canary.version] if pointer.canary else [])]
+        if not active or lead_over_users(store, training, served, max_staleness) is None:
+            self.key = None
+            return None
+        if (training, *served) != self.key:
+            self.key, self.since = (training, *served), now
+            return "waiting"
+        return "expired" if now - self.since > self.max_wait_s else "still"

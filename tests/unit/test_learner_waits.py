@@ -1,17 +1,20 @@
-"""The learner does not run ahead of what users are answered with: while live groups are held, it steps at most
-`max(1, learner.max_staleness)` versions past the served one, then waits for the broadcaster (the first GPU `up`
-published 5 versions in 40 s while the gate decided none, and every live group after that was dropped as stale).
-Without live groups it steps on as before; live groups at their last chance are trained first."""
+"""The learner does not run ahead of what users are answered with: while live samples are held, it steps at most
+`max(1, learner.max_staleness)` versions past the live (or canary) one, then waits for the broadcaster, at most
+`learner.max_wait_s` (the second GPU `up` published 5 versions in 40 s while the gate decided none, and every live
+group after that was dropped as stale). Without live samples it steps on as before; live groups at their last
+chance are trained first."""
 
 import asyncio
+import time
 
 import torch
 from learner_harness import Msg, make_learner  # tests/ is on sys.path
 from sample_groups import two_sample_group
 
 from actors.events import LearnerStep
+from actors.lifecycles import CanaryRef
 from policies.learning.groups import behaviour_of, step_choice
-from policies.learning.staleness import lead_over_users
+from policies.learning.staleness import WaitForUsers, lead_over_users
 from policies.weights.model_store import WeightsStore
 
 
@@ -22,17 +25,30 @@ def test_the_lead_counts_only_from_the_bound_and_only_along_the_lineage(tmp_path
     for n in range(2, 7):
         store.save(sd, f"w-{n:06d}", {"parent": f"w-{n - 1:06d}"})
     store.save(sd, "w-000007", {"parent": "w-000003"})  # trained from w-3 after w-4..w-6 were rejected
-    assert lead_over_users(store, "w-000004", "w-000000", 4) == 4  # 4 past the served base: wait
-    assert lead_over_users(store, "w-000003", "w-000000", 4) is None  # one more step keeps its samples fresh
-    assert lead_over_users(store, "w-000006", "w-000000", 4) == 6  # already past: still wait, never further
-    assert lead_over_users(store, "w-000007", "w-000005", 4) is None  # another branch: waiting would not help
-    assert lead_over_users(store, "w-000001", "w-000000", 0) == 1  # strictly on-policy: one step, then wait
-    assert lead_over_users(store, "w-000000", "w-000000", 0) is None
+    assert lead_over_users(store, "w-000004", ["w-000000"], 4) == 4  # 4 past the served base: wait
+    assert lead_over_users(store, "w-000003", ["w-000000"], 4) is None  # one more step keeps its samples fresh
+    assert lead_over_users(store, "w-000006", ["w-000000"], 4) == 6  # already past: still wait, never further
+    assert lead_over_users(store, "w-000006", ["w-000000", "w-000004"], 4) is None  # a canary w-4: 2 past it
+    assert lead_over_users(store, "w-000007", ["w-000005"], 4) is None  # another branch: waiting would not help
+    assert lead_over_users(store, "w-000001", ["w-000000"], 0) == 1  # strictly on-policy: one step, then wait
+    assert lead_over_users(store, "w-000000", ["w-000000"], 0) is None
+    wait, base = WaitForUsers(max_wait_s=60), store.make_live("w-000000", None, None)
+    assert wait(store, "w-000004", base, 4, True, 0.0) == "waiting"
+    assert wait(store, "w-000004", base, 4, True, 59.0) == "still"
+    assert wait(store, "w-000004", base, 4, True, 61.0) == "expired"  # the gate never decided: step anyway
+    assert wait(store, "w-000004", base, 4, False, 62.0) is None  # no users active: no wait
+    assert wait(store, "w-000005", base, 4, True, 70.0) == "waiting" and wait.key == ("w-000005", "w-000000")
+    canary = CanaryRef(version="w-000004", path=None, sha256=None, share=0.25)
+    assert wait(store, "w-000006", base.model_copy(update={"canary": canary}), 4, True, 71.0) is None  # 2 past the canary
 
 
 def _live(i: int, version: str):
     j = two_sample_group(i, version).model_copy(update={"source": "live"})
     return j.model_copy(update={"source_event_ids": [j.event_id], "behaviour_versions": behaviour_of(j)})
+
+
+def _serve(ln, version: str) -> None:
+    ln.store.set_live(version, str(ln.store.file(version)), None)
 
 
 def _steps(ln) -> list[LearnerStep]:
@@ -43,14 +59,14 @@ def test_with_live_groups_held_the_learner_waits_for_serving_and_trains_them_onc
     ln = make_learner(tmp_path, tiny_dir, max_staleness=1)
     asyncio.run(ln.handle_judgement(two_sample_group(1), Msg()))
     asyncio.run(ln.tick())
-    assert ln.trainer.version == "w-000001" and ln.weights_version == "w-000000"  # one past the served base
+    assert ln.trainer.version == "w-000001" and ln.policy.live_version == "w-000000"  # one past the served base
     ln.ready.append(_live(2, "w-000000"))  # users are answered by the base
     ln.held["j-2"] = Msg()
     asyncio.run(ln.handle_judgement(two_sample_group(3, "w-000001"), Msg()))
     for _ in range(3):
         asyncio.run(ln.tick())
     assert len(_steps(ln)) == 1 and len(ln.ready) == 2 and ln.dropped_stale == 0  # waits; loses nothing
-    ln.weights_version = "w-000001"  # the broadcaster promoted it
+    _serve(ln, "w-000001")  # the broadcaster promoted it: the pointer moves before its event
     asyncio.run(ln.tick())
     asyncio.run(ln.tick())
     assert len(_steps(ln)) == 3 and ln.dropped_stale == 0 and ln.held == {}  # both trained: one step behind is fresh
@@ -62,7 +78,20 @@ def test_without_live_groups_the_learner_steps_on(tmp_path, tiny_dir):
     for i in range(1, 4):
         asyncio.run(ln.handle_judgement(two_sample_group(i, ln.trainer.version), Msg()))
         asyncio.run(ln.tick())
-    assert len(_steps(ln)) == 3 and ln.trainer.version == "w-000003" and ln.weights_version == "w-000000"
+    assert len(_steps(ln)) == 3 and ln.trainer.version == "w-000003" and ln.policy.live_version == "w-000000"
+
+
+def test_a_pending_rating_counts_and_the_wait_ends_after_max_wait_s(tmp_path, tiny_dir):
+    ln = make_learner(tmp_path, tiny_dir, max_staleness=1, max_wait_s=0.5)
+    asyncio.run(ln.handle_judgement(two_sample_group(1), Msg()))
+    asyncio.run(ln.tick())
+    ln.live["call"] = [_live(2, "w-000000")]  # one rating waits for a second to make a group
+    asyncio.run(ln.handle_judgement(two_sample_group(3, "w-000001"), Msg()))
+    asyncio.run(ln.tick())
+    assert len(_steps(ln)) == 1  # a user is active: no step past the bound
+    time.sleep(0.6)
+    asyncio.run(ln.tick())
+    assert len(_steps(ln)) == 2  # the gate did not decide within max_wait_s: one step, then the wait starts again
 
 
 def test_live_groups_at_their_last_chance_go_first_then_the_newest():
