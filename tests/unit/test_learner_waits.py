@@ -7,24 +7,17 @@ chance are trained first."""
 import asyncio
 import time
 
-import torch
 from learner_harness import Msg, make_learner  # tests/ is on sys.path
-from sample_groups import two_sample_group
+from sample_groups import lineage_store, two_sample_group
 
 from actors.events import LearnerStep
 from actors.lifecycles import CanaryRef
 from policies.learning.groups import behaviour_of, step_choice
 from policies.learning.staleness import WaitForUsers, lead_over_users
-from policies.weights.model_store import WeightsStore
 
 
 def test_the_lead_counts_only_from_the_bound_and_only_along_the_lineage(tmp_path):
-    store = WeightsStore(tmp_path)
-    sd = {"w": torch.zeros(1)}
-    store.save(sd, "w-000001", {"parent": "w-000000"})
-    for n in range(2, 7):
-        store.save(sd, f"w-{n:06d}", {"parent": f"w-{n - 1:06d}"})
-    store.save(sd, "w-000007", {"parent": "w-000003"})  # trained from w-3 after w-4..w-6 were rejected
+    store = lineage_store(tmp_path)  # w-1..w-6 in a line, w-7 trained from w-3 after w-4..w-6 were rejected
     assert lead_over_users(store, "w-000004", ["w-000000"], 4) == 4  # 4 past the served base: wait
     assert lead_over_users(store, "w-000003", ["w-000000"], 4) is None  # one more step keeps its samples fresh
     assert lead_over_users(store, "w-000006", ["w-000000"], 4) == 6  # already past: still wait, never further

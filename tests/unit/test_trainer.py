@@ -106,14 +106,11 @@ def test_micro_batches_accumulate_the_same_gradient(tmp_path, tiny_dir):
 
 
 def test_staleness_follows_the_lineage(tmp_path):
+    from sample_groups import lineage_store  # tests/ is on sys.path
+
     from policies.learning.staleness import staleness
 
-    store = WeightsStore(tmp_path)
-    sd = {"w": torch.zeros(1)}
-    store.save(sd, "w-000001", {"parent": "w-000000"})
-    for n in range(2, 7):
-        store.save(sd, f"w-{n:06d}", {"parent": f"w-{n - 1:06d}"})
-    store.save(sd, "w-000007", {"parent": "w-000003"})  # trained from w-3 after w-4..w-6 were rejected
+    store = lineage_store(tmp_path)  # w-1..w-6 in a line, w-7 trained from w-3 after w-4..w-6 were rejected
     assert staleness(store, "w-000006", "w-000006", 4) == 0
     assert staleness(store, "w-000006", "w-000002", 4) == 4
     assert staleness(store, "w-000006", "w-000001", 4) is None  # 5 steps behind: too stale
