@@ -178,19 +178,24 @@ def main(argv=None) -> int:
     cache = Path(tempfile.mkdtemp(prefix="kz-gpu-dry-")) if a.dry_run else Path(a.cache).resolve()
     work = cache / "figures"
     work.mkdir(parents=True, exist_ok=True)
-    steps = plan(a, cache, work)
-    total = sum(s["budget_s"] for s in steps)
-    for call in CALLS:
-        part = [s for s in steps if s["name"] in call]
-        if (t := sum(s["budget_s"] for s in part)) > a.total_s:
+    try:  # a run refused here leaves no dry-run folder behind
+        steps = plan(a, cache, work)
+        total = sum(s["budget_s"] for s in steps)
+        for call in CALLS:
+            part = [s for s in steps if s["name"] in call]
+            if (t := sum(s["budget_s"] for s in part)) > a.total_s:
+                raise SystemExit(
+                    f"the budgets of {','.join(s['name'] for s in part)} add up to {t:.0f}s, over --total-s {a.total_s:.0f}"
+                )
+        if total > a.total_s and not a.dry_run:
             raise SystemExit(
-                f"the budgets of {','.join(s['name'] for s in part)} add up to {t:.0f}s, over --total-s {a.total_s:.0f}"
+                f"the budgets add up to {total:.0f}s, over one call's --total-s {a.total_s:.0f}: run it as {len(CALLS)} calls "
+                "on the warm machine, " + " then ".join(f"--only {','.join(c)}" for c in CALLS)
             )
-    if total > a.total_s and not a.dry_run:
-        raise SystemExit(
-            f"the budgets add up to {total:.0f}s, over one call's --total-s {a.total_s:.0f}: run it as {len(CALLS)} calls "
-            "on the warm machine, " + " then ".join(f"--only {','.join(c)}" for c in CALLS)
-        )
+    except SystemExit:
+        if a.dry_run:
+            shutil.rmtree(cache, ignore_errors=True)
+        raise
     t0, results, figs = time.monotonic(), [], {}
     dev = smi("name,memory.total,driver_version") or "no GPU (no nvidia-smi answer)"
     print(

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -92,10 +93,13 @@ def test_the_summary_shows_every_figure_and_each_failures_log_tail(dry):
     assert len(files) <= 8 and all(re.fullmatch(r"[\w.-]+", p.name) for p in files)
 
 
-def test_the_device_run_is_checked_before_it_starts(tmp_path):
+def test_the_device_run_is_checked_before_it_starts(tmp_path, monkeypatch):
     check = _module("gpu_check")
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     with pytest.raises(SystemExit, match="the budgets of up add up to 1000s, over --total-s 580"):
         check.main(["--dry-run", "--out", str(tmp_path), "--budget", "up=1000"])
+    assert list((tmp_path / "tmp").iterdir()) == []  # the refused dry run left no folder behind
     # every step at once is more than one device call holds: the calls are named, tests/gpu last
     with pytest.raises(
         SystemExit,
