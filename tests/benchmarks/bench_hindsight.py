@@ -13,13 +13,17 @@ measured on the same wrong steps:
    how often, against k plain re-samples of the same context.
 3. **The judge** (`policies/judge/judge.py`, the served policy by choice scoring, as in `up`): labels the accepted and
    the wrong answer; right when it calls the accepted one GOOD and the wrong one BAD.
+4. **Hindsight ranking of re-samples**: the k plain re-samples of the step, ranked by their hindsight shift (1.,
+   summed over each one's tokens); on the steps whose re-samples the checker splits, the share of (accepted,
+   rejected) pairs it orders right (0.5 = chance), and how often its top re-sample is an accepted one.
 
 The steps are what bench_live_traffic's users meet: BFCL v4 `simple_python`, `multiple`, `parallel` train entries,
 a call forced as serve forces `tool_choice: required`, the base's greedy answer, kept where BFCL's AST checker
 rejects it; the hint is what that benchmark's user sends next (the tool's error with the checker's reason, then
 "That is not what I asked." and the request). Prints the figures and writes JSON.
 
-    .venv/bin/python tests/benchmarks/bench_hindsight.py [--per-category 30] [--k 4] [--out FILE]
+    .venv/bin/python tests/benchmarks/bench_hindsight.py [--per-category 30] [--k 4] [--categories simple_python]
+        [--no-rewrites] [--out FILE]
 """
 
 import argparse
@@ -31,12 +35,25 @@ from pathlib import Path
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
 
 
+def ranking(oks: list[bool], shifts: list[float]) -> dict | None:
+    """How a step's re-samples ranked by hindsight shift meet the checker: the share of (accepted, rejected) pairs in
+    the right order (ties half) and whether the top one is accepted; None when the checker does not split them."""
+    acc = [x for x, ok in zip(shifts, oks) if ok]
+    rej = [x for x, ok in zip(shifts, oks) if not ok]
+    if not acc or not rej:
+        return None
+    pairs = sum((x > y) + 0.5 * (x == y) for x in acc for y in rej) / (len(acc) * len(rej))
+    return {"pairs_right": pairs, "top_accepted": oks[shifts.index(max(shifts))]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--per-category", type=int, default=30)
     ap.add_argument("--k", type=int, default=4, help="rewrites and plain re-samples per wrong step")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--categories", default="", help="comma-separated BFCL single-turn categories (default: all)")
+    ap.add_argument("--no-rewrites", action="store_true", help="skip the hinted rewrites and the judge (scorers 2, 3)")
     ap.add_argument("--out", default=str(ROOT / "tests" / "benchmarks" / "results" / "hindsight_cpu.json"))
     a = ap.parse_args()
 
@@ -56,7 +73,8 @@ def main():
     env = SingleTurnEnvironment()
     rng = random.Random(a.seed)
     train = env.entries("train")
-    ids = [e for c in CATEGORIES for e in rng.sample([x for x in train if env.category_of(x) == c], a.per_category)]
+    cats = a.categories.split(",") if a.categories else CATEGORIES
+    ids = [e for c in cats for e in rng.sample([x for x in train if env.category_of(x) == c], a.per_category)]
     t0 = time.monotonic()
 
     def answers(msgs, tools, temperature, n):
@@ -86,14 +104,17 @@ def main():
         lp = engine.sequence_logprobs([(p, t) for p in (plain_p, hint_p) for t in texts])
         shift_w, shift_r = lp[2][0] - lp[0][0], lp[3][0] - lp[1][0]
         per_tok = (lp[3][0] - lp[1][0]) / lp[1][1] - (lp[2][0] - lp[0][0]) / lp[0][1]
-        rew = answers(hinted, ep.tools, s.rollout.temperature, a.k)
         plain = answers(ctx, ep.tools, s.rollout.temperature, a.k)
+        rew = [] if a.no_rewrites else answers(hinted, ep.tools, s.rollout.temperature, a.k)
         acc = [sum(check(eid, m.tool_calls)[0] for m in ms if m.tool_calls) / a.k for ms in (plain, rew)]
+        oks = [bool(m.tool_calls) and check(eid, m.tool_calls)[0] for m in plain]
+        lp2 = engine.sequence_logprobs([(p, assistant_text(m) + "<|im_end|>") for m in plain for p in (plain_p, hint_p)])
+        shifts = [lp2[2 * i + 1][0] - lp2[2 * i][0] for i in range(len(plain))]
         samples = [
             Sample(sample_id=f"{eid}:{i}", messages=[*ctx, m], tools=ep.tools, step_indices=[2], step_signals=[0.0], outcome=0.0)
             for i, m in enumerate((wrong, right))
         ]
-        verdicts = PolicyJudge(engine).judge(samples, [None, None])
+        verdicts = [None, None] if a.no_rewrites else PolicyJudge(engine).judge(samples, [None, None])
         labels = [v.labels[0] if v else None for v in verdicts]
         rows.append(
             {
@@ -108,6 +129,9 @@ def main():
                 "rewrite_acc": acc[1],
                 "judge_wrong": labels[0],
                 "judge_right": labels[1],
+                "resample_ok": oks,
+                "resample_shift": [round(x, 4) for x in shifts],
+                "ranking": ranking(oks, shifts),
             }
         )
         print(
@@ -120,8 +144,10 @@ def main():
     margins = [r["shift_margin"] for r in wrong]
     tok = [r["shift_margin_per_token"] for r in wrong]
     test = paired_test([0.0] * n, margins) if n else {}
-    rewrite = paired_test([r["plain_acc"] for r in wrong], [r["rewrite_acc"] for r in wrong]) if n else {}
+    rewrite = paired_test([r["plain_acc"] for r in wrong], [r["rewrite_acc"] for r in wrong]) if n and not a.no_rewrites else {}
     judged = [r for r in wrong if r["judge_right"] and r["judge_wrong"]]
+    split = [r for r in wrong if r["ranking"] is not None]
+    aucs = [r["ranking"]["pairs_right"] for r in split]
     out = {
         "entries": len(rows),
         "greedy_right": sum(r["greedy_right"] for r in rows),
@@ -138,7 +164,7 @@ def main():
         },
         "rewrite": {
             "plain_acc": sum(r["plain_acc"] for r in wrong) / n if n else None,
-            "rewrite_acc": sum(r["rewrite_acc"] for r in wrong) / n if n else None,
+            "rewrite_acc": sum(r["rewrite_acc"] for r in wrong) / n if n and not a.no_rewrites else None,
             **rewrite,
         },
         "judge": {
@@ -146,6 +172,13 @@ def main():
             "both_right": sum(r["judge_right"] == "GOOD" and r["judge_wrong"] == "BAD" for r in judged),
             "good_when_right": sum(r["judge_right"] == "GOOD" for r in judged),
             "good_when_wrong": sum(r["judge_wrong"] == "GOOD" for r in judged),
+        },
+        "resample_ranking": {
+            "steps_split": len(split),
+            "mean_pairs_right": sum(aucs) / len(aucs) if aucs else None,
+            "p_value": paired_test([0.5] * len(aucs), aucs).get("p_value") if aucs else None,
+            "top_accepted": sum(r["ranking"]["top_accepted"] for r in split),
+            "top_accepted_by_chance": sum(sum(r["resample_ok"]) / len(r["resample_ok"]) for r in split),
         },
         "rows": rows,
     }
@@ -158,6 +191,12 @@ def main():
         f"{h['mean_margin']}, sign-flip p={h['p_value']}); per token right on {h['points_right_per_token']}"
     )
     print(f"rewrite with the hint: {rw['rewrite_acc']} accepted vs {rw['plain_acc']} plain (p={rw.get('p_value')})")
+    rr = out["resample_ranking"]
+    print(
+        f"re-samples ranked by hindsight shift: {rr['steps_split']} steps split by the checker, pairs ordered right "
+        f"{rr['mean_pairs_right']} (p={rr['p_value']}), top accepted {rr['top_accepted']} vs "
+        f"{rr['top_accepted_by_chance']} by chance"
+    )
     print(
         f"judge: accepted GOOD {j['good_when_right']}/{j['n']}, wrong GOOD {j['good_when_wrong']}/{j['n']}, both "
         f"right {j['both_right']}/{j['n']}"
