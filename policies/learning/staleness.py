@@ -31,13 +31,10 @@ def lead_over_users(store: WeightsStore, training: str, served: list[str], max_s
     `max_staleness`): the learner waits for the broadcaster to promote, reject or roll back (`WaitForUsers`); the
     held live groups at their last chance then go first (`groups.step_choice`). A served version that is no ancestor
     of `training` (another branch) gives None too: waiting would not make its samples fresh."""
-    lead, version = 0, training
-    while version not in served:  # along the parent links until a served version: a few manifests in the steady state
-        man = store.manifest(version)
-        version, lead = (man or {}).get("parent"), lead + 1
-        if not version or lead > 1000:
-            return None
-    return lead if lead >= max(1, max_staleness) else None
+    lineage = store.ancestors(training, 1000, until=served)  # a few manifests in the steady state
+    if lineage[-1] not in served or len(lineage) - 1 < max(1, max_staleness):
+        return None
+    return len(lineage) - 1
 
 
 @dataclass

@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from actors.lifecycles import CanaryRef, LivePointer
@@ -232,10 +233,11 @@ class WeightsStore:
             return LivePointer.model_validate_json(p.read_text())
         return LivePointer(version=BASE_VERSION)
 
-    def ancestors(self, version: str, limit: int) -> list[str]:
-        """`version` and up to `limit` versions it descends from (manifest `parent` links), nearest first."""
+    def ancestors(self, version: str, limit: int, until: Collection[str] = ()) -> list[str]:
+        """`version` and up to `limit` versions it descends from (manifest `parent` links), nearest first; the walk
+        ends at the first version in `until`."""
         out = [version]
-        while len(out) <= limit:
+        while len(out) <= limit and out[-1] not in until:
             man = self.manifest(out[-1])
             parent = man.get("parent") if man else None
             if not parent or parent in out:
