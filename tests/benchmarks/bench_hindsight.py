@@ -16,6 +16,9 @@ measured on the same wrong steps:
 4. **Hindsight ranking of re-samples**: the k plain re-samples of the step, ranked by their hindsight shift (1.,
    summed over each one's tokens); on the steps whose re-samples the checker splits, the share of (accepted,
    rejected) pairs it orders right (0.5 = chance), and how often its top re-sample is an accepted one.
+5. **Fit to the declared tools** (`envs/tool_fit.py`: the request's own function schemas, no user, no answer key):
+   the same k re-samples, each fitting or not; how often a fitting re-sample is accepted against one that does not
+   fit, and on how many steps the check splits the re-samples (a group with a spread to learn from).
 
 The steps are what bench_live_traffic's users meet: BFCL v4 `simple_python`, `multiple`, `parallel` train entries,
 a call forced as serve forces `tool_choice: required`, the base's greedy answer, kept where BFCL's AST checker
@@ -60,6 +63,7 @@ def main():
     from actors.events import ChatMessage, Sample
     from config.settings import load_settings
     from envs.bfcl_single import CATEGORIES, SingleTurnEnvironment, check, reference_calls
+    from envs.tool_fit import misfit
     from policies.chat import CALL_PREFIX, assistant_text, call_opening, parse_forced, render
     from policies.engines.roles import make_engine
     from policies.judge.judge import PolicyJudge
@@ -108,6 +112,7 @@ def main():
         rew = [] if a.no_rewrites else answers(hinted, ep.tools, s.rollout.temperature, a.k)
         acc = [sum(check(eid, m.tool_calls)[0] for m in ms if m.tool_calls) / a.k for ms in (plain, rew)]
         oks = [bool(m.tool_calls) and check(eid, m.tool_calls)[0] for m in plain]
+        fits = [bool(m.tool_calls) and misfit(m.tool_calls, ep.tools) is None for m in plain]
         lp2 = engine.sequence_logprobs([(p, assistant_text(m) + "<|im_end|>") for m in plain for p in (plain_p, hint_p)])
         shifts = [lp2[2 * i + 1][0] - lp2[2 * i][0] for i in range(len(plain))]
         samples = [
@@ -132,6 +137,8 @@ def main():
                 "resample_ok": oks,
                 "resample_shift": [round(x, 4) for x in shifts],
                 "ranking": ranking(oks, shifts),
+                "wrong_misfit": misfit(wrong.tool_calls, ep.tools) if wrong.tool_calls else "no function call",
+                "resample_fit": fits,
             }
         )
         print(
@@ -148,6 +155,8 @@ def main():
     judged = [r for r in wrong if r["judge_right"] and r["judge_wrong"]]
     split = [r for r in wrong if r["ranking"] is not None]
     aucs = [r["ranking"]["pairs_right"] for r in split]
+    pairs = [(f, ok) for r in wrong for f, ok in zip(r["resample_fit"], r["resample_ok"])]
+    fit_n, misfit_n = sum(f for f, _ in pairs), sum(not f for f, _ in pairs)
     out = {
         "entries": len(rows),
         "greedy_right": sum(r["greedy_right"] for r in rows),
@@ -180,6 +189,15 @@ def main():
             "top_accepted": sum(r["ranking"]["top_accepted"] for r in split),
             "top_accepted_by_chance": sum(sum(r["resample_ok"]) / len(r["resample_ok"]) for r in split),
         },
+        "schema_fit": {
+            "wrong_served_misfit": sum(r["wrong_misfit"] is not None for r in wrong),
+            "resamples": len(pairs),
+            "fit": fit_n,
+            "accepted_when_fit": sum(ok for f, ok in pairs if f) / fit_n if fit_n else None,
+            "accepted_when_misfit": sum(ok for f, ok in pairs if not f) / misfit_n if misfit_n else None,
+            "accepted_misfit": sum(ok for f, ok in pairs if not f),
+            "steps_split": sum(0 < sum(r["resample_fit"]) < len(r["resample_fit"]) for r in wrong),
+        },
         "rows": rows,
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -196,6 +214,12 @@ def main():
         f"re-samples ranked by hindsight shift: {rr['steps_split']} steps split by the checker, pairs ordered right "
         f"{rr['mean_pairs_right']} (p={rr['p_value']}), top accepted {rr['top_accepted']} vs "
         f"{rr['top_accepted_by_chance']} by chance"
+    )
+    sf = out["schema_fit"]
+    print(
+        f"fit to the declared tools: served wrong calls that misfit {sf['wrong_served_misfit']}/{n}; re-samples that fit "
+        f"{sf['fit']}/{sf['resamples']}, accepted when fit {sf['accepted_when_fit']} vs misfit {sf['accepted_when_misfit']}; "
+        f"steps split {sf['steps_split']}"
     )
     print(
         f"judge: accepted GOOD {j['good_when_right']}/{j['n']}, wrong GOOD {j['good_when_wrong']}/{j['n']}, both "
