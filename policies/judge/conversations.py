@@ -11,7 +11,9 @@ do not count (clients re-serialise what they were sent).
 
 Each assistant answer is a step, with the weights version that wrote it. When the next request of the
 conversation arrives, what it adds after the step (tool results, the user's next message) gives the step a
-signal by `SIGNALS` below; a conversation idle for `idle_s` closes, and its last step gets its signal then.
+signal by `SIGNALS` below; a conversation idle for `idle_s` closes, and its last step gets its signal then. A call
+that does not fit the tools the request declared (`envs/tool_fit.py`) is wrong whatever comes next: that needs no
+next turn.
 Explicit feedback, when a step has some, overrides all of these (the rated path trains on it).
 
 Text in a tool result or a user turn is only ever matched against fixed patterns here: it is data, never an
@@ -25,7 +27,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from actors.events import ChatMessage, Interaction
+from actors.events import ChatMessage, Interaction, ToolSpec
+from envs.tool_fit import misfit
 from policies.learning.hindsight import HINTED, next_turn
 
 
@@ -44,6 +47,13 @@ SIGNALS: tuple[Rule, ...] = (
         0.0,
         1.0,
         "the user rated the step (POST /v1/feedback): the rating is the value, and it overrides every rule below",
+    ),
+    Rule(
+        "invalid_call",
+        -1.0,
+        0.9,
+        "a call of the step does not fit the tools the request declared: an undeclared function or parameter, a "
+        "required parameter left out, a value of the wrong type or outside its enum (known from the step itself)",
     ),
     Rule(
         "correction",
@@ -122,9 +132,11 @@ def _words(text: str) -> set[str]:
     return set(_WORD.findall((text or "").lower()))
 
 
-def signal_of(step: ChatMessage, after: list[ChatMessage], previous_user: str | None) -> str | None:
-    """The rule that fits what came after a step (`after`: the messages a later request added after it), or None
-    when nothing came after it yet."""
+def signal_of(step: ChatMessage, after: list[ChatMessage], previous_user: str | None, tools: list[ToolSpec] = ()) -> str | None:
+    """The rule that fits the step and what came after it (`after`: the messages a later request added after it;
+    `tools`: what the request declared), or None when nothing came after it yet and the step itself is not wrong."""
+    if step.tool_calls and tools and misfit(step.tool_calls, tools) is not None:
+        return "invalid_call"
     ids = {tc.id for tc in step.tool_calls}
     results = [m for m in after if m.role == "tool" and (m.tool_call_id in ids or not m.tool_call_id)]
     user = next((m.content for m in after if m.role == "user"), None)
@@ -143,6 +155,16 @@ def signal_of(step: ChatMessage, after: list[ChatMessage], previous_user: str | 
     if user is not None:
         return "moved_on"
     return None
+
+
+def hint_of(signal: str | None, step: ChatMessage, after: list[ChatMessage], tools: list[ToolSpec]) -> str:
+    """The hindsight hint of a step whose signal says what was wrong: its next turn, or, for a call that does not
+    fit the declared tools and has none, why it does not fit."""
+    if signal not in HINTED:
+        return ""
+    if signal == "invalid_call" and not next_turn(after):
+        return f"tool: Error: {misfit(step.tool_calls, tools)}"
+    return next_turn(after)
 
 
 @dataclass
@@ -208,8 +230,9 @@ class ConversationBook:
         n = len(prev.interaction.messages) + 1  # the request repeats the earlier messages and the answer
         user = next((m.content for m in reversed(prev.interaction.messages) if m.role == "user"), None)
         # the answer as the client sent it back (its tool call ids are the ones its tool results answer)
-        prev.signal = signal_of(it.messages[n - 1], list(it.messages[n:]), user)
-        prev.hint = next_turn(list(it.messages[n:])) if prev.signal in HINTED else ""
+        step, after = it.messages[n - 1], list(it.messages[n:])
+        prev.signal = signal_of(step, after, user, prev.interaction.tools)
+        prev.hint = hint_of(prev.signal, step, after, prev.interaction.tools)
 
     def rate(self, interaction_id: str) -> None:
         """A user rated this interaction: its step trains on the rating, not on a signal (whichever came first)."""
@@ -231,8 +254,10 @@ class ConversationBook:
         self.by_key = {k: v for k, v in self.by_key.items() if v != conversation_id}
         self.orphans = {k: v for k, v in self.orphans.items() if v != conversation_id}
         last = conv.steps[-1]
-        if last.signal is None and last.interaction.response.tool_calls:
-            last.signal = "abandoned_call"
+        step, tools = last.interaction.response, last.interaction.tools
+        if last.signal is None:  # nothing came after it: a call that does not fit, or one never answered
+            last.signal = signal_of(step, [], None, tools) or ("abandoned_call" if step.tool_calls else None)
+            last.hint = hint_of(last.signal, step, [], tools)
         return conv
 
     def idle(self, now: float) -> list[str]:

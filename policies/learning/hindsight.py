@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from actors.events import ChatMessage, Sample
 
-HINTED = ("correction", "reask", "tool_error")  # next-turn signals whose next turn says what was wrong
+# signals that say what was wrong: the next turn (a correction, a re-ask, a tool's error), or why a call does not fit
+HINTED = ("invalid_call", "correction", "reask", "tool_error")
 HINT_CHARS = 600
 HINT = (
     "(Hindsight, for you only: your first answer to this got the reply below. Answer so that it would not "
