@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from actors.events import ChatMessage, Interaction, Judgement, ToolCall, ToolSpec
+from actors.events import ChatMessage, Interaction, Judgement, ToolCall
 from policies.judge.conversations import RULES, SIGNALS, ConversationBook, signal_of
 
 WEATHER = "What is the weather in Paris tomorrow?"
@@ -274,40 +274,3 @@ def test_a_step_whose_next_turn_says_what_was_wrong_carries_that_turn_as_its_hin
     for i, it in enumerate(_agent_conversation('{"high": 21}', "Thanks, that is great!")):
         conv = book.add(it, 200.0 + i)[0]
     assert [(s.signal, s.hint) for s in conv.steps[:2]] == [("tool_ok", ""), ("thanks", "")]  # nothing was wrong
-
-
-def test_a_call_that_does_not_fit_the_declared_tools_is_wrong_whatever_comes_next():
-    """A required parameter left out: `invalid_call` with or without a next turn, its reason as the hint when the
-    conversation ends there; the same step fitting gets the next turn's signal as before."""
-    tools = [
-        ToolSpec(
-            function={
-                "name": "get_weather",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"city": {"type": "string"}, "day": {"type": "string"}},
-                    "required": ["city", "day"],
-                },
-            }
-        )
-    ]
-    bad = _call(args='{"city": "Paris"}')
-    assert signal_of(bad, [_tool('{"high": 21}'), _user("Thanks!")], WEATHER, tools) == "invalid_call"
-    assert signal_of(bad, [], WEATHER, tools) == "invalid_call"
-    assert signal_of(_call(), [_tool('{"high": 21}'), _user("Thanks!")], WEATHER, tools) == "thanks"
-    assert signal_of(bad, [_tool('{"high": 21}')], WEATHER) == "tool_ok"  # no tools declared: nothing to fit
-
-    book = ConversationBook()
-    m1 = [_user(WEATHER)]
-    book.add(_it("a1", m1, bad).model_copy(update={"tools": tools}), 100.0)
-    nxt = _it("a2", m1 + [bad, _tool('{"high": 21}'), _user("Thanks!")], ChatMessage(role="assistant", content="ok"))
-    (conv, _) = book.add(nxt.model_copy(update={"tools": tools}), 101.0)
-    first = conv.steps[0]
-    assert (first.signal, first.hint) == ("invalid_call", 'tool: {"high": 21}\nuser: Thanks!')
-    assert first.outcome == -0.9
-
-    alone = ConversationBook()
-    (c, _) = alone.add(_it("b1", m1, bad).model_copy(update={"tools": tools}), 100.0)
-    closed = alone.close(c.conversation_id)
-    assert closed.steps[0].signal == "invalid_call"
-    assert closed.steps[0].hint == "tool: Error: get_weather: 'day' is a required property"

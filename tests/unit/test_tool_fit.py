@@ -1,11 +1,13 @@
-"""Does a call fit the tools the request declared (envs/tool_fit.py)? Hand-written tools, and BFCL's own."""
+"""Does a call fit the tools the request declared (envs/tool_fit.py)? Hand-written tools, and BFCL's own; a served
+call that does not fit is `invalid_call` whatever comes next (policies/judge/conversations.py)."""
 
 import json
 
 import pytest
 
-from actors.events import ToolCall, ToolSpec
+from actors.events import ChatMessage, Interaction, ToolCall, ToolSpec
 from envs.tool_fit import misfit
+from policies.judge.conversations import ConversationBook, signal_of
 
 WEATHER = ToolSpec(
     function={
@@ -89,3 +91,61 @@ def test_bfcl_functions_as_clients_declare_them():
             args.pop(required[0], None)
             assert "is a required property" in misfit([call(ref[0].name, args)], tools)
     assert accepted > 70
+
+
+def _msg(args='{"city": "Paris", "day": "tomorrow"}'):
+    return ChatMessage(role="assistant", tool_calls=[ToolCall(id="call_1", name="get_weather", arguments=args)])
+
+
+def _it(iid, messages, response):
+    ev = Interaction(interaction_id=iid, user_hash="u1", messages=messages, response=response)
+    ev.weights_version = "w-000003"
+    return ev
+
+
+def _user(text):
+    return ChatMessage(role="user", content=text)
+
+
+def _tool(text, cid="call_1"):
+    return ChatMessage(role="tool", content=text, tool_call_id=cid)
+
+
+WEATHER_Q = "What is the weather in Paris tomorrow?"
+
+
+def test_a_call_that_does_not_fit_the_declared_tools_is_wrong_whatever_comes_next():
+    """A required parameter left out: `invalid_call` with or without a next turn, its reason as the hint when the
+    conversation ends there; the same step fitting gets the next turn's signal as before."""
+    tools = [
+        ToolSpec(
+            function={
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "day": {"type": "string"}},
+                    "required": ["city", "day"],
+                },
+            }
+        )
+    ]
+    bad = _msg(args='{"city": "Paris"}')
+    assert signal_of(bad, [_tool('{"high": 21}'), _user("Thanks!")], WEATHER_Q, tools) == "invalid_call"
+    assert signal_of(bad, [], WEATHER_Q, tools) == "invalid_call"
+    assert signal_of(_msg(), [_tool('{"high": 21}'), _user("Thanks!")], WEATHER_Q, tools) == "thanks"
+    assert signal_of(bad, [_tool('{"high": 21}')], WEATHER_Q) == "tool_ok"  # no tools declared: nothing to fit
+
+    book = ConversationBook()
+    m1 = [_user(WEATHER_Q)]
+    book.add(_it("a1", m1, bad).model_copy(update={"tools": tools}), 100.0)
+    nxt = _it("a2", m1 + [bad, _tool('{"high": 21}'), _user("Thanks!")], ChatMessage(role="assistant", content="ok"))
+    (conv, _) = book.add(nxt.model_copy(update={"tools": tools}), 101.0)
+    first = conv.steps[0]
+    assert (first.signal, first.hint) == ("invalid_call", 'tool: {"high": 21}\nuser: Thanks!')
+    assert first.outcome == -0.9
+
+    alone = ConversationBook()
+    (c, _) = alone.add(_it("b1", m1, bad).model_copy(update={"tools": tools}), 100.0)
+    closed = alone.close(c.conversation_id)
+    assert closed.steps[0].signal == "invalid_call"
+    assert closed.steps[0].hint == "tool: Error: get_weather: 'day' is a required property"
