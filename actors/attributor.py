@@ -19,11 +19,13 @@ feedback's) labels are used and the judgement says so; the actor never crashes o
 Unrated live traffic (`conversations.enabled`): every `evo.interaction` joins the conversation it extends
 (`policies/judge/conversations.py`: requests stitched by content, per user), and its interaction message is held,
 unacked, until that conversation closes (idle for `conversations.idle_s`, or past its bounds): after a restart
-the stream hands the open conversations back. On close, each step that no user rated and whose next turn gave
-a signal (a correction, a re-ask, a tool error, thanks, ...) becomes a one-step live judgement with the rule's
-value x confidence as its outcome, and, where that next turn says what was wrong (a correction, a re-ask, a tool's
-error), the next turn as its hindsight hint (`policies/learning/hindsight.py`); its id derives from the step's interaction,
-so a redelivery publishes nothing twice. Rated steps keep their rating (the feedback path above).
+the stream hands the open conversations back. On close, each step that no user rated and that got a signal (a call
+that does not fit the declared tools, a correction, a re-ask, a tool error, thanks, ...) has the rule's value x
+confidence as its outcome, and, where the signal says what was wrong, the next turn as its hindsight hint
+(`policies/learning/hindsight.py`). With `conversations.alternatives` and declared tools it goes to the explorer to be
+re-sampled (while the explorer's backlog is under `conversations.max_in_flight`); the group comes back as a rollout of
+env `live` and becomes one live judgement. Otherwise it is a one-step live judgement (`policies/judge/live_steps.py`).
+Ids derive from the step's interaction, so a redelivery publishes nothing twice. Rated steps keep their rating.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from envs.live import trajectory
 from policies.hygiene import scrub
 from policies.judge.conversations import ConversationBook
 from policies.judge.judge import Agreement, Budget, Verdict, env_labels, make_judge
+from policies.judge.live_steps import LIVE_ENV, live_judgement, live_task, resamplable, step_judgement, step_sample
 
 STEP_SHAPING = 0.1  # weight of the mean step signal added to the environment outcome
 
@@ -134,6 +137,11 @@ class Attributor(EventActor):
     async def handle_rollout(self, ev: Rollout, msg):
         if not ev.samples:
             raise Poison("rollout group has no samples")
+        if ev.task.env == LIVE_ENV:  # a live step and its alternatives, scored without a user (envs/live.py)
+            out = live_judgement(ev)
+            await self.bus.publish(out, weights_version=ev.weights_version)
+            self.log.info("judged.live_group", group_id=ev.group_id, outcomes=out.outcomes, signal=ev.task.signal)
+            return
         refs = [ev.task.reference or None] * len(ev.samples)
         verdicts = await self.run_judge(ev.samples, refs)
         scored = [score_rollout(s) for s in ev.samples]
@@ -242,27 +250,18 @@ class Attributor(EventActor):
             raise
 
     async def _closed(self, conv) -> None:
-        """Judge a closed conversation's unrated steps that have a signal, then ack its interactions."""
+        """Send on a closed conversation's unrated steps that have a signal, then ack its interactions."""
+        c = self.settings.conversations
         for st in conv.steps:
             it = st.interaction
             rated = st.rated or f"rated:{it.interaction_id}" in self.applied  # also rated before a restart
             if rated or not st.signal or not st.outcome or it.mixed_weights:
                 continue
-            out = Judgement(
-                event_id=derived_id("judgement", f"signal:{it.event_id}"),
-                group_id=f"live:{it.interaction_id}",
-                source="live",
-                task_id=f"live:{it.interaction_id}",
-                samples=[trajectory(it, st.outcome, scrub).model_copy(update={"hint": scrub(st.hint)})],
-                outcomes=[st.outcome],
-                step_labels=[["GOOD" if st.outcome > 0 else "BAD"]],
-                judge=f"next-turn:{st.signal}",
-                source_event_ids=[it.event_id],
-                trace_id=it.trace_id,
-                origin="live",
-                user_hashes=[it.user_hash],
-                signals=[st.signal],
-            )
+            sample = step_sample(it, st.outcome, st.hint)
+            if resamplable(it, c.alternatives) and await self.bus.backlog("explorer") < c.max_in_flight:
+                out = live_task(it, st.signal, sample)  # re-sampled by the explorer, judged in handle_rollout
+            else:
+                out = step_judgement(it, st.signal, sample)
             await self.bus.publish(out, weights_version=it.weights_version)
             self.signalled[st.signal] = self.signalled.get(st.signal, 0) + 1
             self.log.info(
@@ -271,6 +270,7 @@ class Attributor(EventActor):
                 signal=st.signal,
                 outcome=st.outcome,
                 conversation=conv.conversation_id,
+                resample=out.kind == "task",
             )
         for st in conv.steps:
             m = self.held.pop(st.interaction.event_id, None)

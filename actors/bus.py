@@ -248,6 +248,14 @@ class Bus:
     async def consumer_info(self, durable: str):
         return await self.js.consumer_info(self.stream, durable)
 
+    async def backlog(self, durable: str) -> int:
+        """Messages a durable consumer has yet to finish (pending + unacked); 0 before it has bound."""
+        try:
+            info = await self.consumer_info(durable)
+        except Exception:
+            return 0
+        return int(info.num_pending) + int(info.num_ack_pending)
+
     # ------------------------------------------------------------------ request / reply (outside the stream)
 
     def rpc_subject(self, name: str) -> str:

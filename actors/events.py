@@ -53,6 +53,7 @@ class Interaction(Event):
     conversation: str = Field(
         "", description="the client's own conversation key (metadata conversation_id, thread_id or session_id), when it sent one"
     )
+    tool_choice: str | dict | None = Field(None, description="the request's tool_choice, as it was sent")
 
 
 class Feedback(Event):

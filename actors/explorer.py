@@ -7,6 +7,9 @@ per group (groups stay intact). When no sample of a group solves its task (`roll
 the environment's reference trajectory, replayed and verified in a fresh episode, joins the group as an
 off-policy sample (mixed-policy GRPO: the learner trains it with LUFFY's shaped objective), so a
 policy at the floor of a task still gets a direction to move in.
+A task of env `live` (the attributor's, `policies/judge/live_steps.py`) is one live step: the explorer re-samples
+`conversations.alternatives` answers from its context as Serve would answer that request, and the served answer and
+its alternatives, scored by `envs/live.py` against the tools the request declared, go out as one group.
 With `rollout.weights: published` (default) it samples with the learner's newest published version
 (`evo.weights_published`), so its groups stay within the learner's staleness bound however long the
 gate takes; a rejected or rolled-back version sends it back to live, as it does the learner. With `live` it follows
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 from actors.actor import EventActor, heartbeat
 from actors.bus import Poison
@@ -30,10 +34,12 @@ from actors.events import (
     derived_id,
 )
 from actors.task_events import Rollout, Task
+from envs.live import alternatives
 from envs.registry import make_envs
 from envs.tool_calls import CallError, parse_python_call
 from policies.engines.live_policy import LivePolicy
-from policies.rollout import reference_sample, run_group
+from policies.judge.live_steps import LIVE_ENV
+from policies.rollout import reference_sample, resample_step, run_group
 
 
 class Explorer(EventActor):
@@ -79,6 +85,8 @@ class Explorer(EventActor):
     async def handle_task(self, task: Task, msg):
         if task.split != "train":
             raise Poison(f"task {task.task_id} is from the {task.split} split; only train tasks are explored")
+        if task.env == LIVE_ENV:
+            return await self.resample(task, msg)
         env = self.envs.get(task.env)
         if env is None:
             raise Poison(f"task {task.task_id} names unknown environment {task.env!r}")
@@ -145,6 +153,48 @@ class Explorer(EventActor):
             guided=guided,
             seconds=round(res.duration_s, 1),
             tokens=res.tokens,
+        )
+
+    async def resample(self, task: Task, msg) -> None:
+        """A live step's group: the answer users were served, then its re-sampled alternatives (module docstring)."""
+        step = task.step
+        if step is None or len(step.step_indices) != 1 or step.step_indices[0] != len(step.messages) - 1:
+            raise Poison(f"live task {task.task_id} carries no one-step sample to re-sample")
+        n, r = self.settings.conversations.alternatives, self.settings.rollout
+        async with heartbeat([msg]):
+            await self._follow()
+            version, t0 = self.engine.version, time.monotonic()
+            try:
+                answers, tokens = await asyncio.to_thread(
+                    resample_step,
+                    self.engine,
+                    step,
+                    task.tool_choice,
+                    n,
+                    max_new_tokens=self.settings.conversations.alternative_tokens,
+                    temperature=r.temperature,
+                    top_p=r.top_p,
+                )
+            except ValueError as exc:  # a tool_choice that names no declared function
+                raise Poison(f"live task {task.task_id}: {exc}") from None
+        samples = alternatives(step, answers, task.tool_choice)
+        event = Rollout(
+            event_id=derived_id("rollout", task.event_id),
+            task=task,
+            group_id=task.event_id,
+            samples=samples,
+            duration_s=time.monotonic() - t0,
+            trace_id=task.trace_id,
+            behaviour_versions=[task.weights_version] + [version] * len(answers),
+        )
+        await self.bus.publish(event, weights_version=version)
+        self.groups += 1
+        self.log.info(
+            "rollout.live_step",
+            task_id=task.task_id,
+            outcomes=[round(s.outcome, 2) for s in samples],
+            seconds=round(event.duration_s, 1),
+            tokens=tokens,
         )
 
     async def handle_weights_published(self, ev: WeightsPublished, msg):

@@ -14,12 +14,12 @@ the step) and acking follow it and are idempotent, so after a crash at any point
 verified checkpoint, redoes what follows it, acks redelivered judgements it already applied and trains on the others:
 no batch is lost or applied twice. With `learner.replay_groups`, the newest groups earlier steps trained go into the
 next step again (importance-corrected against the version that sampled them; in memory only, dropped when stale or
-when the learner resets). Groups without any advantage are acked untrained; rated live interactions are pooled into
-groups of `learner.min_live_group`, tool calls and text answers apart. It always trains from a version users get or
-will get: after a rejection of a version it descends from, from that version's nearest ancestor that is the canary or
-live; after a rollback, from the version rolled back to; when a version it does not descend from goes live, from that
-one. With `learner.kl_target` its step size follows the measured drift from the base and halves when a version it
-trained is rejected (`policies/learning/step_size.py`).
+when the learner resets). Groups without any advantage are acked untrained; one-step live judgements are pooled into
+groups of `learner.min_live_group`, tool calls and text answers apart; a live step re-sampled into a group trains as
+one. It always trains from a version users get or will get: after a rejection of a version it descends from, from that
+version's nearest ancestor that is the canary or live; after a rollback, from the version rolled back to; when a
+version it does not descend from goes live, from that one. With `learner.kl_target` its step size follows the measured
+drift from the base and halves when a version it trained is rejected (`policies/learning/step_size.py`).
 """
 
 from __future__ import annotations
@@ -115,26 +115,27 @@ class Learner(EventActor):
         if j.event_id in self.held:  # redelivered while held: keep the newest delivery
             self.held[j.event_id] = msg
             return HOLD
-        alpha = self.settings.learner.adca_alpha
-        if j.source == "live":
-            if MIXED_WEIGHTS in (j.behaviour_versions or []):  # two policies made it: no importance ratio is right
-                self.log.info("live.skipped_mixed_weights", group_id=j.group_id)
-                return None
+        alpha, hints = self.settings.learner.adca_alpha, self.settings.learner.hindsight_clip > 0
+        if j.source == "live" and MIXED_WEIGHTS in (j.behaviour_versions or []):  # two policies made it: no ratio is right
+            self.log.info("live.skipped_mixed_weights", group_id=j.group_id)
+            return None
+        if j.source == "live" and len(j.samples) == 1:  # one live step alone: pooled with others of its kind
             self.held[j.event_id] = msg
             pool = self.live.setdefault(live_kind(j), [])
             pool.append(j)
             if len(pool) >= self.settings.learner.min_live_group:
                 pooled, self.live[live_kind(j)] = pool, []
                 group = live_group(pooled, f"live-{j.event_id[:8]}")
-                if informative(group, alpha, hints=self.settings.learner.hindsight_clip > 0):
+                if informative(group, alpha, hints=hints):
                     self.ready.append(group)
                 else:
                     await self._ack([x.event_id for x in pooled])
             return HOLD
-        j = at_floor(j, alpha)
+        j = at_floor(j, alpha)  # a rollout group, or a live step re-sampled into one (policies/judge/live_steps.py)
+        hints = hints and j.source == "live"
         self.groups_seen += 1
-        self.groups_own_signal += not any(s.off_policy for s in j.samples) and informative(j, alpha)
-        if not informative(j, alpha):
+        self.groups_own_signal += not any(s.off_policy for s in j.samples) and informative(j, alpha, hints)
+        if not informative(j, alpha, hints):
             self.groups_no_signal += 1
             self.log.info("group.skipped_no_signal", group_id=j.group_id, outcome=j.outcomes[:1])
             return None

@@ -160,11 +160,7 @@ class Questioner(EventActor):
         self.log.info("task.status", task_id=rec.task_id, status=str(new), reason=reason[:200])
 
     async def backlog(self) -> int:
-        try:
-            info = await self.bus.consumer_info("explorer")
-        except Exception:  # the explorer has not bound yet: treat as empty
-            return 0
-        return int(info.num_pending) + int(info.num_ack_pending)
+        return await self.bus.backlog("explorer")
 
     def next_entry(self) -> tuple[str, int]:
         return self.data.next_entry(self.ladder, self.settings.questioner.env_weights)

@@ -23,6 +23,15 @@ class Task(Event):
     query: str = ""
     reference: list[str] = Field([], description="reference solution (call strings) of a synthetic task")
     base_entry_id: str | None = Field(None, description="train entry whose initial state a synthetic task starts from")
+    step: Sample | None = Field(
+        None,
+        description="a live step to re-sample (env `live`): its context and the answer users were served, scrubbed, "
+        "with the outcome and hint its signal gave it; the envelope's weights_version wrote the answer",
+    )
+    tool_choice: str | dict | None = Field(None, description="the live step's request's tool_choice, as it was sent")
+    user_hash: str = Field("", description="the hashed user of a live step")
+    signal: str = Field("", description="what gave a live step its outcome (a rule of conversations.SIGNALS)")
+    source_event_ids: list[str] = Field([], description="the events a live step came from (its interaction)")
 
 
 class TaskStatus(Event):
@@ -49,3 +58,6 @@ class Rollout(Event):
     group_id: str
     samples: list[Sample]
     duration_s: float = 0.0
+    behaviour_versions: list[str] = Field(
+        [], description="the weights version that generated each sample, when they differ (a live step and its re-samples)"
+    )

@@ -159,6 +159,18 @@ class ConversationSettings(_Section):
     idle_s: float = Field(120.0, description="A conversation with no request for this long closes")
     max_open: int = Field(50, description="Open conversations kept (the least recent closes first)")
     max_steps: int = Field(12, description="A conversation closes after this many answers")
+    alternatives: int = Field(
+        3,
+        description="Answers the explorer re-samples for an unrated live step with a signal, scored against the "
+        "tools the request declared (envs/live.py); with the served answer they make one group (0: the step trains "
+        "alone, on its signal and hindsight)",
+    )
+    alternative_tokens: int = Field(128, description="Tokens per re-sampled answer of a live step")
+    max_in_flight: int = Field(
+        4,
+        description="A live step goes to the explorer only while its backlog (tasks of any kind) is under this; above "
+        "rollout.max_tasks_in_flight, where the questioner stops, so live steps go ahead of new environment tasks",
+    )
 
 
 class JudgeSettings(_Section):

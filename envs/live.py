@@ -4,11 +4,30 @@ There is nothing to step: the user already did. `trajectory()` turns an `evo.int
 one-step `Sample` (the served answer is the step); feedback, when it arrives, is its outcome and
 the step's signal. Experience text the live agent saw is not part of the recorded messages, so
 nothing needs stripping.
+
+A live step with a signal can also become a group: the explorer re-samples the step from the same context (the
+client's tools cannot be run here, so only the step is), and `alternative_outcome` scores each alternative without
+a user, by what is certain about it:
+
+| alternative (the first row that applies) | outcome |
+|---|---|
+| the same calls (or text) as the served step | the served step's outcome (its signal) |
+| no call where the request required one, or a call that does not fit the declared tools (`envs/tool_fit.py`) | -1.0 |
+| anything else | 0.0: it fits, and nobody has said it is wrong |
+
+So within the group a call that cannot be right ranks below what the user was served, and what the user turned
+down ranks below a fitting answer they have not seen; an answer they took well (`thanks`, `tool_ok`) ranks above it.
 """
 
 from __future__ import annotations
 
-from actors.events import DEFAULT_SYSTEM, ChatMessage, Interaction, Sample
+import json
+
+from actors.events import DEFAULT_SYSTEM, ChatMessage, Interaction, Sample, ToolSpec
+from envs.tool_fit import misfit
+
+MISFIT = -1.0  # an alternative that cannot be right: see the module docstring's table
+UNSEEN = 0.0  # a fitting alternative nobody has judged
 
 
 def trajectory(it: Interaction, score: float | None = None, clean=lambda text: text) -> Sample:
@@ -30,3 +49,52 @@ def trajectory(it: Interaction, score: float | None = None, clean=lambda text: t
         outcome=outcome,
         experience_ids=it.experience_ids,
     )
+
+
+def _canon(m: ChatMessage):
+    calls = []
+    for c in m.tool_calls:
+        try:
+            calls.append((c.name, json.dumps(json.loads(c.arguments or "{}"), sort_keys=True)))
+        except ValueError:
+            calls.append((c.name, (c.arguments or "").strip()))
+    return calls or " ".join((m.content or "").split())
+
+
+def call_required(tool_choice) -> bool:
+    return tool_choice == "required" or isinstance(tool_choice, dict)
+
+
+def alternative_outcome(
+    alt: ChatMessage, served: ChatMessage, served_outcome: float, tools: list[ToolSpec], tool_choice=None
+) -> tuple[float, str]:
+    """(outcome, why) of a re-sampled alternative of a served step (the module docstring's table)."""
+    if _canon(alt) == _canon(served):
+        return served_outcome, "the served step again"
+    if call_required(tool_choice) and not alt.tool_calls:
+        return MISFIT, "no call where the request required one"
+    if alt.tool_calls and (why := misfit(alt.tool_calls, tools)) is not None:
+        return MISFIT, why
+    return UNSEEN, "fits the declared tools"
+
+
+def alternatives(step: Sample, answers: list[ChatMessage], tool_choice=None) -> list[Sample]:
+    """The served step's sample (`step`: its context, its answer, its outcome) and one sample per re-sampled answer,
+    scored by `alternative_outcome`: a group of one live step. Only the served one keeps the hindsight hint."""
+    i = step.step_indices[-1]
+    context, served = step.messages[:i], step.messages[i]
+    out = [step]
+    for k, a in enumerate(answers):
+        outcome, why = alternative_outcome(a, served, step.outcome, step.tools, tool_choice)
+        out.append(
+            Sample(
+                sample_id=f"{step.sample_id}:alt{k}",
+                messages=[*context, a],
+                tools=step.tools,
+                step_indices=[i],
+                step_signals=[outcome],
+                outcome=outcome,
+                error=None if outcome > MISFIT else why,
+            )
+        )
+    return out

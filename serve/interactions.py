@@ -57,6 +57,8 @@ class Turn:
 
     def interaction(self, answer: ChatMessage, version: str, straddled: bool, replica: str, key: str) -> Interaction:
         user = (self.req.user or "") + "|" + hashlib.sha256(key.encode()).hexdigest()[:8]
+        choice = self.req.tool_choice
+        choice = choice.model_dump(exclude_none=True) if hasattr(choice, "model_dump") else choice
         ev = Interaction(
             event_id=interaction_event_id(self.iid),
             interaction_id=self.iid,
@@ -70,6 +72,7 @@ class Turn:
             trace_id=self.trace_id,
             trace_context=self.trace_headers,
             mixed_weights=straddled,
+            tool_choice=choice,
             conversation=next(
                 (
                     str(v)[:128]

@@ -67,6 +67,8 @@ def learner_detail(events, learner) -> dict:
     for e in live:
         for sig in e.signals:
             signals[sig] = signals.get(sig, 0) + 1
+    regrouped = [e for e in live if len(e.samples) > 1 and e.signals[1:2] == ["alternative"]]
+    alts = [s for e in regrouped for s in e.samples[1:]]
     return {
         "steps": steps,
         "guard_checks": guard,
@@ -75,6 +77,12 @@ def learner_detail(events, learner) -> dict:
         "live_judgements": n,
         "live_positive_share": pos / n if n else None,
         "rollout_judgements": len(rollouts),
+        "resampled_live_steps": {  # live steps re-sampled into groups, and how their alternatives were scored
+            "groups": len(regrouped),
+            "with_spread": sum(len(set(e.outcomes)) > 1 for e in regrouped),
+            "alternatives": len(alts),
+            "misfit": sum(s.error is not None for s in alts),
+        },
         "trained_groups": {o: sum(st.get(f"groups_{o}", 0) for st in steps) for o in ("env", "synthetic", "live")},
     }
 

@@ -86,3 +86,68 @@ async def test_open_conversations_survive_an_attributor_restart_and_are_judged_o
     info = await bus.consumer_info("attributor")
     assert info.num_ack_pending == 0 and info.num_pending == 0
     await bus.close()
+
+
+async def test_a_live_step_with_declared_tools_is_re_sampled_by_the_explorer_into_one_judged_group(
+    settings, nats_server, model_dir
+):
+    """attributor -> evo.task (env `live`) -> explorer (the real 135M re-samples the step) -> evo.rollout -> attributor ->
+    one live judgement of the served step and its alternatives, each scored against the declared tools."""
+    from actors.attributor import Attributor
+    from actors.events import ToolSpec
+    from actors.explorer import Explorer
+    from actors.task_events import Rollout, Task
+
+    p = "c" + uuid.uuid4().hex[:8]
+    settings.nats.stream, settings.nats.subject_prefix = p.upper(), p
+    settings.judge.base_url = "http://127.0.0.1:9"  # never called: live steps are scored without a judge
+    settings.model.source, settings.model.path = "hf-folder", str(model_dir)
+    settings.env.pool_workers = 0
+    settings.conversations.idle_s = 2.0
+    settings.conversations.alternative_tokens = 48
+    bus = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p).connect()
+    tools = [
+        ToolSpec(
+            function={
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                    "required": ["city", "days"],
+                },
+            }
+        )
+    ]
+    ask = [ChatMessage(role="user", content="What is the weather in Oslo for the next 3 days?")]
+    served = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c1", name="get_weather", arguments='{"city": "Oslo"}')])
+    it = Interaction(interaction_id=f"chatcmpl-{uuid.uuid4().hex}", user_hash="u1", messages=ask, response=served, tools=tools)
+    it.tool_choice = "required"
+    await bus.publish(it, weights_version="w-000000")
+
+    attributor, explorer = Attributor(settings), Explorer(settings)
+    tasks = [asyncio.create_task(a.run()) for a in (attributor, explorer)]
+    try:
+        for _ in range(1800):
+            await asyncio.sleep(0.1)
+            if any(len(j.samples) > 1 for j in await _judgements(bus, p) if isinstance(j, Judgement)):
+                break
+    finally:
+        for a in (attributor, explorer):
+            a.stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    (j,) = [j for j in await _judgements(bus, p) if isinstance(j, Judgement)]
+    assert j.source == "live" and j.env == "live" and len(j.samples) == 1 + settings.conversations.alternatives
+    assert j.signals == ["invalid_call"] + ["alternative"] * settings.conversations.alternatives
+    assert j.outcomes[0] == -0.9 and all(o in (-1.0, -0.9, 0.0) for o in j.outcomes[1:])
+    assert j.behaviour_versions == ["w-000000"] * len(j.samples) and j.user_hashes == ["u1"] * len(j.samples)
+    assert j.samples[0].hint == "tool: Error: get_weather: 'days' is a required property"
+    assert all(s.messages[1].content == ask[0].content and s.step_indices == [2] for s in j.samples)
+    kinds = {
+        type(parse_event(m.data)).__name__
+        for m in [await bus.js.get_last_msg(p.upper(), f"{p}.{k}") for k in ("task", "rollout")]
+    }
+    assert kinds == {Task.__name__, Rollout.__name__}
+    for durable in ("attributor", "explorer"):
+        info = await bus.consumer_info(durable)
+        assert info.num_ack_pending == 0 and info.num_pending == 0
+    await bus.close()

@@ -1,0 +1,95 @@
+"""What the attributor sends on for an unrated live step with a signal, and how a re-sampled step comes back.
+
+A closed conversation's step that no user rated, and whose signal gave it an outcome, becomes either
+- a task for the explorer (`live_task`, env `live`): re-sample the step from the same context, when the request
+  declared tools to check the alternatives against (`envs/tool_fit.py`) and the explorer has room for it. The
+  group (the served step and its alternatives, scored by `envs/live.py` with no user and no judge) comes back as a
+  rollout, and `live_judgement` makes it a live judgement the learner trains as one group; or
+- a one-step judgement (`step_judgement`): its outcome, and with a hint hindsight, teach the step alone.
+Both carry what was served scrubbed of personal data (`policies.hygiene.scrub`), the user's hash (a user's burst
+cannot fill a step: `learner.live_groups_per_user`) and, as provenance, the interaction's event id.
+"""
+
+from __future__ import annotations
+
+from actors.events import Interaction, Judgement, Sample, derived_id
+from actors.task_events import Rollout, Task
+from envs.live import trajectory
+from policies.hygiene import scrub
+
+LIVE_ENV = "live"  # the explorer's name for re-sampling a live step (not an environment of env.names)
+ALTERNATIVE = "alternative"  # the signal of a re-sampled answer: scored by envs/live.py, not by a next turn
+
+
+def step_sample(it: Interaction, outcome: float, hint: str) -> Sample:
+    return trajectory(it, outcome, scrub).model_copy(update={"hint": scrub(hint)})
+
+
+def resamplable(it: Interaction, alternatives: int) -> bool:
+    """Can this step become a group? Only with tools to check its alternatives against, and one policy behind it."""
+    return alternatives > 0 and bool(it.tools) and not it.mixed_weights
+
+
+def _labels(outcomes: list[float]) -> list[list[str]]:
+    return [["GOOD" if o > 0 else "BAD"] for o in outcomes]
+
+
+def step_judgement(it: Interaction, signal: str, sample: Sample) -> Judgement:
+    return Judgement(
+        event_id=derived_id("judgement", f"signal:{it.event_id}"),
+        group_id=f"live:{it.interaction_id}",
+        source="live",
+        task_id=f"live:{it.interaction_id}",
+        samples=[sample],
+        outcomes=[sample.outcome],
+        step_labels=_labels([sample.outcome]),
+        judge=f"next-turn:{signal}",
+        source_event_ids=[it.event_id],
+        trace_id=it.trace_id,
+        origin="live",
+        user_hashes=[it.user_hash],
+        signals=[signal],
+    )
+
+
+def live_task(it: Interaction, signal: str, sample: Sample) -> Task:
+    """The explorer's task of re-sampling this step; published with the served version as its weights_version."""
+    return Task(
+        event_id=derived_id("task", f"signal:{it.event_id}"),
+        task_id=f"live:{it.interaction_id}",
+        env=LIVE_ENV,
+        entry_id=it.interaction_id,
+        origin="live",
+        query=next((m.content for m in reversed(sample.messages) if m.role == "user"), "")[:500],
+        step=sample,
+        tool_choice=it.tool_choice,
+        user_hash=it.user_hash,
+        signal=signal,
+        source_event_ids=[it.event_id],
+        trace_id=it.trace_id,
+    )
+
+
+def live_judgement(ev: Rollout) -> Judgement:
+    """A re-sampled live step's group as a live judgement: outcomes as `envs/live.py` scored them, the served step
+    first (with its signal), then its alternatives."""
+    t = ev.task
+    outcomes = [s.outcome for s in ev.samples]
+    return Judgement(
+        event_id=derived_id("judgement", ev.event_id),
+        group_id=ev.group_id,
+        source="live",
+        task_id=t.task_id,
+        env=LIVE_ENV,
+        entry_id=t.entry_id,
+        samples=ev.samples,
+        outcomes=outcomes,
+        step_labels=_labels(outcomes),
+        judge=f"next-turn:{t.signal}+tool-fit",
+        source_event_ids=[*t.source_event_ids, ev.event_id],
+        trace_id=ev.trace_id,
+        origin="live",
+        behaviour_versions=list(ev.behaviour_versions),
+        user_hashes=[t.user_hash] * len(ev.samples),
+        signals=[t.signal] + [ALTERNATIVE] * (len(ev.samples) - 1),
+    )
