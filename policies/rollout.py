@@ -35,10 +35,15 @@ def resample_step(
 ) -> tuple[list[ChatMessage], int]:
     """`n` new answers to the context of a live step (`step`: a one-step sample, its answer last), generated as
     Serve answers that request: the same prompt, and a call forced as its `tool_choice` forced one (a declared name
-    chosen by constrained decoding for "required"). Returns them and the tokens generated."""
+    chosen by constrained decoding for "required"). Where the served answer called a declared function, every
+    alternative calls that one: the declared schema can judge a call's arguments, not which function the user meant,
+    so the group differs only where it is scored. Returns the answers and the tokens generated."""
     i = step.step_indices[-1]
     context = render(step.messages[:i], step.tools)
     forced = tool_choice_prefix(tool_choice, step.tools)
+    served = {t.function.name: t for t in step.tools}.get(next((c.name for c in step.messages[i].tool_calls), None))
+    if served is not None:
+        forced = call_opening(served)
     prefixes = [forced_prefix(step.tools, engine, context, temperature) if forced == CALL_PREFIX else forced for _ in range(n)]
     gens = engine.generate([context + p for p in prefixes], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     answers = [parse_forced(p, g.text) if p else parse_assistant(g.text) for p, g in zip(prefixes, gens)]

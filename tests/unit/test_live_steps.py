@@ -105,25 +105,32 @@ class FakeEngine:
         return [Generation(self.texts.pop(0), 10, 5, "stop", self.version) for _ in prompts]
 
 
-def test_re_samples_are_generated_as_serve_answers_that_request():
+def test_re_samples_are_generated_as_serve_answers_that_request_calling_what_the_served_step_called():
     from policies.chat import render
     from policies.rollout import resample_step
 
-    step = trajectory(_interaction(tools=(WEATHER, TIME)), -0.8)
+    step = trajectory(_interaction(tools=(WEATHER, TIME)), -0.8)  # the served step called get_weather
     context = render(step.messages[:-1], step.tools)
-    eng = FakeEngine(['"zone": "CET"}}]</tool_call>', '"zone": "UTC"}}]</tool_call>'])
+    eng = FakeEngine(['Oslo", "days": 3}}]</tool_call>', 'Oslo"}}]</tool_call>'])
     answers, tokens = resample_step(eng, step, "required", 2, max_new_tokens=64, temperature=0.9)
+    assert not eng.chose and eng.prompts == [context + '<tool_call>[{"name": "get_weather", "arguments": {"city": "'] * 2
+    assert [json.loads(a.tool_calls[0].arguments) for a in answers] == [{"city": "Oslo", "days": 3}, {"city": "Oslo"}]
+    assert tokens == 10
+    # a served text answer: the request's tool_choice decides, as in Serve
+    text = trajectory(_interaction(tools=(WEATHER, TIME), response=ChatMessage(role="assistant", content="Hm.")), -0.8)
+    eng = FakeEngine(['"zone": "CET"}}]</tool_call>', '"zone": "UTC"}}]</tool_call>'])
+    answers, _ = resample_step(eng, text, "required", 2, max_new_tokens=64, temperature=0.9)
     assert eng.chose == [['get_weather"', 'get_time"']] * 2  # a declared name by constrained decoding, per answer
     assert all(p.startswith(context + '<tool_call>[{"name": "get_time", "arguments": {') for p in eng.prompts)
-    assert [a.tool_calls[0].name for a in answers] == ["get_time", "get_time"] and tokens == 10
+    assert [a.tool_calls[0].name for a in answers] == ["get_time", "get_time"]
     eng = FakeEngine(['Oslo"}}]</tool_call>'])
     (named,), _ = resample_step(
-        eng, step, {"type": "function", "function": {"name": "get_weather"}}, 1, max_new_tokens=64, temperature=0.9
+        eng, text, {"type": "function", "function": {"name": "get_weather"}}, 1, max_new_tokens=64, temperature=0.9
     )
     assert eng.prompts == [context + '<tool_call>[{"name": "get_weather", "arguments": {"city": "'] and not eng.chose
     assert json.loads(named.tool_calls[0].arguments) == {"city": "Oslo"}
     eng = FakeEngine(["It is sunny."])
-    (free,), _ = resample_step(eng, step, "auto", 1, max_new_tokens=64, temperature=0.9)
+    (free,), _ = resample_step(eng, text, "auto", 1, max_new_tokens=64, temperature=0.9)
     assert eng.prompts == [context] and free.content == "It is sunny." and not free.tool_calls
 
 
