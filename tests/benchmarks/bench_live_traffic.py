@@ -5,7 +5,8 @@ Scripted agent clients replay public function-calling requests through the OpenA
 tools (dots in names escaped to `_`, as OpenAI clients do). The client asks for a call (`tool_choice: required`),
 checks the calls it gets with BFCL's own AST checker (`envs/bfcl_single.py`) and behaves as a user does: a wrong
 call gets the tool's error back, then "That is not what I asked." and the request again, in the same
-conversation; a right one gets the tools' results and the next request. A conversation holds up to
+conversation; a right one gets the tools' results and the next request. Per 10 minutes it counts the first requests,
+those whose calls fit the declared tools (`envs/tool_fit.py`) and those that were right (`by_10min`). A conversation holds up to
 `--requests-per-conversation` requests. No answer is rated unless `--rate-share` says so (then that share of
 answers, drawn at random, gets +1 / -1 by the checker). The held-out split of those categories is never sent.
 `--bfcl-categories simple_python` keeps the traffic, the held-out split and the guard's checks to that category
@@ -23,6 +24,7 @@ import json
 import random
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import yaml
@@ -51,8 +53,9 @@ def live_users(rate_share: float, per_conversation: int, categories: list[str]):
         import httpx
         import openai
 
-        from actors.events import ToolCall
+        from actors.events import ToolCall, ToolSpec
         from envs.bfcl_single import SingleTurnEnvironment, check, load
+        from envs.tool_fit import misfit
 
         env = SingleTurnEnvironment(categories=categories)
         train = env.entries("train")  # the held-out split is never sent
@@ -60,7 +63,16 @@ def live_users(rate_share: float, per_conversation: int, categories: list[str]):
         key = Path(run_info["api_key_file"]).read_text().strip()
         c = openai.OpenAI(base_url=run_info["endpoint"], api_key=key, max_retries=0, timeout=300)
         rng = random.Random(seed)
-        stats.update(conversations=0, right=0, wrong=0, retries=0, retry_right=0)
+        stats.update(conversations=0, right=0, wrong=0, retries=0, retry_right=0, by_10min={})
+        t0 = time.monotonic()
+
+        def tally(m, tools, ok):
+            """First requests per 10 minutes: [asked, calls that fit the declared tools, right]."""
+            row = stats["by_10min"].setdefault(str(int((time.monotonic() - t0) // 600) * 10), [0, 0, 0])
+            calls = [ToolCall(id=t.id, name=t.function.name, arguments=t.function.arguments) for t in (m.tool_calls or [])]
+            row[0] += 1
+            row[1] += bool(calls) and misfit(calls, [ToolSpec.model_validate(t) for t in tools]) is None
+            row[2] += ok
 
         def ask(msgs, tools):
             r = c.chat.completions.create(
@@ -100,6 +112,7 @@ def live_users(rate_share: float, per_conversation: int, categories: list[str]):
                     r, m = ask(msgs, tools)
                     ok, why = judge(eid, m, names)
                     stats["right" if ok else "wrong"] += 1
+                    tally(m, tools, ok)
                     maybe_rate(r, ok)
                     msgs.append(m.model_dump(exclude_none=True))
                     results = [
