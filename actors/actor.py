@@ -44,10 +44,12 @@ class AppliedIds:
 
 
 class EventActor:
-    """Base loop of every actor. Subclasses set `name`, `kinds`, and write `handle_<kind>()`."""
+    """Base loop of every actor. Subclasses set `name`, `kinds`, and write `handle_<kind>()`. Kinds in `first_kinds`
+    are read by a durable consumer of their own (`<name>-first`), one at a time, ahead of the others."""
 
     name: str = "actor"
     kinds: tuple[str, ...] = ()
+    first_kinds: tuple[str, ...] = ()
     batch: int = 8
     fetch_timeout_s: float = 1.0
     nak_delay_s: float = 2.0
@@ -63,7 +65,7 @@ class EventActor:
         self.handled = 0
         self.failures = 0
         self.last_error: str | None = None
-        self._sub = None
+        self._sub = self._first = None
 
     # -------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -72,9 +74,12 @@ class EventActor:
             events.strict()
         if self.bus is None:
             self.bus = await Bus.from_settings(self.settings.nats, self.name).connect()
+        n = self.settings.nats
         if self.kinds:
-            self._sub = await self.bus.pull(
-                self.name, list(self.kinds), ack_wait_s=self.settings.nats.ack_wait_s, max_deliver=self.settings.nats.max_deliver
+            self._sub = await self.bus.pull(self.name, list(self.kinds), ack_wait_s=n.ack_wait_s, max_deliver=n.max_deliver)
+        if self.first_kinds:
+            self._first = await self.bus.pull(
+                f"{self.name}-first", list(self.first_kinds), ack_wait_s=n.ack_wait_s, max_deliver=n.max_deliver
             )
 
     async def run(self) -> None:
@@ -114,8 +119,18 @@ class EventActor:
                 await m.in_progress()
 
     async def _once(self) -> None:
+        if self._first is not None:
+            try:
+                msgs = await self._first.fetch(1, timeout=0.05 if self._sub is not None else self.fetch_timeout_s)
+            except TimeoutError:
+                msgs = []
+            for msg in msgs:
+                await self._dispatch(msg)
+            if msgs:
+                return
         if self._sub is None:
-            await asyncio.sleep(self.fetch_timeout_s)
+            if self._first is None:
+                await asyncio.sleep(self.fetch_timeout_s)
             return
         try:
             msgs = await self._sub.fetch(self.batch, timeout=self.fetch_timeout_s)

@@ -23,8 +23,8 @@ the stream hands the open conversations back. On close, each step that no user r
 that does not fit the declared tools, a correction, a re-ask, a tool error, thanks, ...) has the rule's value x
 confidence as its outcome, and, where the signal says what was wrong, the next turn as its hindsight hint
 (`policies/learning/hindsight.py`). With `conversations.alternatives` and declared tools it goes to the explorer to be
-re-sampled (while the explorer's backlog is under `conversations.max_in_flight`); the group comes back as a rollout of
-env `live` and becomes one live judgement. Otherwise it is a one-step live judgement (`policies/judge/live_steps.py`).
+re-sampled (an `evo.live_step`, while fewer than `conversations.max_in_flight` wait there); the group comes back as a
+rollout and becomes one live judgement. Otherwise it is a one-step live judgement (`policies/judge/live_steps.py`).
 Ids derive from the step's interaction, so a redelivery publishes nothing twice. Rated steps keep their rating.
 """
 
@@ -45,12 +45,12 @@ from actors.events import (
     WeightsRolledBack,
     derived_id,
 )
-from actors.task_events import Rollout
+from actors.task_events import LiveStep, Rollout
 from envs.live import trajectory
 from policies.hygiene import scrub
 from policies.judge.conversations import ConversationBook
 from policies.judge.judge import Agreement, Budget, Verdict, env_labels, make_judge
-from policies.judge.live_steps import LIVE_ENV, live_judgement, live_task, resamplable, step_judgement, step_sample
+from policies.judge.live_steps import live_judgement, live_task, resamplable, step_judgement, step_sample
 
 STEP_SHAPING = 0.1  # weight of the mean step signal added to the environment outcome
 
@@ -137,7 +137,7 @@ class Attributor(EventActor):
     async def handle_rollout(self, ev: Rollout, msg):
         if not ev.samples:
             raise Poison("rollout group has no samples")
-        if ev.task.env == LIVE_ENV:  # a live step and its alternatives, scored without a user (envs/live.py)
+        if isinstance(ev.task, LiveStep):  # a live step and its alternatives, scored without a user (envs/live.py)
             out = live_judgement(ev)
             await self.bus.publish(out, weights_version=ev.weights_version)
             self.log.info("judged.live_group", group_id=ev.group_id, outcomes=out.outcomes, signal=ev.task.signal)
@@ -258,7 +258,7 @@ class Attributor(EventActor):
             if rated or not st.signal or not st.outcome or it.mixed_weights:
                 continue
             sample = step_sample(it, st.outcome, st.hint)
-            if resamplable(it, c.alternatives) and await self.bus.backlog("explorer") < c.max_in_flight:
+            if resamplable(it, c.alternatives) and await self.bus.backlog("explorer-first") < c.max_in_flight:
                 out = live_task(it, st.signal, sample)  # re-sampled by the explorer, judged in handle_rollout
             else:
                 out = step_judgement(it, st.signal, sample)

@@ -31,7 +31,7 @@ from actors.messages import (  # noqa: F401  (the shared parts are part of this 
     derived_id,
     new_id,
 )
-from actors.task_events import Rollout, Task, TaskStatus
+from actors.task_events import LiveStep, Rollout, Task, TaskStatus
 
 
 class Interaction(Event):
@@ -232,6 +232,7 @@ _MODELS = (
     Feedback,
     Task,
     TaskStatus,
+    LiveStep,
     Rollout,
     Judgement,
     Experience,

@@ -7,9 +7,10 @@ per group (groups stay intact). When no sample of a group solves its task (`roll
 the environment's reference trajectory, replayed and verified in a fresh episode, joins the group as an
 off-policy sample (mixed-policy GRPO: the learner trains it with LUFFY's shaped objective), so a
 policy at the floor of a task still gets a direction to move in.
-A task of env `live` (the attributor's, `policies/judge/live_steps.py`) is one live step: the explorer re-samples
-`conversations.alternatives` answers from its context as Serve would answer that request, and the served answer and
-its alternatives, scored by `envs/live.py` against the tools the request declared, go out as one group.
+An `evo.live_step` (the attributor's, `policies/judge/live_steps.py`) is one live step, taken ahead of tasks (its own
+consumer, `first_kinds`): the explorer re-samples `conversations.alternatives` answers from its context as Serve would
+answer that request, and the served answer and its alternatives, scored by `envs/live.py` against the tools the
+request declared, go out as one group.
 With `rollout.weights: published` (default) it samples with the learner's newest published version
 (`evo.weights_published`), so its groups stay within the learner's staleness bound however long the
 gate takes; a rejected or rolled-back version sends it back to live, as it does the learner. With `live` it follows
@@ -33,18 +34,18 @@ from actors.events import (
     WeightsRolledBack,
     derived_id,
 )
-from actors.task_events import Rollout, Task
+from actors.task_events import LiveStep, Rollout, Task
 from envs.live import alternatives
 from envs.registry import make_envs
 from envs.tool_calls import CallError, parse_python_call
 from policies.engines.live_policy import LivePolicy
-from policies.judge.live_steps import LIVE_ENV
 from policies.rollout import reference_sample, resample_step, run_group
 
 
 class Explorer(EventActor):
     name = "explorer"
     kinds = ("task", "weights_published", "weights_promoted", "weights_rejected", "weights_rolled_back")
+    first_kinds = ("live_step",)  # users' steps go ahead of environment tasks
     batch = 1
 
     def __init__(self, settings, bus=None):
@@ -85,8 +86,6 @@ class Explorer(EventActor):
     async def handle_task(self, task: Task, msg):
         if task.split != "train":
             raise Poison(f"task {task.task_id} is from the {task.split} split; only train tasks are explored")
-        if task.env == LIVE_ENV:
-            return await self.resample(task, msg)
         env = self.envs.get(task.env)
         if env is None:
             raise Poison(f"task {task.task_id} names unknown environment {task.env!r}")
@@ -155,10 +154,10 @@ class Explorer(EventActor):
             tokens=res.tokens,
         )
 
-    async def resample(self, task: Task, msg) -> None:
+    async def handle_live_step(self, task: LiveStep, msg) -> None:
         """A live step's group: the answer users were served, then its re-sampled alternatives (module docstring)."""
         step = task.step
-        if step is None or len(step.step_indices) != 1 or step.step_indices[0] != len(step.messages) - 1:
+        if len(step.step_indices) != 1 or step.step_indices[0] != len(step.messages) - 1:
             raise Poison(f"live task {task.task_id} carries no one-step sample to re-sample")
         n, r = self.settings.conversations.alternatives, self.settings.rollout
         async with heartbeat([msg]):

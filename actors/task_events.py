@@ -1,11 +1,11 @@
 """The events of a task on its way to a judgement: the questioner's `Task` and, for a synthetic one, its
-`TaskStatus`; the explorer's `Rollout` of it. Like every event they are in the stream's registry
-(`actors/events.py`), which parses them with the others.
+`TaskStatus`; the attributor's `LiveStep`; the explorer's `Rollout` of either. Like every event they are in the
+stream's registry (`actors/events.py`), which parses them with the others.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -23,15 +23,23 @@ class Task(Event):
     query: str = ""
     reference: list[str] = Field([], description="reference solution (call strings) of a synthetic task")
     base_entry_id: str | None = Field(None, description="train entry whose initial state a synthetic task starts from")
-    step: Sample | None = Field(
-        None,
-        description="a live step to re-sample (env `live`): its context and the answer users were served, scrubbed, "
-        "with the outcome and hint its signal gave it; the envelope's weights_version wrote the answer",
+
+
+class LiveStep(Task):
+    """A live step no user rated, for the explorer to re-sample into a group (`policies/judge/live_steps.py`): a task of
+    env `live` on a kind of its own, so that the explorer takes it ahead of environment tasks."""
+
+    kind: Literal["live_step"] = "live_step"
+    env: str = "live"
+    origin: Literal["env", "synthetic", "live"] = "live"
+    step: Sample = Field(
+        description="its context and the answer users were served, scrubbed, with the outcome and hint its signal gave "
+        "it; the envelope's weights_version wrote the answer"
     )
-    tool_choice: str | dict | None = Field(None, description="the live step's request's tool_choice, as it was sent")
-    user_hash: str = Field("", description="the hashed user of a live step")
-    signal: str = Field("", description="what gave a live step its outcome (a rule of conversations.SIGNALS)")
-    source_event_ids: list[str] = Field([], description="the events a live step came from (its interaction)")
+    tool_choice: str | dict | None = Field(None, description="the request's tool_choice, as it was sent")
+    user_hash: str = Field("", description="the hashed user")
+    signal: str = Field("", description="what gave the step its outcome (a rule of conversations.SIGNALS)")
+    source_event_ids: list[str] = Field([], description="the events it came from (its interaction)")
 
 
 class TaskStatus(Event):
@@ -54,7 +62,7 @@ class Rollout(Event):
     """A whole GRPO group: groups stay intact through the pipeline."""
 
     kind: Literal["rollout"] = "rollout"
-    task: Task
+    task: Annotated[Task | LiveStep, Field(discriminator="kind")]
     group_id: str
     samples: list[Sample]
     duration_s: float = 0.0

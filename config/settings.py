@@ -168,8 +168,8 @@ class ConversationSettings(_Section):
     alternative_tokens: int = Field(128, description="Tokens per re-sampled answer of a live step")
     max_in_flight: int = Field(
         4,
-        description="A live step goes to the explorer only while its backlog (tasks of any kind) is under this; above "
-        "rollout.max_tasks_in_flight, where the questioner stops, so live steps go ahead of new environment tasks",
+        description="A live step goes to the explorer (which takes live steps ahead of tasks) only while fewer than "
+        "this wait there; the others train alone",
     )
 
 

@@ -49,11 +49,11 @@ def status(s: Settings, run: dict, args) -> int:
         print(f"stream          {out['stream']['messages']} events, {out['stream']['bytes']} bytes")
     for k in ("weights_promoted", "weights_rejected", "weights_rolled_back"):
         print(f"last {k:<20} {out['last'].get(k) or '-'}")
-    print("actor         backlog  unacked  health")
-    for name in ("questioner", "explorer", "attributor", "navigator", "learner", "broadcaster"):
-        c = out["consumers"].get(name, {})
+    print("actor           backlog  unacked  health")
+    for name in ("questioner", "explorer", "explorer-first", "attributor", "navigator", "learner", "broadcaster"):
+        c = out["consumers"].get(name, {})  # explorer-first: the live steps it takes ahead of tasks
         h = out.get("actors", {}).get(name, {})
-        print(f"{name:<13} {c.get('pending', '-'):>7}  {c.get('unacked', '-'):>7}  {json.dumps(h)[:160]}")
+        print(f"{name:<15} {c.get('pending', '-'):>7}  {c.get('unacked', '-'):>7}  {json.dumps(h)[:160]}")
     b = out.get("actors", {}).get("broadcaster", {})
     if b.get("replicas") is not None:
         print(f"canary          {json.dumps(b.get('canary'))}; next {b.get('passed') or '-'}; live history {b.get('history')}")
@@ -158,7 +158,7 @@ async def _bus_status(s: Settings, run: dict) -> dict:
     try:
         info = await bus.stream_info()
         consumers = {}
-        for name in ("questioner", "explorer", "attributor", "navigator", "learner", "broadcaster"):
+        for name in ("questioner", "explorer", "explorer-first", "attributor", "navigator", "learner", "broadcaster"):
             try:
                 ci = await bus.consumer_info(name)
                 consumers[name] = {"pending": ci.num_pending, "unacked": ci.num_ack_pending, "redelivered": ci.num_redelivered}

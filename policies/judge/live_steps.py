@@ -1,8 +1,8 @@
 """What the attributor sends on for an unrated live step with a signal, and how a re-sampled step comes back.
 
 A closed conversation's step that no user rated, and whose signal gave it an outcome, becomes either
-- a task for the explorer (`live_task`, env `live`): re-sample the step from the same context, when the request
-  declared tools to check the alternatives against (`envs/tool_fit.py`) and the explorer has room for it. The
+- a `LiveStep` for the explorer (`live_task`): re-sample the step from the same context, when the request declared
+  tools to check the alternatives against (`envs/tool_fit.py`) and the explorer has room for it. The
   group (the served step and its alternatives, scored by `envs/live.py` with no user and no judge) comes back as a
   rollout, and `live_judgement` makes it a live judgement the learner trains as one group; or
 - a one-step judgement (`step_judgement`): its outcome, and with a hint hindsight, teach the step alone.
@@ -13,7 +13,7 @@ cannot fill a step: `learner.live_groups_per_user`) and, as provenance, the inte
 from __future__ import annotations
 
 from actors.events import Interaction, Judgement, Sample, derived_id
-from actors.task_events import Rollout, Task
+from actors.task_events import LiveStep, Rollout
 from envs.live import trajectory
 from policies.hygiene import scrub
 
@@ -52,14 +52,13 @@ def step_judgement(it: Interaction, signal: str, sample: Sample) -> Judgement:
     )
 
 
-def live_task(it: Interaction, signal: str, sample: Sample) -> Task:
+def live_task(it: Interaction, signal: str, sample: Sample) -> LiveStep:
     """The explorer's task of re-sampling this step; published with the served version as its weights_version."""
-    return Task(
-        event_id=derived_id("task", f"signal:{it.event_id}"),
+    return LiveStep(
+        event_id=derived_id("live_step", f"signal:{it.event_id}"),
         task_id=f"live:{it.interaction_id}",
         env=LIVE_ENV,
         entry_id=it.interaction_id,
-        origin="live",
         query=next((m.content for m in reversed(sample.messages) if m.role == "user"), "")[:500],
         step=sample,
         tool_choice=it.tool_choice,

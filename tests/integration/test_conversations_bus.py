@@ -91,12 +91,12 @@ async def test_open_conversations_survive_an_attributor_restart_and_are_judged_o
 async def test_a_live_step_with_declared_tools_is_re_sampled_by_the_explorer_into_one_judged_group(
     settings, nats_server, model_dir
 ):
-    """attributor -> evo.task (env `live`) -> explorer (the real 135M re-samples the step) -> evo.rollout -> attributor ->
+    """attributor -> evo.live_step -> explorer (the real 135M re-samples the step) -> evo.rollout -> attributor ->
     one live judgement of the served step and its alternatives, each scored against the declared tools."""
     from actors.attributor import Attributor
     from actors.events import ToolSpec
     from actors.explorer import Explorer
-    from actors.task_events import Rollout, Task
+    from actors.task_events import LiveStep, Rollout
 
     p = "c" + uuid.uuid4().hex[:8]
     settings.nats.stream, settings.nats.subject_prefix = p.upper(), p
@@ -144,10 +144,10 @@ async def test_a_live_step_with_declared_tools_is_re_sampled_by_the_explorer_int
     assert all(s.messages[1].content == ask[0].content and s.step_indices == [2] for s in j.samples)
     kinds = {
         type(parse_event(m.data)).__name__
-        for m in [await bus.js.get_last_msg(p.upper(), f"{p}.{k}") for k in ("task", "rollout")]
+        for m in [await bus.js.get_last_msg(p.upper(), f"{p}.{k}") for k in ("live_step", "rollout")]
     }
-    assert kinds == {Task.__name__, Rollout.__name__}
-    for durable in ("attributor", "explorer"):
+    assert kinds == {LiveStep.__name__, Rollout.__name__}
+    for durable in ("attributor", "explorer", "explorer-first"):
         info = await bus.consumer_info(durable)
         assert info.num_ack_pending == 0 and info.num_pending == 0
     await bus.close()

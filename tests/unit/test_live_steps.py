@@ -9,7 +9,7 @@ import math
 import pytest
 
 from actors.events import ChatMessage, Interaction, Judgement, ToolCall, ToolSpec
-from actors.task_events import Rollout, Task
+from actors.task_events import LiveStep, Rollout
 from envs.live import MISFIT, UNSEEN, alternative_outcome, alternatives, trajectory
 from policies.engines.generation import Generation
 from policies.judge.conversations import ConversationBook
@@ -182,7 +182,7 @@ def test_the_attributor_sends_a_step_with_declared_tools_to_be_re_sampled_and_ju
     asyncio.run(a.handle_interaction(it, Msg()))
     asyncio.run(_close_all(a))
     (task,) = bus.events
-    assert isinstance(task, Task) and task.env == "live" and task.origin == "live" and task.split == "train"
+    assert isinstance(task, LiveStep) and task.env == "live" and task.origin == "live" and task.split == "train"
     assert task.signal == "invalid_call" and task.step.outcome == -0.9 and task.weights_version == "w-000003"
     assert task.tool_choice == "required" and task.user_hash == "u1" and task.source_event_ids == [it.event_id]
     assert "jane.doe@example.com" not in json.dumps(task.model_dump()) and "[EMAIL]" in task.step.messages[1].content
@@ -236,16 +236,18 @@ def test_the_explorer_re_samples_a_live_step_with_its_newest_weights(tmp_path):
     it = _interaction()
     task = live_task(it, "correction", step_sample(it, -0.8, "user: No."))
     task.weights_version = it.weights_version
-    asyncio.run(x.handle_task(task, Msg()))
+    asyncio.run(x.handle_live_step(task, Msg()))
     (r,) = x.bus.events
     assert isinstance(r, Rollout) and r.task == task and r.weights_version == "w-000005"
     assert r.behaviour_versions == ["w-000003"] + ["w-000005"] * 3
     assert [s.outcome for s in r.samples] == [-0.8, UNSEEN, -0.8, MISFIT]
-    with pytest.raises(Poison):
-        asyncio.run(x.handle_task(task.model_copy(update={"step": None}), Msg()))
+    with pytest.raises(Poison):  # a step that is not one answer after its context
+        asyncio.run(
+            x.handle_live_step(task.model_copy(update={"step": task.step.model_copy(update={"step_indices": []})}), Msg())
+        )
     with pytest.raises(Poison):  # a tool_choice naming no declared function
         bad = task.model_copy(update={"tool_choice": {"type": "function", "function": {"name": "rm"}}})
-        asyncio.run(x.handle_task(bad, Msg()))
+        asyncio.run(x.handle_live_step(bad, Msg()))
 
 
 def test_the_learner_trains_a_re_sampled_live_step_as_one_group(tmp_path, tiny_dir):
