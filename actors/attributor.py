@@ -270,7 +270,7 @@ class Attributor(EventActor):
                 signal=st.signal,
                 outcome=st.outcome,
                 conversation=conv.conversation_id,
-                resample=out.kind == "task",
+                resample=out.kind == "live_step",
             )
         for st in conv.steps:
             m = self.held.pop(st.interaction.event_id, None)
