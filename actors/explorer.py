@@ -38,8 +38,9 @@ from actors.task_events import LiveStep, Rollout, Task
 from envs.live import alternatives
 from envs.registry import make_envs
 from envs.tool_calls import CallError, parse_python_call
+from policies.alternatives import resample_step
 from policies.engines.live_policy import LivePolicy
-from policies.rollout import reference_sample, resample_step, run_group
+from policies.rollout import reference_sample, run_group
 
 
 class Explorer(EventActor):
@@ -173,6 +174,7 @@ class Explorer(EventActor):
                     max_new_tokens=self.settings.conversations.alternative_tokens,
                     temperature=r.temperature,
                     top_p=r.top_p,
+                    guided=self.settings.conversations.guided_alternatives,
                 )
             except ValueError as exc:  # a tool_choice that names no declared function
                 raise Poison(f"live task {task.task_id}: {exc}") from None

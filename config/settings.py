@@ -166,6 +166,11 @@ class ConversationSettings(_Section):
         "alone, on its signal and hindsight)",
     )
     alternative_tokens: int = Field(128, description="Tokens per re-sampled answer of a live step")
+    guided_alternatives: int = Field(
+        2,
+        description="Of those alternatives, how many are schema-guided: the keys of the served function's required "
+        "parameters forced in order, every value the model's (policies/alternatives.py)",
+    )
     max_in_flight: int = Field(
         4,
         description="A live step goes to the explorer (which takes live steps ahead of tasks) only while fewer than "

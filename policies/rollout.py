@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from actors.events import ChatMessage, Sample
 from envs.base import Environment
-from policies.chat import CALL_PREFIX, call_opening, parse_assistant, parse_forced, render, tool_choice_prefix
+from policies.chat import CALL_PREFIX, call_opening, parse_assistant, render
 
 
 def forced_prefix(tools, engine=None, prompt: str = "", temperature: float = 0.0) -> str:
@@ -28,26 +28,6 @@ def forced_prefix(tools, engine=None, prompt: str = "", temperature: float = 0.0
         names = {t.function.name + '"': t for t in tools}
         return call_opening(names[engine.choose(prompt + CALL_PREFIX, list(names), temperature)])
     return CALL_PREFIX
-
-
-def resample_step(
-    engine, step: Sample, tool_choice, n: int, *, max_new_tokens: int, temperature: float, top_p: float = 1.0
-) -> tuple[list[ChatMessage], int]:
-    """`n` new answers to the context of a live step (`step`: a one-step sample, its answer last), generated as
-    Serve answers that request: the same prompt, and a call forced as its `tool_choice` forced one (a declared name
-    chosen by constrained decoding for "required"). Where the served answer called a declared function, every
-    alternative calls that one: the declared schema can judge a call's arguments, not which function the user meant,
-    so the group differs only where it is scored. Returns the answers and the tokens generated."""
-    i = step.step_indices[-1]
-    context = render(step.messages[:i], step.tools)
-    forced = tool_choice_prefix(tool_choice, step.tools)
-    served = {t.function.name: t for t in step.tools}.get(next((c.name for c in step.messages[i].tool_calls), None))
-    if served is not None:
-        forced = call_opening(served)
-    prefixes = [forced_prefix(step.tools, engine, context, temperature) if forced == CALL_PREFIX else forced for _ in range(n)]
-    gens = engine.generate([context + p for p in prefixes], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
-    answers = [parse_forced(p, g.text) if p else parse_assistant(g.text) for p, g in zip(prefixes, gens)]
-    return answers, sum(g.completion_tokens for g in gens)
 
 
 @dataclass

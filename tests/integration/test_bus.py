@@ -103,37 +103,6 @@ async def test_actor_loop_acks_naks_and_dead_letters(settings, nats_server):
     await bus.close()
 
 
-async def test_first_kinds_are_taken_ahead_of_the_rest_from_a_consumer_of_their_own(settings, nats_server):
-    """The explorer takes users' live steps ahead of environment tasks: `first_kinds` on `<name>-first`, one at a time."""
-    from actors.events import ChatMessage, Sample
-    from actors.task_events import LiveStep
-
-    p = _prefix()
-    bus = await _bus(nats_server, p)
-    step = Sample(
-        sample_id="s", messages=[ChatMessage(role="user", content="hi"), ChatMessage(role="assistant")], step_indices=[1]
-    )
-
-    class Both(Recorder):
-        first_kinds = ("live_step",)
-
-        async def handle_live_step(self, ev, msg):
-            self.seen.append(ev.entry_id)
-
-    actor = Both(settings, bus)
-    actor.batch, actor.fetch_timeout_s = 1, 0.2
-    for entry in ("task-1", "task-2"):
-        await bus.publish(Task(task_id=entry, env="code", entry_id=entry))
-    await actor.start()
-    await bus.publish(LiveStep(task_id="l1", entry_id="live-1", step=step))
-    await bus.publish(LiveStep(task_id="l2", entry_id="live-2", step=step))
-    await _drain(actor, 6)
-    assert actor.seen == ["live-1", "live-2", "task-1", "task-2"]
-    assert await bus.backlog("recorder-first") == 0 and await bus.backlog("recorder") == 0
-    assert await bus.backlog("nobody") == 0  # a consumer not bound yet has no backlog
-    await bus.close()
-
-
 async def test_durable_consumer_survives_server_restart(tmp_path):
     server = EmbeddedNats(tmp_path / "s").start()
     p = _prefix()

@@ -5,6 +5,7 @@ each unrated step with a signal exactly once."""
 import asyncio
 import uuid
 
+from actors.actor import EventActor
 from actors.bus import Bus
 from actors.events import ChatMessage, Interaction, Judgement, ToolCall, parse_event
 
@@ -150,4 +151,43 @@ async def test_a_live_step_with_declared_tools_is_re_sampled_by_the_explorer_int
     for durable in ("attributor", "explorer", "explorer-first"):
         info = await bus.consumer_info(durable)
         assert info.num_ack_pending == 0 and info.num_pending == 0
+    await bus.close()
+
+
+async def test_first_kinds_are_taken_ahead_of_the_rest_from_a_consumer_of_their_own(settings, nats_server):
+    """The explorer takes users' live steps ahead of environment tasks: `first_kinds` on `<name>-first`, one at a time."""
+    from actors.events import Sample
+    from actors.task_events import LiveStep, Task
+
+    p = "t" + uuid.uuid4().hex[:8]
+    bus = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p).connect()
+    step = Sample(
+        sample_id="s", messages=[ChatMessage(role="user", content="hi"), ChatMessage(role="assistant")], step_indices=[1]
+    )
+
+    class Both(EventActor):
+        name = "recorder"
+        kinds = ("task",)
+        first_kinds = ("live_step",)
+
+        seen: list = []
+
+        async def handle_task(self, ev, msg):
+            self.seen.append(ev.entry_id)
+
+        async def handle_live_step(self, ev, msg):
+            self.seen.append(ev.entry_id)
+
+    actor = Both(settings, bus)
+    actor.batch, actor.fetch_timeout_s = 1, 0.2
+    for entry in ("task-1", "task-2"):
+        await bus.publish(Task(task_id=entry, env="code", entry_id=entry))
+    await actor.start()
+    await bus.publish(LiveStep(task_id="l1", entry_id="live-1", step=step))
+    await bus.publish(LiveStep(task_id="l2", entry_id="live-2", step=step))
+    for _ in range(6):
+        await actor._once()
+    assert actor.seen == ["live-1", "live-2", "task-1", "task-2"]
+    assert await bus.backlog("recorder-first") == 0 and await bus.backlog("recorder") == 0
+    assert await bus.backlog("nobody") == 0  # a consumer not bound yet has no backlog
     await bus.close()

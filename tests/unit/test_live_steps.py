@@ -7,61 +7,30 @@ import json
 import math
 
 import pytest
+from live_doubles import ASK, WEATHER, FakeEngine, answer, interaction  # tests/ is on sys.path
 
-from actors.events import ChatMessage, Interaction, Judgement, ToolCall, ToolSpec
+from actors.events import ChatMessage, Judgement
 from actors.task_events import LiveStep, Rollout
 from envs.live import MISFIT, UNSEEN, alternative_outcome, alternatives, trajectory
-from policies.engines.generation import Generation
 from policies.judge.conversations import ConversationBook
 from policies.learning import adca
-
-WEATHER = ToolSpec(
-    function={
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            "required": ["city"],
-        },
-    }
-)
-TIME = ToolSpec(function={"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}})
-ASK = "What is the weather in Oslo for the next 3 days?"
-
-
-def _answer(args: dict | str, name="get_weather", cid="c1") -> ChatMessage:
-    text = args if isinstance(args, str) else json.dumps(args)
-    return ChatMessage(role="assistant", tool_calls=[ToolCall(id=cid, name=name, arguments=text)])
-
-
-def _interaction(iid="i1", response=None, tools=(WEATHER,), choice="required", user="u1", messages=None):
-    it = Interaction(
-        interaction_id=iid,
-        user_hash=user,
-        messages=messages or [ChatMessage(role="user", content=ASK)],
-        tools=list(tools),
-        response=response or _answer({"city": "Oslo", "days": "3"}),
-        tool_choice=choice,
-    )
-    it.weights_version = "w-000003"
-    return it
 
 
 @pytest.mark.parametrize(
     "alt,served_outcome,choice,outcome,why",
     [
-        (_answer({"city": "Oslo", "days": 3}), -0.8, "required", UNSEEN, "fits the declared tools"),
-        (_answer({"days": 3, "city": "Oslo"}), 0.08, "required", UNSEEN, "fits the declared tools"),
-        (_answer('{"city":"Oslo" , "days": "3"}'), -0.8, "required", -0.8, "the served step again"),  # key order, spaces
-        (_answer({"days": 3}), -0.8, "required", MISFIT, "'city' is a required property"),
-        (_answer({"city": "Oslo", "when": "now"}), -0.8, "required", MISFIT, "'when' was unexpected"),
+        (answer({"city": "Oslo", "days": 3}), -0.8, "required", UNSEEN, "fits the declared tools"),
+        (answer({"days": 3, "city": "Oslo"}), 0.08, "required", UNSEEN, "fits the declared tools"),
+        (answer('{"city":"Oslo" , "days": "3"}'), -0.8, "required", -0.8, "the served step again"),  # key order, spaces
+        (answer({"days": 3}), -0.8, "required", MISFIT, "'city' is a required property"),
+        (answer({"city": "Oslo", "when": "now"}), -0.8, "required", MISFIT, "'when' was unexpected"),
         (ChatMessage(role="assistant", content="It is sunny."), -0.8, "required", MISFIT, "no call where"),
         (ChatMessage(role="assistant", content="It is sunny."), -0.8, "auto", UNSEEN, "fits the declared tools"),
-        (_answer({"zone": "CET"}, name="get_time"), -0.8, "auto", MISFIT, "not one of the declared functions"),
+        (answer({"zone": "CET"}, name="get_time"), -0.8, "auto", MISFIT, "not one of the declared functions"),
     ],
 )
 def test_an_alternative_is_scored_by_what_is_certain_about_it(alt, served_outcome, choice, outcome, why):
-    served = _answer({"city": "Oslo", "days": "3"})
+    served = answer({"city": "Oslo", "days": "3"})
     got, reason = alternative_outcome(alt, served, served_outcome, [WEATHER], choice)
     assert got == outcome and why in reason
 
@@ -70,10 +39,10 @@ def test_a_corrected_step_and_its_alternatives_make_one_group_with_hand_computed
     """The user corrected the served call (outcome -1.0 x 0.8). Its three alternatives: the same call again (-0.8),
     one missing the required city (-1.0) and one that fits (0.0). Outcomes z-normed in the group (population std):
     mean -0.65, std sqrt(0.59 / 4) = 0.384057; every step BAD, so the step term is 0 and A = u."""
-    it = _interaction()
+    it = interaction()
     step = trajectory(it, -0.8).model_copy(update={"hint": "user: No, I said 3 days as a number."})
     group = alternatives(
-        step, [_answer({"city": "Oslo", "days": "3"}), _answer({"days": 3}), _answer({"city": "Oslo", "days": 3})], "required"
+        step, [answer({"city": "Oslo", "days": "3"}), answer({"days": 3}), answer({"city": "Oslo", "days": 3})], "required"
     )
     assert [s.outcome for s in group] == [-0.8, -0.8, MISFIT, UNSEEN]
     assert [s.sample_id for s in group] == ["i1", "i1:alt0", "i1:alt1", "i1:alt2"]
@@ -88,50 +57,6 @@ def test_a_corrected_step_and_its_alternatives_make_one_group_with_hand_computed
     assert [a[0] for a in adv] == pytest.approx(want) and want == pytest.approx(
         [-0.390567, -0.390567, -0.911322, 1.692456], abs=1e-6
     )
-
-
-class FakeEngine:
-    version = "w-000005"
-
-    def __init__(self, texts):
-        self.texts, self.prompts, self.chose = list(texts), [], []
-
-    def choose(self, prompt, options, temperature=0.0):
-        self.chose.append(options)
-        return options[-1]
-
-    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0):
-        self.prompts += prompts
-        return [Generation(self.texts.pop(0), 10, 5, "stop", self.version) for _ in prompts]
-
-
-def test_re_samples_are_generated_as_serve_answers_that_request_calling_what_the_served_step_called():
-    from policies.chat import render
-    from policies.rollout import resample_step
-
-    step = trajectory(_interaction(tools=(WEATHER, TIME)), -0.8)  # the served step called get_weather
-    context = render(step.messages[:-1], step.tools)
-    eng = FakeEngine(['Oslo", "days": 3}}]</tool_call>', 'Oslo"}}]</tool_call>'])
-    answers, tokens = resample_step(eng, step, "required", 2, max_new_tokens=64, temperature=0.9)
-    assert not eng.chose and eng.prompts == [context + '<tool_call>[{"name": "get_weather", "arguments": {"city": "'] * 2
-    assert [json.loads(a.tool_calls[0].arguments) for a in answers] == [{"city": "Oslo", "days": 3}, {"city": "Oslo"}]
-    assert tokens == 10
-    # a served text answer: the request's tool_choice decides, as in Serve
-    text = trajectory(_interaction(tools=(WEATHER, TIME), response=ChatMessage(role="assistant", content="Hm.")), -0.8)
-    eng = FakeEngine(['"zone": "CET"}}]</tool_call>', '"zone": "UTC"}}]</tool_call>'])
-    answers, _ = resample_step(eng, text, "required", 2, max_new_tokens=64, temperature=0.9)
-    assert eng.chose == [['get_weather"', 'get_time"']] * 2  # a declared name by constrained decoding, per answer
-    assert all(p.startswith(context + '<tool_call>[{"name": "get_time", "arguments": {') for p in eng.prompts)
-    assert [a.tool_calls[0].name for a in answers] == ["get_time", "get_time"]
-    eng = FakeEngine(['Oslo"}}]</tool_call>'])
-    (named,), _ = resample_step(
-        eng, text, {"type": "function", "function": {"name": "get_weather"}}, 1, max_new_tokens=64, temperature=0.9
-    )
-    assert eng.prompts == [context + '<tool_call>[{"name": "get_weather", "arguments": {"city": "'] and not eng.chose
-    assert json.loads(named.tool_calls[0].arguments) == {"city": "Oslo"}
-    eng = FakeEngine(["It is sunny."])
-    (free,), _ = resample_step(eng, text, "auto", 1, max_new_tokens=64, temperature=0.9)
-    assert eng.prompts == [context] and free.content == "It is sunny." and not free.tool_calls
 
 
 class Bus:
@@ -178,7 +103,7 @@ def _close_all(a):
 def test_the_attributor_sends_a_step_with_declared_tools_to_be_re_sampled_and_judges_the_group_it_gets_back(tmp_path):
     bus = Bus()
     a = _attributor(tmp_path, bus)
-    it = _interaction(messages=[ChatMessage(role="user", content=ASK + " Mail me at jane.doe@example.com")])
+    it = interaction(messages=[ChatMessage(role="user", content=ASK + " Mail me at jane.doe@example.com")])
     asyncio.run(a.handle_interaction(it, Msg()))
     asyncio.run(_close_all(a))
     (task,) = bus.events
@@ -188,7 +113,7 @@ def test_the_attributor_sends_a_step_with_declared_tools_to_be_re_sampled_and_ju
     assert "jane.doe@example.com" not in json.dumps(task.model_dump()) and "[EMAIL]" in task.step.messages[1].content
     assert task.step.hint == "tool: Error: get_weather: '3' is not of type 'integer' (at days)"
 
-    samples = alternatives(task.step, [_answer({"city": "Oslo", "days": 3})], task.tool_choice)
+    samples = alternatives(task.step, [answer({"city": "Oslo", "days": 3})], task.tool_choice)
     rollout = Rollout(task=task, group_id=task.event_id, samples=samples, behaviour_versions=["w-000003", "w-000005"])
     rollout.weights_version = "w-000005"
     asyncio.run(a.handle_rollout(rollout, Msg()))
@@ -202,12 +127,12 @@ def test_the_attributor_sends_a_step_with_declared_tools_to_be_re_sampled_and_ju
 def test_without_tools_or_room_in_the_explorer_the_step_trains_alone(tmp_path):
     full = Bus(backlog=4)  # the explorer has conversations.max_in_flight tasks already
     a = _attributor(tmp_path, full)
-    asyncio.run(a.handle_interaction(_interaction(), Msg()))
+    asyncio.run(a.handle_interaction(interaction(), Msg()))
     asyncio.run(_close_all(a))
     no_tools = Bus()
     b = _attributor(tmp_path, no_tools)
-    it = _interaction(tools=(), response=_answer({"city": "Oslo"}))
-    nxt = _interaction("i2", messages=[*it.messages, it.response, ChatMessage(role="user", content="No, that is wrong.")])
+    it = interaction(tools=(), response=answer({"city": "Oslo"}))
+    nxt = interaction("i2", messages=[*it.messages, it.response, ChatMessage(role="user", content="No, that is wrong.")])
     nxt = nxt.model_copy(update={"tools": [], "response": ChatMessage(role="assistant", content="Sorry.")})
     for x in (it, nxt):
         asyncio.run(b.handle_interaction(x, Msg()))
@@ -223,7 +148,7 @@ def test_the_explorer_re_samples_a_live_step_with_its_newest_weights(tmp_path):
     from config.settings import load_settings
     from policies.judge.live_steps import live_task, step_sample
 
-    s = load_settings(None)
+    s = load_settings(None, **{"conversations.guided_alternatives": 0})  # free alternatives here; guided ones below
     s.state_dir = str(tmp_path)
     x = Explorer(s, bus=Bus())
     x.engine = FakeEngine(['Oslo", "days": 3}}]</tool_call>', 'Oslo", "days": "3"}}]</tool_call>', "3}}]</tool_call>"])
@@ -233,7 +158,7 @@ def test_the_explorer_re_samples_a_live_step_with_its_newest_weights(tmp_path):
         pass
 
     x._follow = follow
-    it = _interaction()
+    it = interaction()
     task = live_task(it, "correction", step_sample(it, -0.8, "user: No."))
     task.weights_version = it.weights_version
     asyncio.run(x.handle_live_step(task, Msg()))
@@ -257,10 +182,10 @@ def test_the_learner_trains_a_re_sampled_live_step_as_one_group(tmp_path, tiny_d
     from policies.judge.live_steps import live_judgement, live_task, step_sample
 
     ln = make_learner(tmp_path, tiny_dir)
-    it = _interaction()
+    it = interaction()
     it.weights_version = "w-000000"
     task = live_task(it, "correction", step_sample(it, -0.8, "user: No."))
-    samples = alternatives(task.step, [_answer({"city": "Oslo", "days": 3}), _answer({"days": 3})], "required")
+    samples = alternatives(task.step, [answer({"city": "Oslo", "days": 3}), answer({"days": 3})], "required")
     r = Rollout(task=task, group_id=task.event_id, samples=samples, behaviour_versions=["w-000000"] * 3)
     r.weights_version = "w-000000"
     j = live_judgement(r)

@@ -1,0 +1,55 @@
+"""Doubles for the tests of live steps and their alternatives: tools, a served interaction, an engine that records
+its prompts. tests/ is on sys.path (its conftest.py)."""
+
+import json
+
+from actors.events import ChatMessage, Interaction, ToolCall, ToolSpec
+from policies.engines.generation import Generation
+
+WEATHER = ToolSpec(
+    function={
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    }
+)
+TIME = ToolSpec(function={"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}})
+ASK = "What is the weather in Oslo for the next 3 days?"
+
+
+def answer(args: dict | str, name="get_weather", cid="c1") -> ChatMessage:
+    text = args if isinstance(args, str) else json.dumps(args)
+    return ChatMessage(role="assistant", tool_calls=[ToolCall(id=cid, name=name, arguments=text)])
+
+
+def interaction(iid="i1", response=None, tools=(WEATHER,), choice="required", user="u1", messages=None):
+    it = Interaction(
+        interaction_id=iid,
+        user_hash=user,
+        messages=messages or [ChatMessage(role="user", content=ASK)],
+        tools=list(tools),
+        response=response or answer({"city": "Oslo", "days": "3"}),
+        tool_choice=choice,
+    )
+    it.weights_version = "w-000003"
+    return it
+
+
+class FakeEngine:
+    """Answers each prompt with the next canned text, and records the prompts and the options it chose among."""
+
+    version = "w-000005"
+
+    def __init__(self, texts):
+        self.texts, self.prompts, self.chose = list(texts), [], []
+
+    def choose(self, prompt, options, temperature=0.0):
+        self.chose.append(options)
+        return options[-1]
+
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0):
+        self.prompts += prompts
+        return [Generation(self.texts.pop(0), 10, 5, "stop", self.version) for _ in prompts]

@@ -1,0 +1,76 @@
+"""A live step's alternatives as the explorer writes them (policies/alternatives.py): as Serve answers the request,
+calling the served function, and schema-guided (the required keys forced, the values the model's). A fake engine
+records every prompt."""
+
+import json
+
+from live_doubles import TIME, WEATHER, FakeEngine, answer, interaction  # tests/ is on sys.path
+
+from actors.events import ChatMessage, ToolSpec
+from envs.live import MISFIT, UNSEEN, alternatives, trajectory
+
+
+def test_re_samples_are_generated_as_serve_answers_that_request_calling_what_the_served_step_called():
+    from policies.alternatives import resample_step
+    from policies.chat import render
+
+    step = trajectory(interaction(tools=(WEATHER, TIME)), -0.8)  # the served step called get_weather
+    context = render(step.messages[:-1], step.tools)
+    eng = FakeEngine(['Oslo", "days": 3}}]</tool_call>', 'Oslo"}}]</tool_call>'])
+    answers, tokens = resample_step(eng, step, "required", 2, max_new_tokens=64, temperature=0.9)
+    assert not eng.chose and eng.prompts == [context + '<tool_call>[{"name": "get_weather", "arguments": {"city": "'] * 2
+    assert [json.loads(a.tool_calls[0].arguments) for a in answers] == [{"city": "Oslo", "days": 3}, {"city": "Oslo"}]
+    assert tokens == 10
+    # a served text answer: the request's tool_choice decides, as in Serve
+    text = trajectory(interaction(tools=(WEATHER, TIME), response=ChatMessage(role="assistant", content="Hm.")), -0.8)
+    eng = FakeEngine(['"zone": "CET"}}]</tool_call>', '"zone": "UTC"}}]</tool_call>'])
+    answers, _ = resample_step(eng, text, "required", 2, max_new_tokens=64, temperature=0.9)
+    assert eng.chose == [['get_weather"', 'get_time"']] * 2  # a declared name by constrained decoding, per answer
+    assert all(p.startswith(context + '<tool_call>[{"name": "get_time", "arguments": {') for p in eng.prompts)
+    assert [a.tool_calls[0].name for a in answers] == ["get_time", "get_time"]
+    eng = FakeEngine(['Oslo"}}]</tool_call>'])
+    (named,), _ = resample_step(
+        eng, text, {"type": "function", "function": {"name": "get_weather"}}, 1, max_new_tokens=64, temperature=0.9
+    )
+    assert eng.prompts == [context + '<tool_call>[{"name": "get_weather", "arguments": {"city": "'] and not eng.chose
+    assert json.loads(named.tool_calls[0].arguments) == {"city": "Oslo"}
+    eng = FakeEngine(["It is sunny."])
+    (free,), _ = resample_step(eng, text, "auto", 1, max_new_tokens=64, temperature=0.9)
+    assert eng.prompts == [context] and free.content == "It is sunny." and not free.tool_calls
+
+
+def test_a_guided_alternative_has_every_required_key_forced_and_every_value_written_by_the_model():
+    """get_weather requires city (a string) then days (an integer). Row 0 writes both values and closes the call; row 1
+    writes no integer where days goes, so it is left as the model wrote it (and does not fit)."""
+    from policies.alternatives import resample_step, value_end
+    from policies.chat import render
+
+    assert value_end('Oslo", "x": 1}', in_string=True) == 5 and value_end(' 3, "unit": "C"}', in_string=False) == 2
+    assert value_end("[1, 2]}}]", in_string=False) == 6 and value_end("three}}", in_string=False) is None
+    assert value_end("   ", in_string=False) is None
+    tools = (
+        ToolSpec(
+            function={
+                **WEATHER.function.model_dump(),
+                "parameters": {**WEATHER.function.parameters, "required": ["city", "days"]},
+            }
+        ),
+    )
+    step = trajectory(interaction(tools=tools, response=answer({"city": "Oslo"})), -0.9)
+    context = render(step.messages[:-1], step.tools)
+    eng = FakeEngine(['Oslo", "and more', 'Bergen"}}]', "3, ", "three}}]</tool_call>", "}}]</tool_call>", 'Oslo"}}]</tool_call>'])
+    answers, tokens = resample_step(eng, step, "required", 3, max_new_tokens=64, temperature=0.9, guided=2)
+    opening = '<tool_call>[{"name": "get_weather", "arguments": {"city": "'
+    assert eng.prompts == [
+        context + opening,  # round 1: both rows write city
+        context + opening,
+        context + opening + 'Oslo", "days": ',  # round 2: days, its key forced
+        context + opening + 'Bergen", "days": ',
+        context + opening + 'Oslo", "days": 3',  # row 0 goes on after the last required value
+        context + opening,  # the third alternative is free
+    ]
+    assert json.loads(answers[0].tool_calls[0].arguments) == {"city": "Oslo", "days": 3}
+    assert answers[1].tool_calls[0].arguments.startswith('{"city": "Bergen", "days": three')
+    assert json.loads(answers[2].tool_calls[0].arguments) == {"city": "Oslo"} and tokens == 30
+    group = alternatives(step, answers, "required")
+    assert [s.outcome for s in group] == [-0.9, UNSEEN, MISFIT, -0.9]  # the free one repeats the served call
