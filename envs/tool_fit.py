@@ -8,8 +8,10 @@ scores an answer nobody saw (the explorer's re-samples of a live step) as surely
 
 The schema is checked by `jsonschema` (the draft the schema names, else 2020-12). One tightening: where a schema lists
 `properties` and says nothing of `additionalProperties`, a parameter outside them does not fit (a Python function, or
-an OpenAI strict tool, refuses an unknown keyword); a schema that says `additionalProperties` keeps its word. A
-schema that is not valid JSON Schema cannot judge a call: such a call fits, as far as this check can tell.
+an OpenAI strict tool, refuses an unknown keyword); a schema that says `additionalProperties` keeps its word. The
+schema is the client's, so it is data: its `$ref`s resolve only within itself (nothing is fetched), and a schema that
+is not valid JSON Schema, or that the check cannot follow, cannot judge a call: such a call fits, as far as this check
+can tell. Arguments nested too deep to read do not fit.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ from __future__ import annotations
 import json
 
 from jsonschema import exceptions, validators
+from referencing import Registry
 
 from actors.events import ToolCall, ToolSpec
+
+_NOTHING = Registry()  # no retrieval: a `$ref` to anything outside the schema is unresolvable, never fetched
 
 
 def _closed(schema: dict) -> dict:
@@ -37,15 +42,18 @@ def misfit(calls: list[ToolCall], tools: list[ToolSpec]) -> str | None:
             args = json.loads(call.arguments) if (call.arguments or "").strip() else {}
         except json.JSONDecodeError as exc:
             return f"the arguments of {call.name} are not valid JSON: {exc.msg}"
+        except RecursionError:
+            return f"the arguments of {call.name} are nested too deep"
         if not isinstance(args, dict):
             return f"the arguments of {call.name} are not a JSON object"
-        schema = _closed(declared[call.name])
-        cls = validators.validator_for(schema, default=validators.Draft202012Validator)
+        schema = declared[call.name]
         try:
+            schema = _closed(schema) if isinstance(schema, dict) else schema
+            cls = validators.validator_for(schema, default=validators.Draft202012Validator)
             cls.check_schema(schema)
-        except exceptions.SchemaError:
-            continue  # the client's schema is not JSON Schema: it cannot judge this call
-        error = exceptions.best_match(cls(schema).iter_errors(args))
+            error = exceptions.best_match(cls(schema, registry=_NOTHING).iter_errors(args))
+        except Exception:  # not JSON Schema, an unresolvable $ref, ...: the client's schema cannot judge this call
+            continue
         if error is not None:
             where = "/".join(map(str, error.absolute_path))
             return f"{call.name}: {error.message}" + (f" (at {where})" if where else "")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from actors.events import ChatMessage, Interaction, ToolSpec
 from envs.tool_fit import misfit
-from policies.learning.hindsight import HINTED, next_turn
+from policies.learning.hindsight import HINT_CHARS, HINTED, next_turn
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,8 @@ SIGNALS: tuple[Rule, ...] = (
         -1.0,
         0.9,
         "a call of the step does not fit the tools the request declared: an undeclared function or parameter, a "
-        "required parameter left out, a value of the wrong type or outside its enum (known from the step itself)",
+        "required parameter left out, a value of the wrong type or outside its enum (known from the step itself; a "
+        "tool result that came back fine, or the user's thanks, outweighs it)",
     ),
     Rule(
         "correction",
@@ -132,11 +133,28 @@ def _words(text: str) -> set[str]:
     return set(_WORD.findall((text or "").lower()))
 
 
-def signal_of(step: ChatMessage, after: list[ChatMessage], previous_user: str | None, tools: list[ToolSpec] = ()) -> str | None:
-    """The rule that fits the step and what came after it (`after`: the messages a later request added after it;
-    `tools`: what the request declared), or None when nothing came after it yet and the step itself is not wrong."""
-    if step.tool_calls and tools and misfit(step.tool_calls, tools) is not None:
+POSITIVE = ("thanks", "tool_ok")  # what came next that outweighs the schema: the client ran the call and it worked
+
+
+def signal_of(
+    step: ChatMessage,
+    after: list[ChatMessage],
+    previous_user: str | None,
+    tools: list[ToolSpec] = (),
+    served: ChatMessage | None = None,
+) -> str | None:
+    """The rule that fits the step and what came after it (`after`: the messages a later request added after it), or
+    None when nothing came after it yet and the step itself is not wrong. `step` is the answer as the client sent it
+    back (its tool call ids are the ones its tool results answer); `served`, when given, as it was served: that is
+    what is checked against the declared `tools` (a client may drop or repair a call it cannot use)."""
+    nxt = _next_turn_signal(step, after, previous_user)
+    calls = (served or step).tool_calls
+    if nxt not in POSITIVE and calls and tools and misfit(calls, tools) is not None:
         return "invalid_call"
+    return nxt
+
+
+def _next_turn_signal(step: ChatMessage, after: list[ChatMessage], previous_user: str | None) -> str | None:
     ids = {tc.id for tc in step.tool_calls}
     results = [m for m in after if m.role == "tool" and (m.tool_call_id in ids or not m.tool_call_id)]
     user = next((m.content for m in after if m.role == "user"), None)
@@ -157,14 +175,15 @@ def signal_of(step: ChatMessage, after: list[ChatMessage], previous_user: str | 
     return None
 
 
-def hint_of(signal: str | None, step: ChatMessage, after: list[ChatMessage], tools: list[ToolSpec]) -> str:
-    """The hindsight hint of a step whose signal says what was wrong: its next turn, or, for a call that does not
-    fit the declared tools and has none, why it does not fit."""
+def hint_of(signal: str | None, served: ChatMessage, after: list[ChatMessage], tools: list[ToolSpec]) -> str:
+    """The hindsight hint of a step whose signal says what was wrong: its next turn, led, for a call that does not
+    fit the declared tools, by why it does not fit; cut to `HINT_CHARS`."""
     if signal not in HINTED:
         return ""
-    if signal == "invalid_call" and not next_turn(after):
-        return f"tool: Error: {misfit(step.tool_calls, tools)}"
-    return next_turn(after)
+    nxt = next_turn(after)
+    if signal == "invalid_call":
+        nxt = f"tool: Error: {misfit(served.tool_calls, tools)}" + (f"\n{nxt}" if nxt else "")
+    return nxt[:HINT_CHARS]
 
 
 @dataclass
@@ -230,9 +249,9 @@ class ConversationBook:
         n = len(prev.interaction.messages) + 1  # the request repeats the earlier messages and the answer
         user = next((m.content for m in reversed(prev.interaction.messages) if m.role == "user"), None)
         # the answer as the client sent it back (its tool call ids are the ones its tool results answer)
-        step, after = it.messages[n - 1], list(it.messages[n:])
-        prev.signal = signal_of(step, after, user, prev.interaction.tools)
-        prev.hint = hint_of(prev.signal, step, after, prev.interaction.tools)
+        step, after, served, tools = it.messages[n - 1], list(it.messages[n:]), prev.interaction.response, prev.interaction.tools
+        prev.signal = signal_of(step, after, user, tools, served)
+        prev.hint = hint_of(prev.signal, served, after, tools)
 
     def rate(self, interaction_id: str) -> None:
         """A user rated this interaction: its step trains on the rating, not on a signal (whichever came first)."""

@@ -71,6 +71,35 @@ def test_a_schema_that_is_not_json_schema_cannot_judge():
     assert misfit([call("f", {"a": "x", "b": 2})], [odd]) is None
 
 
+def test_a_schema_is_data_nothing_is_fetched_and_what_cannot_judge_fits(monkeypatch):
+    import urllib.request
+
+    def no_network(*a, **k):
+        raise AssertionError("a client's schema made the check fetch a URL")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    for params in (
+        {"type": "object", "properties": {"a": {"$ref": "http://169.254.169.254/latest/meta-data"}}},
+        {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}},
+        {"$schema": 7, "type": "object"},
+        ["not", "a", "schema"],
+    ):
+        spec = ToolSpec(function={"name": "f", "parameters": {"x": 1}}).model_copy()
+        spec.function.parameters = params
+        assert misfit([call("f", {"a": 1})], [spec]) is None, params
+    local = ToolSpec(
+        function={
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}}, "$defs": {"n": {"type": "integer"}}},
+        }
+    )
+    assert misfit([call("f", {"a": 1})], [local]) is None and "is not of type 'integer'" in misfit(
+        [call("f", {"a": "x"})], [local]
+    )
+    deep = "[" * 100_000 + "]" * 100_000
+    assert "nested too deep" in misfit([call("get_weather", '{"city": ' + deep + "}")], [WEATHER])
+
+
 def test_bfcl_functions_as_clients_declare_them():
     """BFCL v4's own entries: every answer its checker accepts fits (all 789 of the three categories do), and one
     missing a required parameter does not."""
@@ -114,9 +143,10 @@ def _tool(text, cid="call_1"):
 WEATHER_Q = "What is the weather in Paris tomorrow?"
 
 
-def test_a_call_that_does_not_fit_the_declared_tools_is_wrong_whatever_comes_next():
-    """A required parameter left out: `invalid_call` with or without a next turn, its reason as the hint when the
-    conversation ends there; the same step fitting gets the next turn's signal as before."""
+def test_a_call_that_does_not_fit_the_declared_tools_is_wrong_unless_it_evidently_worked():
+    """A required parameter left out: `invalid_call` with no next turn, or one that says nothing good (the reason leads
+    the hint); a tool result that came back fine or the user's thanks outweighs the schema. What is checked is the
+    answer as it was served, not the client's copy of it (a client may drop or repair a call it cannot use)."""
     tools = [
         ToolSpec(
             function={
@@ -130,22 +160,26 @@ def test_a_call_that_does_not_fit_the_declared_tools_is_wrong_whatever_comes_nex
         )
     ]
     bad = _msg(args='{"city": "Paris"}')
-    assert signal_of(bad, [_tool('{"high": 21}'), _user("Thanks!")], WEATHER_Q, tools) == "invalid_call"
+    why = "tool: Error: get_weather: 'day' is a required property"
     assert signal_of(bad, [], WEATHER_Q, tools) == "invalid_call"
-    assert signal_of(_msg(), [_tool('{"high": 21}'), _user("Thanks!")], WEATHER_Q, tools) == "thanks"
-    assert signal_of(bad, [_tool('{"high": 21}')], WEATHER_Q) == "tool_ok"  # no tools declared: nothing to fit
+    assert signal_of(bad, [_user("Now book a table.")], WEATHER_Q, tools) == "invalid_call"  # moved on: not evidence
+    assert signal_of(bad, [_tool("Error: day missing"), _user("No.")], WEATHER_Q, tools) == "invalid_call"
+    assert signal_of(bad, [_tool('{"high": 21}'), _user("Thanks!")], WEATHER_Q, tools) == "thanks"
+    assert signal_of(bad, [_tool('{"high": 21}')], WEATHER_Q, tools) == "tool_ok"
+    assert signal_of(_msg(), [_user("Now book a table.")], WEATHER_Q, tools) == "moved_on"
+    repaired = _msg()  # the client sent back a repaired call; what was served left `day` out
+    assert signal_of(repaired, [_user("Now book a table.")], WEATHER_Q, tools, served=bad) == "invalid_call"
 
     book = ConversationBook()
     m1 = [_user(WEATHER_Q)]
     book.add(_it("a1", m1, bad).model_copy(update={"tools": tools}), 100.0)
-    nxt = _it("a2", m1 + [bad, _tool('{"high": 21}'), _user("Thanks!")], ChatMessage(role="assistant", content="ok"))
+    nxt = _it("a2", m1 + [bad, _user("That is not what I asked.")], ChatMessage(role="assistant", content="ok"))
     (conv, _) = book.add(nxt.model_copy(update={"tools": tools}), 101.0)
     first = conv.steps[0]
-    assert (first.signal, first.hint) == ("invalid_call", 'tool: {"high": 21}\nuser: Thanks!')
+    assert (first.signal, first.hint) == ("invalid_call", why + "\nuser: That is not what I asked.")
     assert first.outcome == -0.9
 
     alone = ConversationBook()
     (c, _) = alone.add(_it("b1", m1, bad).model_copy(update={"tools": tools}), 100.0)
     closed = alone.close(c.conversation_id)
-    assert closed.steps[0].signal == "invalid_call"
-    assert closed.steps[0].hint == "tool: Error: get_weather: 'day' is a required property"
+    assert (closed.steps[0].signal, closed.steps[0].hint) == ("invalid_call", why)
