@@ -43,6 +43,11 @@ class AppliedIds:
         self.db.commit()
 
 
+def first_consumer(name: str) -> str:
+    """The durable consumer of an actor's `first_kinds`."""
+    return f"{name}-first"
+
+
 class EventActor:
     """Base loop of every actor. Subclasses set `name`, `kinds`, and write `handle_<kind>()`. Kinds in `first_kinds`
     are read by a durable consumer of their own (`<name>-first`), one at a time, ahead of the others."""
@@ -79,7 +84,7 @@ class EventActor:
             self._sub = await self.bus.pull(self.name, list(self.kinds), ack_wait_s=n.ack_wait_s, max_deliver=n.max_deliver)
         if self.first_kinds:
             self._first = await self.bus.pull(
-                f"{self.name}-first", list(self.first_kinds), ack_wait_s=n.ack_wait_s, max_deliver=n.max_deliver
+                first_consumer(self.name), list(self.first_kinds), ack_wait_s=n.ack_wait_s, max_deliver=n.max_deliver
             )
 
     async def run(self) -> None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from actors.actor import HOLD, EventActor
+from actors.actor import HOLD, EventActor, first_consumer
 from actors.bus import Poison
 from actors.events import (
     MIXED_WEIGHTS,
@@ -47,7 +47,7 @@ from actors.events import (
 )
 from actors.task_events import LiveStep, Rollout
 from envs.live import trajectory
-from policies.hygiene import scrub
+from policies.hygiene import scrub, scrub_arguments
 from policies.judge.conversations import ConversationBook
 from policies.judge.judge import Agreement, Budget, Verdict, env_labels, make_judge
 from policies.judge.live_steps import live_judgement, live_task, resamplable, step_judgement, step_sample
@@ -67,7 +67,7 @@ def score_rollout(sample: Sample) -> tuple[float, list[str]]:
 
 
 def live_sample(it: Interaction, fb: Feedback) -> Sample:
-    return trajectory(it, fb.score, scrub)
+    return trajectory(it, fb.score, scrub, scrub_arguments)
 
 
 def choose_labels(mode: str, verified: list[str] | None, judged: list[str] | None) -> list[str] | None:
@@ -258,7 +258,7 @@ class Attributor(EventActor):
             if rated or not st.signal or not st.outcome or it.mixed_weights:
                 continue
             sample = step_sample(it, st.outcome, st.hint)
-            if resamplable(it, c.alternatives) and await self.bus.backlog("explorer-first") < c.max_in_flight:
+            if await self._resampled(it, sample, c):
                 out = live_task(it, st.signal, sample)  # re-sampled by the explorer, judged in handle_rollout
             else:
                 out = step_judgement(it, st.signal, sample)
@@ -277,6 +277,16 @@ class Attributor(EventActor):
             if m is not None:
                 await m.ack_sync()
             self.applied.add(st.interaction.event_id)
+
+    async def _resampled(self, it: Interaction, sample: Sample, c) -> bool:
+        """Does this step go to the explorer? Decided once and kept (a close tried again, or redone after a restart,
+        sends it the same way, so it never trains both in a group and alone)."""
+        go, alone = f"resample:{it.event_id}", f"alone:{it.event_id}"
+        if go in self.applied or alone in self.applied:
+            return go in self.applied
+        yes = resamplable(it, sample, c.alternatives) and await self.bus.backlog(first_consumer("explorer")) < c.max_in_flight
+        self.applied.add(go if yes else alone)
+        return yes
 
     def health(self) -> dict:
         h = super().health()

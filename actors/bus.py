@@ -249,10 +249,11 @@ class Bus:
         return await self.js.consumer_info(self.stream, durable)
 
     async def backlog(self, durable: str) -> int:
-        """Messages a durable consumer has yet to finish (pending + unacked); 0 before it has bound."""
+        """Messages a durable consumer has yet to finish (pending + unacked); 0 before it has bound (any other
+        error, the bus down say, is the caller's)."""
         try:
             info = await self.consumer_info(durable)
-        except Exception:
+        except NotFoundError:
             return 0
         return int(info.num_pending) + int(info.num_ack_pending)
 

@@ -72,7 +72,9 @@ class Judgement(Event):
     group_id: str
     source: Literal["rollout", "live"]
     task_id: str
-    env: str = Field("", description="the task's environment and entry (rollouts; empty for live traffic)")
+    env: str = Field(
+        "", description="the task's environment and entry (rollouts; `live` and the interaction for a re-sampled live step)"
+    )
     entry_id: str = ""
     samples: list[Sample]
     outcomes: list[float]

@@ -45,8 +45,9 @@ from policies.rollout import reference_sample, run_group
 
 class Explorer(EventActor):
     name = "explorer"
-    kinds = ("task", "weights_published", "weights_promoted", "weights_rejected", "weights_rolled_back")
-    first_kinds = ("live_step",)  # users' steps go ahead of environment tasks
+    kinds = ("task",)
+    # users' steps go ahead of environment tasks, and so do the weights to sample them with
+    first_kinds = ("live_step", "weights_published", "weights_promoted", "weights_rejected", "weights_rolled_back")
     batch = 1
 
     def __init__(self, settings, bus=None):
@@ -158,7 +159,7 @@ class Explorer(EventActor):
     async def handle_live_step(self, task: LiveStep, msg) -> None:
         """A live step's group: the answer users were served, then its re-sampled alternatives (module docstring)."""
         step = task.step
-        if len(step.step_indices) != 1 or step.step_indices[0] != len(step.messages) - 1:
+        if task.split != "train" or step is None or step.step_indices != [len(step.messages) - 1]:
             raise Poison(f"live task {task.task_id} carries no one-step sample to re-sample")
         n, r = self.settings.conversations.alternatives, self.settings.rollout
         async with heartbeat([msg]):
@@ -176,12 +177,13 @@ class Explorer(EventActor):
                     top_p=r.top_p,
                     guided=self.settings.conversations.guided_alternatives,
                 )
-            except ValueError as exc:  # a tool_choice that names no declared function
-                raise Poison(f"live task {task.task_id}: {exc}") from None
+            except ValueError as exc:  # a tool_choice that names no declared function: the step trains alone
+                self.log.warning("live_step.not_resampled", task_id=task.task_id, error=str(exc)[:200])
+                answers, tokens = [], 0
         samples = alternatives(step, answers, task.tool_choice)
         event = Rollout(
             event_id=derived_id("rollout", task.event_id),
-            task=task,
+            task=task.model_copy(update={"step": None}),  # the step travels once: as the first sample
             group_id=task.event_id,
             samples=samples,
             duration_s=time.monotonic() - t0,

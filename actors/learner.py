@@ -132,11 +132,11 @@ class Learner(EventActor):
                     await self._ack([x.event_id for x in pooled])
             return HOLD
         j = at_floor(j, alpha)  # a rollout group, or a live step re-sampled into one (policies/judge/live_steps.py)
-        hints = hints and j.source == "live"
-        self.groups_seen += 1
-        self.groups_own_signal += not any(s.off_policy for s in j.samples) and informative(j, alpha, hints)
-        if not informative(j, alpha, hints):
-            self.groups_no_signal += 1
+        teaches = informative(j, alpha, hints and j.source == "live")
+        if j.source == "rollout":  # the shares of rollout groups that teach (status)
+            self.groups_seen, self.groups_no_signal = self.groups_seen + 1, self.groups_no_signal + (not teaches)
+            self.groups_own_signal += not any(s.off_policy for s in j.samples) and teaches
+        if not teaches:
             self.log.info("group.skipped_no_signal", group_id=j.group_id, outcome=j.outcomes[:1])
             return None
         self.held[j.event_id] = msg

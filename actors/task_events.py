@@ -32,9 +32,9 @@ class LiveStep(Task):
     kind: Literal["live_step"] = "live_step"
     env: str = "live"
     origin: Literal["env", "synthetic", "live"] = "live"
-    step: Sample = Field(
+    step: Sample | None = Field(
         description="its context and the answer users were served, scrubbed, with the outcome and hint its signal gave "
-        "it; the envelope's weights_version wrote the answer"
+        "it; the envelope's weights_version wrote the answer (None in a Rollout: there the step is its first sample)"
     )
     tool_choice: str | dict | None = Field(None, description="the request's tool_choice, as it was sent")
     user_hash: str = Field("", description="the hashed user")

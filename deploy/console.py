@@ -51,8 +51,10 @@ def status(s: Settings, run: dict, args) -> int:
         print(f"last {k:<20} {out['last'].get(k) or '-'}")
     print("actor           backlog  unacked  health")
     for name in ("questioner", "explorer", "explorer-first", "attributor", "navigator", "learner", "broadcaster"):
-        c = out["consumers"].get(name, {})  # explorer-first: the live steps it takes ahead of tasks
-        h = out.get("actors", {}).get(name, {})
+        c = out["consumers"].get(name, {})
+        h = out.get("actors", {}).get(name) or (
+            {"reads": "live steps and weights ahead of tasks"} if name.endswith("-first") else {}
+        )
         print(f"{name:<15} {c.get('pending', '-'):>7}  {c.get('unacked', '-'):>7}  {json.dumps(h)[:160]}")
     b = out.get("actors", {}).get("broadcaster", {})
     if b.get("replicas") is not None:

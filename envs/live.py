@@ -12,7 +12,8 @@ a user, by what is certain about it:
 | alternative (the first row that applies) | outcome |
 |---|---|
 | the same calls (or text) as the served step | the served step's outcome (its signal) |
-| no call where the request required one, or a call that does not fit the declared tools (`envs/tool_fit.py`) | -1.0 |
+| no call where the request required one or the served step made one | -0.9 |
+| a call that does not fit the declared tools (`envs/tool_fit.py`) | -0.9, as `invalid_call` |
 | anything else | 0.0: it fits, and nobody has said it is wrong |
 
 So within the group a call that cannot be right ranks below what the user was served, and what the user turned
@@ -26,14 +27,21 @@ import json
 from actors.events import DEFAULT_SYSTEM, ChatMessage, Interaction, Sample, ToolSpec
 from envs.tool_fit import misfit
 
-MISFIT = -1.0  # an alternative that cannot be right: see the module docstring's table
+MISFIT = -0.9  # an alternative that cannot be right: as a served step the `invalid_call` rule gives (-1.0 x 0.9)
 UNSEEN = 0.0  # a fitting alternative nobody has judged
+REPEATED, FITS = "the served step again", "fits the declared tools"
 
 
-def trajectory(it: Interaction, score: float | None = None, clean=lambda text: text) -> Sample:
-    """The interaction as a one-step sample; `clean` rewrites every message's text first (the attributor passes
-    `policies.hygiene.scrub`: personal data never reaches the learner)."""
-    msgs = [m.model_copy(update={"content": clean(m.content)}) if m.content else m for m in [*it.messages, it.response]]
+def trajectory(it: Interaction, score: float | None = None, clean=lambda text: text, clean_arguments=lambda text: text) -> Sample:
+    """The interaction as a one-step sample; `clean` rewrites every message's text and `clean_arguments` every tool
+    call's arguments first (the attributor passes `policies.hygiene.scrub` and `scrub_arguments`: personal data never
+    reaches the learner)."""
+
+    def cleaned(m: ChatMessage) -> ChatMessage:
+        calls = [c.model_copy(update={"arguments": clean_arguments(c.arguments)}) for c in m.tool_calls]
+        return m.model_copy(update={"content": clean(m.content) if m.content else m.content, "tool_calls": calls})
+
+    msgs = [cleaned(m) for m in [*it.messages, it.response]]
     response, msgs = msgs[-1], msgs[:-1]
     if not msgs or msgs[0].role != "system":
         msgs.insert(0, ChatMessage(role="system", content=DEFAULT_SYSTEM))
@@ -51,13 +59,15 @@ def trajectory(it: Interaction, score: float | None = None, clean=lambda text: t
     )
 
 
-def _canon(m: ChatMessage):
+def call_key(m: ChatMessage):
+    """What an answer says, comparable across re-serialisations: its calls (name, arguments with sorted keys), or
+    its text with whitespace collapsed."""
     calls = []
     for c in m.tool_calls:
         try:
-            calls.append((c.name, json.dumps(json.loads(c.arguments or "{}"), sort_keys=True)))
+            calls.append([c.name, json.dumps(json.loads(c.arguments or "{}"), sort_keys=True)])
         except ValueError:
-            calls.append((c.name, (c.arguments or "").strip()))
+            calls.append([c.name, (c.arguments or "").strip()])
     return calls or " ".join((m.content or "").split())
 
 
@@ -69,13 +79,13 @@ def alternative_outcome(
     alt: ChatMessage, served: ChatMessage, served_outcome: float, tools: list[ToolSpec], tool_choice=None
 ) -> tuple[float, str]:
     """(outcome, why) of a re-sampled alternative of a served step (the module docstring's table)."""
-    if _canon(alt) == _canon(served):
-        return served_outcome, "the served step again"
-    if call_required(tool_choice) and not alt.tool_calls:
-        return MISFIT, "no call where the request required one"
+    if call_key(alt) == call_key(served):
+        return served_outcome, REPEATED
+    if (call_required(tool_choice) or served.tool_calls) and not alt.tool_calls:
+        return MISFIT, "no call where the request required one, or the served step made one"
     if alt.tool_calls and (why := misfit(alt.tool_calls, tools)) is not None:
         return MISFIT, why
-    return UNSEEN, "fits the declared tools"
+    return UNSEEN, FITS
 
 
 def alternatives(step: Sample, answers: list[ChatMessage], tool_choice=None) -> list[Sample]:
@@ -94,7 +104,7 @@ def alternatives(step: Sample, answers: list[ChatMessage], tool_choice=None) -> 
                 step_indices=[i],
                 step_signals=[outcome],
                 outcome=outcome,
-                error=None if outcome > MISFIT else why,
+                error=None if why in (REPEATED, FITS) else why,
             )
         )
     return out

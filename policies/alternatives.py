@@ -7,6 +7,9 @@ JSON-schema-guided decoding writes a call: the keys of the function's required p
 the model writes every value (and whatever follows the last one). A guided alternative names every required
 parameter; its values, and whether it fits at all, are still the model's. It is scored like any other
 (`envs/live.py`), and trained like the forced call opening everywhere else here: as the policy's own sample.
+
+Every alternative is vetted as Serve vets an answer (`policies.chat.trusted_calls`). One that our own token budget cut
+off in the middle of a call is left out of the group: it was not the model's to finish, so it is not scored.
 """
 
 from __future__ import annotations
@@ -14,74 +17,97 @@ from __future__ import annotations
 import json
 
 from actors.events import ChatMessage, Sample, ToolSpec
-from policies.chat import CALL_PREFIX, call_opening, parse_assistant, parse_forced, render, tool_choice_prefix
+from policies.chat import (
+    CALL_OPEN,
+    CALL_PREFIX,
+    call_opening,
+    json_object,
+    parse_assistant,
+    parse_forced,
+    render,
+    required_keys,
+    tool_choice_prefix,
+    trusted_calls,
+    value_opening,
+)
 from policies.rollout import forced_prefix
 
-VALUE_TOKENS = 48  # the most one guided value may take
+VALUE_TOKENS = 64  # the most one guided value may take
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
 
 
 def value_end(text: str, in_string: bool) -> int | None:
     """Where the JSON value at the start of `text` ends (`in_string`: its opening quote is already written), or None
-    when `text` does not start with a whole JSON value."""
-    dec = json.JSONDecoder()
+    when `text` does not start with a whole JSON value (NaN and Infinity are not JSON)."""
+    dec = json.JSONDecoder(parse_constant=_no_constant)
     try:
         if in_string:
             return dec.raw_decode('"' + text)[1] - 1
         lead = len(text) - len(text.lstrip())
         return dec.raw_decode(text, lead)[1] if text.strip() else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-
-
-def _opens_string(spec: ToolSpec, key: str) -> bool:
-    return ((spec.function.parameters.get("properties") or {}).get(key) or {}).get("type") == "string"
 
 
 def guided_calls(engine, context: str, spec: ToolSpec, n: int, *, max_new_tokens: int, temperature: float, top_p: float):
     """`n` calls of `spec` after `context`, its required parameters' keys forced in order, each value written by the
-    model (module docstring). Returns (the text after `call_opening(spec)` per call, tokens generated)."""
-    opening = call_opening(spec)
-    required = [k for k in spec.function.parameters.get("required") or [] if isinstance(k, str)]
-    texts, open_, tokens = [""] * n, list(range(n)), 0
-    for j, key in enumerate(required):  # call_opening wrote the first key and opened its value
-        gens = engine.generate([context + opening + texts[i] for i in open_], VALUE_TOKENS, temperature=temperature, top_p=top_p)
+    model (module docstring). Returns, per call, the text after `call_opening(spec)` and whether our budget cut it
+    off; and the tokens generated."""
+    required, texts, cut, tokens = required_keys(spec), [""] * n, [False] * n, 0
+    opening = call_opening(spec)  # it wrote the first key and opened its value
+    open_ = list(range(n))
+    for j, key in enumerate(required):
+        gens = engine.generate([context + opening + texts[i] for i in open_], VALUE_TOKENS, temperature, top_p)
         nxt = []
         for i, g in zip(open_, gens):
             tokens += g.completion_tokens
-            end = value_end(g.text, _opens_string(spec, key))
-            if end is None:  # not a value: the call is left as the model wrote it
-                texts[i] += g.text
+            end = value_end(g.text, bool(value_opening(spec, key)))
+            if end is None:  # not a value: the call is left as the model wrote it, or as our budget cut it
+                texts[i], cut[i] = texts[i] + g.text, g.finish_reason == "length"
                 continue
             texts[i] += g.text[:end]
             if j + 1 < len(required):
-                texts[i] += ", " + json.dumps(required[j + 1]) + ": " + ('"' if _opens_string(spec, required[j + 1]) else "")
+                texts[i] += ", " + json.dumps(required[j + 1]) + ": " + value_opening(spec, required[j + 1])
             nxt.append(i)
         open_ = nxt
     if open_:  # after the last required value: the model goes on (more arguments, or it closes the call)
         budget = max(16, max_new_tokens - tokens // max(1, n))
         for i, g in zip(open_, engine.generate([context + opening + texts[i] for i in open_], budget, temperature, top_p)):
             tokens += g.completion_tokens
-            texts[i] += g.text
-    return [parse_forced(opening, t) for t in texts], tokens
+            texts[i], cut[i] = texts[i] + g.text, g.finish_reason == "length"
+    return [(opening, t, c) for t, c in zip(texts, cut)], tokens
+
+
+def _vetted(tools: list[ToolSpec], prefix: str, text: str, cut: bool) -> ChatMessage | None:
+    """The answer as Serve would give it, or None when our budget cut it off inside a call."""
+    msg = trusted_calls(parse_forced(prefix, text) if prefix else parse_assistant(text), tools, prefix + text, cut)
+    if msg.tool_calls:
+        inside = json_object(msg.tool_calls[-1].arguments) is None
+    else:
+        inside = CALL_OPEN in prefix + text  # a call was opened and did not parse
+    return None if cut and inside else msg
 
 
 def resample_step(
     engine, step: Sample, tool_choice, n: int, *, max_new_tokens: int, temperature: float, top_p: float = 1.0, guided: int = 0
 ) -> tuple[list[ChatMessage], int]:
-    """`n` new answers to the context of a live step (`step`: a one-step sample, its answer last), generated as
+    """Up to `n` new answers to the context of a live step (`step`: a one-step sample, its answer last), generated as
     Serve answers that request: the same prompt, and a call forced as its `tool_choice` forced one (a declared name
     chosen by constrained decoding for "required"). Where the served answer called a declared function, every
     alternative calls that one (the declared schema can judge a call's arguments, not which function the user meant,
     so the group differs only where it is scored), and the first `guided` of them are schema-guided (`guided_calls`).
-    Returns the answers and the tokens generated."""
+    Answers our budget cut off inside a call are left out. Returns the answers and the tokens generated."""
     i = step.step_indices[-1]
     context = render(step.messages[:i], step.tools)
     forced = tool_choice_prefix(tool_choice, step.tools)
     served = {t.function.name: t for t in step.tools}.get(next((c.name for c in step.messages[i].tool_calls), None))
     guided = min(guided, n) if served is not None else 0
-    answers, tokens = [], 0
+    raw, tokens = [], 0
     if guided:
-        answers, tokens = guided_calls(
+        raw, tokens = guided_calls(
             engine, context, served, guided, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
         )
     if served is not None:
@@ -91,6 +117,7 @@ def resample_step(
     ]
     if prefixes:
         gens = engine.generate([context + p for p in prefixes], max_new_tokens, temperature=temperature, top_p=top_p)
-        answers += [parse_forced(p, g.text) if p else parse_assistant(g.text) for p, g in zip(prefixes, gens)]
+        raw += [(p, g.text, g.finish_reason == "length") for p, g in zip(prefixes, gens)]
         tokens += sum(g.completion_tokens for g in gens)
-    return answers, tokens
+    answers = [_vetted(step.tools, p, t, c) for p, t, c in raw]
+    return [a for a in answers if a is not None], tokens

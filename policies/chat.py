@@ -48,15 +48,24 @@ CALL_OPEN = "<tool_call>"  # where a call begins in the model's text
 CALL_PREFIX = '<tool_call>[{"name": "'
 
 
+def required_keys(spec: ToolSpec) -> list[str]:
+    """The required parameters a (client's) schema names, in its order; whatever else it holds there is ignored."""
+    req = (spec.function.parameters or {}).get("required") if isinstance(spec.function.parameters, dict) else None
+    return [k for k in req if isinstance(k, str)] if isinstance(req, list) else []
+
+
+def value_opening(spec: ToolSpec, key: str) -> str:
+    """What opens the value of parameter `key` in a call's JSON: a quote where the schema says string, else nothing."""
+    props = spec.function.parameters.get("properties") if isinstance(spec.function.parameters, dict) else None
+    prop = props.get(key) if isinstance(props, dict) else None
+    return '"' if isinstance(prop, dict) and prop.get("type") == "string" else ""
+
+
 def call_opening(spec: ToolSpec) -> str:
     """The start of a call of this function, with its first required argument opened, as
     schema-guided decoding would write it."""
-    params = spec.function.parameters or {}
-    required = params.get("required") or []
-    head = ""
-    if required:
-        kind = ((params.get("properties") or {}).get(required[0]) or {}).get("type")
-        head = json.dumps(required[0]) + ": " + ('"' if kind == "string" else "")
+    required = required_keys(spec)
+    head = json.dumps(required[0]) + ": " + value_opening(spec, required[0]) if required else ""
     return f'<tool_call>[{{"name": "{spec.function.name}", "arguments": {{{head}'
 
 
@@ -240,3 +249,37 @@ def _python_calls(block: str, strict: bool = False) -> list[ToolCall]:
 
 def _cid() -> str:
     return "call_" + uuid.uuid4().hex[:12]
+
+
+def json_object(text: str) -> dict | None:
+    """The JSON object `text` holds, or None."""
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return None
+    return v if isinstance(v, dict) else None
+
+
+def trusted_calls(msg: ChatMessage, tools: list[ToolSpec], text: str, cut: bool) -> ChatMessage:
+    """Only calls a client can run: to a declared function, with a JSON object of arguments (positional arguments
+    of a Python-style call named by the declared parameters, in order). Anything else is the model's text, answered
+    as text (its tokens unchanged, so the learner trains what was generated); a last call cut off by the token
+    limit is kept as the reference keeps it, finishing with `length`."""
+    declared = {t.function.name: t.function for t in tools}
+    as_text = ChatMessage(role="assistant", content=text.replace("<|im_end|>", "").strip())
+    calls = []
+    for i, c in enumerate(msg.tool_calls):
+        args = json_object(c.arguments)
+        if c.name in declared and args is None and cut and i == len(msg.tool_calls) - 1:
+            calls.append(c)
+            continue
+        if c.name not in declared or args is None:
+            return as_text
+        if "_positional" in args:
+            given = args.pop("_positional")
+            free = [p for p in (declared[c.name].parameters or {}).get("properties", {}) if p not in args]
+            if not isinstance(given, list) or len(given) > len(free):
+                return as_text
+            c = ToolCall(id=c.id, name=c.name, arguments=json.dumps({**dict(zip(free, given)), **args}))
+        calls.append(c)
+    return ChatMessage(role="assistant", content=msg.content, tool_calls=calls)

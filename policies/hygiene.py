@@ -1,13 +1,15 @@
 """Memory hygiene: scrub personal data before storage; quarantine text that instructs the model.
 
 `scrub()` replaces e-mail addresses, phone numbers, card-like digit runs, IP addresses and
-API-key-like tokens with typed placeholders. `looks_like_injection()` flags text that tries to
-give the model instructions (override the system prompt, change role, exfiltrate secrets); such
-experiences are stored quarantined and never retrieved until reviewed.
+API-key-like tokens with typed placeholders (`scrub_arguments()` does it inside a tool call's JSON
+arguments). `looks_like_injection()` flags text that tries to give the model instructions (override
+the system prompt, change role, exfiltrate secrets); such experiences are stored quarantined and
+never retrieved until reviewed.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 _PATTERNS = [
@@ -32,6 +34,25 @@ def scrub(text: str) -> str:
     for placeholder, pattern in _PATTERNS:
         text = pattern.sub(placeholder, text)
     return text
+
+
+def scrub_arguments(text: str) -> str:
+    """`scrub` for a tool call's JSON arguments: every string value in it, keys and structure kept (a call still
+    parses); text that is not JSON is scrubbed whole."""
+
+    def walk(v):
+        if isinstance(v, str):
+            return scrub(v)
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        return v
+
+    try:
+        return json.dumps(walk(json.loads(text)))
+    except (ValueError, RecursionError):
+        return scrub(text)
 
 
 def looks_like_injection(text: str) -> bool:

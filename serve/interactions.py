@@ -7,12 +7,11 @@ to the stream, where feedback finds it by id (`serve/feedback.py`).
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import dataclass, field
 
-from actors.events import ChatMessage, Interaction, RetrieveReply, ToolCall, ToolSpec, derived_id
-from policies.chat import parse_forced
+from actors.events import ChatMessage, Interaction, RetrieveReply, ToolSpec, derived_id
+from policies.chat import json_object, parse_forced, trusted_calls
 from serve.schemas import ChatRequest
 from serve.wire import cut_at_stop
 
@@ -52,7 +51,7 @@ class Turn:
     def finish(self, answer: ChatMessage, gen) -> str:
         cut = gen.finish_reason == "length" and not self.stopped
         if answer.tool_calls:  # a call cut off by the token limit finishes with `length`, as the reference's does
-            return "length" if cut and _json_object(answer.tool_calls[-1].arguments) is None else "tool_calls"
+            return "length" if cut and json_object(answer.tool_calls[-1].arguments) is None else "tool_calls"
         return "length" if cut else "stop"
 
     def interaction(self, answer: ChatMessage, version: str, straddled: bool, replica: str, key: str) -> Interaction:
@@ -89,36 +88,3 @@ class Turn:
 def interaction_event_id(interaction_id: str) -> str:
     """An interaction's event id derives from its id: the outbox finds a pending one by it (`Outbox.get`)."""
     return derived_id("interaction", interaction_id)
-
-
-def _json_object(text: str) -> dict | None:
-    try:
-        v = json.loads(text)
-    except ValueError:
-        return None
-    return v if isinstance(v, dict) else None
-
-
-def trusted_calls(msg: ChatMessage, tools: list[ToolSpec], text: str, cut: bool) -> ChatMessage:
-    """Only calls a client can run: to a declared function, with a JSON object of arguments (positional arguments
-    of a Python-style call named by the declared parameters, in order). Anything else is the model's text, answered
-    as text (its tokens unchanged, so the learner trains what was generated); a last call cut off by the token
-    limit is kept as the reference keeps it, finishing with `length`."""
-    declared = {t.function.name: t.function for t in tools}
-    as_text = ChatMessage(role="assistant", content=text.replace("<|im_end|>", "").strip())
-    calls = []
-    for i, c in enumerate(msg.tool_calls):
-        args = _json_object(c.arguments)
-        if c.name in declared and args is None and cut and i == len(msg.tool_calls) - 1:
-            calls.append(c)
-            continue
-        if c.name not in declared or args is None:
-            return as_text
-        if "_positional" in args:
-            given = args.pop("_positional")
-            free = [p for p in (declared[c.name].parameters or {}).get("properties", {}) if p not in args]
-            if not isinstance(given, list) or len(given) > len(free):
-                return as_text
-            c = ToolCall(id=c.id, name=c.name, arguments=json.dumps({**dict(zip(free, given)), **args}))
-        calls.append(c)
-    return ChatMessage(role="assistant", content=msg.content, tool_calls=calls)

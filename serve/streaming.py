@@ -25,7 +25,7 @@ async def stream_chat(server, turn):
     req, iid, name = turn.req, turn.iid, server.s.model.name
     plain = not turn.tools
     # text streams as it is generated, up to a stop sequence, and with tools up to where a call opens: a call is
-    # parsed and vetted whole (serve.interactions.trusted_calls), then sent; a forced call streams nothing before
+    # parsed and vetted whole (policies.chat.trusted_calls), then sent; a forced call streams nothing before
     stops = StopStream((req.stop or []) + ([] if plain else [CALL_OPEN]))
     sent = []
 

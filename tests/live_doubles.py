@@ -39,7 +39,8 @@ def interaction(iid="i1", response=None, tools=(WEATHER,), choice="required", us
 
 
 class FakeEngine:
-    """Answers each prompt with the next canned text, and records the prompts and the options it chose among."""
+    """Answers each prompt with the next canned text (a ("text", "length") pair: cut off by the token budget), and
+    records the prompts and the options it chose among."""
 
     version = "w-000005"
 
@@ -52,4 +53,9 @@ class FakeEngine:
 
     def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0):
         self.prompts += prompts
-        return [Generation(self.texts.pop(0), 10, 5, "stop", self.version) for _ in prompts]
+        out = []
+        for _ in prompts:
+            text = self.texts.pop(0)
+            text, finish = (text, "stop") if isinstance(text, str) else text
+            out.append(Generation(text, 10, 5, finish, self.version))
+        return out

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass, field
 
 from actors.events import ChatMessage, Interaction, ToolSpec
+from envs.live import call_key
 from envs.tool_fit import misfit
 from policies.learning.hindsight import HINT_CHARS, HINTED, next_turn
 
@@ -99,14 +100,7 @@ _WORD = re.compile(r"[a-z0-9]+")
 
 
 def _canon(m: ChatMessage) -> list:
-    calls = []
-    for tc in m.tool_calls:
-        try:
-            args = json.dumps(json.loads(tc.arguments or "{}"), sort_keys=True)
-        except ValueError:
-            args = (tc.arguments or "").strip()
-        calls.append([tc.name, args])
-    return [m.role, " ".join((m.content or "").split()), calls]
+    return [m.role, " ".join((m.content or "").split()), call_key(m) if m.tool_calls else []]
 
 
 def _key(scope: str, messages: list[ChatMessage]) -> str:

@@ -15,19 +15,30 @@ from __future__ import annotations
 from actors.events import Interaction, Judgement, Sample, derived_id
 from actors.task_events import LiveStep, Rollout
 from envs.live import trajectory
-from policies.hygiene import scrub
+from policies.hygiene import scrub, scrub_arguments
 
 LIVE_ENV = "live"  # the explorer's name for re-sampling a live step (not an environment of env.names)
 ALTERNATIVE = "alternative"  # the signal of a re-sampled answer: scored by envs/live.py, not by a next turn
 
 
 def step_sample(it: Interaction, outcome: float, hint: str) -> Sample:
-    return trajectory(it, outcome, scrub).model_copy(update={"hint": scrub(hint)})
+    return trajectory(it, outcome, scrub, scrub_arguments).model_copy(update={"hint": scrub(hint)})
 
 
-def resamplable(it: Interaction, alternatives: int) -> bool:
-    """Can this step become a group? Only with tools to check its alternatives against, and one policy behind it."""
-    return alternatives > 0 and bool(it.tools) and not it.mixed_weights
+MAX_CONTEXT_CHARS = 100_000  # a group carries its context once per sample: 4 of these stay well under NATS's 1 MB
+
+
+def resamplable(it: Interaction, sample: Sample, alternatives: int) -> bool:
+    """Can this step become a group? Only a call of a declared function (its alternatives call it too, and its
+    schema scores them: a text answer has nothing to be checked against), by one policy, in a context small enough
+    to travel several times in one event."""
+    declared = {t.function.name for t in it.tools}
+    return (
+        alternatives > 0
+        and any(c.name in declared for c in it.response.tool_calls)
+        and not it.mixed_weights
+        and len(sample.model_dump_json()) <= MAX_CONTEXT_CHARS
+    )
 
 
 def _labels(outcomes: list[float]) -> list[list[str]]:

@@ -70,7 +70,23 @@ def test_a_guided_alternative_has_every_required_key_forced_and_every_value_writ
         context + opening,  # the third alternative is free
     ]
     assert json.loads(answers[0].tool_calls[0].arguments) == {"city": "Oslo", "days": 3}
-    assert answers[1].tool_calls[0].arguments.startswith('{"city": "Bergen", "days": three')
+    assert not answers[1].tool_calls and '"days": three' in answers[1].content  # as Serve answers it: as text
     assert json.loads(answers[2].tool_calls[0].arguments) == {"city": "Oslo"} and tokens == 30
     group = alternatives(step, answers, "required")
     assert [s.outcome for s in group] == [-0.9, UNSEEN, MISFIT, -0.9]  # the free one repeats the served call
+
+
+def test_an_alternative_our_budget_cut_off_inside_a_call_is_left_out_and_serve_s_vetting_applies():
+    """Cut by the token budget inside a call: not the model's to finish, so not scored; cut after a whole call: kept.
+    A Python-style positional call is mapped onto the declared parameters, as Serve maps it."""
+    from policies.alternatives import resample_step
+
+    step = trajectory(interaction(tools=(WEATHER,), response=answer({"city": "Oslo"})), -0.8)
+    eng = FakeEngine([('Oslo", "days": 3, "note": "a long', "length"), ('Bergen"}}]</tool_call> and then some', "length")])
+    answers, _ = resample_step(eng, step, "required", 2, max_new_tokens=16, temperature=0.9)
+    assert [json.loads(a.tool_calls[0].arguments) for a in answers] == [{"city": "Bergen"}]
+    text = trajectory(interaction(tools=(WEATHER,), response=ChatMessage(role="assistant", content="Hm.")), -0.8)
+    (positional,), _ = resample_step(
+        FakeEngine(["<tool_call>get_weather('Oslo', 3)</tool_call>"]), text, "auto", 1, max_new_tokens=16, temperature=0.9
+    )
+    assert json.loads(positional.tool_calls[0].arguments) == {"city": "Oslo", "days": 3}

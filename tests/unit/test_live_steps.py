@@ -25,7 +25,7 @@ from policies.learning import adca
         (answer({"days": 3}), -0.8, "required", MISFIT, "'city' is a required property"),
         (answer({"city": "Oslo", "when": "now"}), -0.8, "required", MISFIT, "'when' was unexpected"),
         (ChatMessage(role="assistant", content="It is sunny."), -0.8, "required", MISFIT, "no call where"),
-        (ChatMessage(role="assistant", content="It is sunny."), -0.8, "auto", UNSEEN, "fits the declared tools"),
+        (ChatMessage(role="assistant", content="It is sunny."), -0.8, "auto", MISFIT, "the served step made one"),
         (answer({"zone": "CET"}, name="get_time"), -0.8, "auto", MISFIT, "not one of the declared functions"),
     ],
 )
@@ -37,8 +37,8 @@ def test_an_alternative_is_scored_by_what_is_certain_about_it(alt, served_outcom
 
 def test_a_corrected_step_and_its_alternatives_make_one_group_with_hand_computed_advantages():
     """The user corrected the served call (outcome -1.0 x 0.8). Its three alternatives: the same call again (-0.8),
-    one missing the required city (-1.0) and one that fits (0.0). Outcomes z-normed in the group (population std):
-    mean -0.65, std sqrt(0.59 / 4) = 0.384057; every step BAD, so the step term is 0 and A = u."""
+    one missing the required city (-0.9, as `invalid_call`) and one that fits (0.0). Outcomes z-normed in the group
+    (population std): mean -0.625, std sqrt(0.5275 / 4) = 0.363146; every step BAD, so the step term is 0: A = u."""
     it = interaction()
     step = trajectory(it, -0.8).model_copy(update={"hint": "user: No, I said 3 days as a number."})
     group = alternatives(
@@ -51,11 +51,11 @@ def test_a_corrected_step_and_its_alternatives_make_one_group_with_hand_computed
     assert group[2].error and "required property" in group[2].error
     labels = [["GOOD" if s.outcome > 0 else "BAD"] for s in group]
     adv = adca.step_advantages(labels, [s.outcome for s in group], alpha=0.1)
-    std = math.sqrt(0.59 / 4)
-    assert std == pytest.approx(0.384057, abs=1e-6)
-    want = [-0.15 / std, -0.15 / std, -0.35 / std, 0.65 / std]
+    std = math.sqrt(0.5275 / 4)
+    assert std == pytest.approx(0.363146, abs=1e-6)
+    want = [-0.175 / std, -0.175 / std, -0.275 / std, 0.625 / std]
     assert [a[0] for a in adv] == pytest.approx(want) and want == pytest.approx(
-        [-0.390567, -0.390567, -0.911322, 1.692456], abs=1e-6
+        [-0.481900, -0.481900, -0.757271, 1.721071], abs=1e-6
     )
 
 
@@ -163,16 +163,17 @@ def test_the_explorer_re_samples_a_live_step_with_its_newest_weights(tmp_path):
     task.weights_version = it.weights_version
     asyncio.run(x.handle_live_step(task, Msg()))
     (r,) = x.bus.events
-    assert isinstance(r, Rollout) and r.task == task and r.weights_version == "w-000005"
+    assert isinstance(r, Rollout) and r.weights_version == "w-000005" and r.samples[0] == task.step
+    assert r.task == task.model_copy(update={"step": None})  # the step travels once: as the first sample
     assert r.behaviour_versions == ["w-000003"] + ["w-000005"] * 3
     assert [s.outcome for s in r.samples] == [-0.8, UNSEEN, -0.8, MISFIT]
     with pytest.raises(Poison):  # a step that is not one answer after its context
         asyncio.run(
             x.handle_live_step(task.model_copy(update={"step": task.step.model_copy(update={"step_indices": []})}), Msg())
         )
-    with pytest.raises(Poison):  # a tool_choice naming no declared function
-        bad = task.model_copy(update={"tool_choice": {"type": "function", "function": {"name": "rm"}}})
-        asyncio.run(x.handle_live_step(bad, Msg()))
+    bad = task.model_copy(update={"tool_choice": {"type": "function", "function": {"name": "rm"}}, "event_id": "t2"})
+    asyncio.run(x.handle_live_step(bad, Msg()))  # a tool_choice naming no declared function: the step trains alone
+    assert [len(e.samples) for e in x.bus.events] == [4, 1]
 
 
 def test_the_learner_trains_a_re_sampled_live_step_as_one_group(tmp_path, tiny_dir):
