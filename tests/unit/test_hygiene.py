@@ -1,7 +1,7 @@
 import pytest
 
 from actors.events import ChatMessage, Judgement, Sample
-from policies.hygiene import looks_like_injection, scrub
+from policies.hygiene import looks_like_injection, scrub, scrub_arguments
 from policies.memory.experience import distil
 
 
@@ -15,6 +15,15 @@ def test_scrub_replaces_personal_data():
         assert secret not in out
     assert all(p in out for p in ("[EMAIL]", "[PHONE]", "[CARD]", "[IP]", "[KEY]"))
     assert scrub("move report.pdf to temp in 2 steps") == "move report.pdf to temp in 2 steps"
+
+
+def test_tool_call_arguments_are_scrubbed_inside_their_json():
+    import json
+
+    args = json.dumps({"to": "jane.doe@example.com", "cc": ["bob@corp.io"], "body": {"sig": "call +1 415 555 0100"}, "n": 3})
+    out = json.loads(scrub_arguments(args))
+    assert out == {"to": "[EMAIL]", "cc": ["[EMAIL]"], "body": {"sig": "call [PHONE]"}, "n": 3}
+    assert scrub_arguments('{"to": "jane.doe@example.com"') == '{"to": "[EMAIL]"'  # not JSON: scrubbed whole
 
 
 @pytest.mark.parametrize(

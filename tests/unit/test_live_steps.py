@@ -142,6 +142,20 @@ def test_without_tools_or_room_in_the_explorer_the_step_trains_alone(tmp_path):
         assert isinstance(j, Judgement) and len(j.samples) == 1 and j.signals == [signal]
 
 
+def test_a_step_keeps_the_route_it_was_given_when_its_close_is_tried_again(tmp_path):
+    from policies.judge.live_steps import step_sample
+
+    bus = Bus()
+    a = _attributor(tmp_path, bus)
+    it, c = interaction(), a.settings.conversations
+    sample = step_sample(it, -0.9, "")
+    assert asyncio.run(a._resampled(it, sample, c))
+    bus.queued = c.max_in_flight  # the explorer is full now: a step seen for the first time would train alone
+    assert asyncio.run(a._resampled(it, sample, c)) and not asyncio.run(a._resampled(interaction("i2"), sample, c))
+    big = interaction("i3", messages=[ChatMessage(role="user", content="x" * 200_000)])
+    assert not asyncio.run(_attributor(tmp_path / "b", Bus())._resampled(big, step_sample(big, -0.9, ""), c))
+
+
 def test_the_explorer_re_samples_a_live_step_with_its_newest_weights(tmp_path):
     from actors.bus import Poison
     from actors.explorer import Explorer
