@@ -3,8 +3,9 @@
 Most of what the default model samples for a tool request cannot be right by the schema alone: it writes the first
 argument and closes the call, leaving the others out (`tests/benchmarks/LOG.md`, 2026-11-28). Re-samples of such a
 step rarely fit, so a group of them has little to tell apart. Some alternatives are therefore *schema-guided*, as
-JSON-schema-guided decoding writes a call: the keys of the function's required parameters are forced in order and
-the model writes every value (and whatever follows the last one). A guided alternative names every required
+JSON-schema-guided decoding writes a call: the keys of the function's required parameters are forced in order, each
+value opened as its type opens (a string's quote, an array's bracket, an object's brace), and the model writes every
+value (and whatever follows the last one). A guided alternative names every required
 parameter; its values, and whether it fits at all, are still the model's. It is scored like any other
 (`envs/live.py`), and trained like the forced call opening everywhere else here: as the policy's own sample.
 
@@ -39,13 +40,24 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
-def value_end(text: str, in_string: bool) -> int | None:
-    """Where the JSON value at the start of `text` ends (`in_string`: its opening quote is already written), or None
-    when `text` does not start with a whole JSON value (NaN and Infinity are not JSON)."""
+_OPENERS = {"string": '"', "array": "[", "object": "{"}
+
+
+def opener(spec: ToolSpec, key: str) -> str:
+    """What a guided value of parameter `key` starts with, as schema-guided decoding forces it: the quote of a string,
+    the bracket of an array or the brace of an object; nothing for other types."""
+    props = spec.function.parameters.get("properties") if isinstance(spec.function.parameters, dict) else None
+    prop = props.get(key) if isinstance(props, dict) else None
+    return _OPENERS.get(prop.get("type"), "") if isinstance(prop, dict) and isinstance(prop.get("type"), str) else ""
+
+
+def value_end(text: str, opened: str = "") -> int | None:
+    """Where the JSON value at the start of `text` ends, `opened` (its first character, when it is already written)
+    included, or None when `text` does not start with a whole JSON value (NaN and Infinity are not JSON)."""
     dec = json.JSONDecoder(parse_constant=_no_constant)
     try:
-        if in_string:
-            return dec.raw_decode('"' + text)[1] - 1
+        if opened:
+            return dec.raw_decode(opened + text)[1] - len(opened)
         lead = len(text) - len(text.lstrip())
         return dec.raw_decode(text, lead)[1] if text.strip() else None
     except (ValueError, RecursionError):
@@ -53,24 +65,25 @@ def value_end(text: str, in_string: bool) -> int | None:
 
 
 def guided_calls(engine, context: str, spec: ToolSpec, n: int, *, max_new_tokens: int, temperature: float, top_p: float):
-    """`n` calls of `spec` after `context`, its required parameters' keys forced in order, each value written by the
-    model (module docstring). Returns, per call, the text after `call_opening(spec)` and whether our budget cut it
-    off; and the tokens generated."""
-    required, texts, cut, tokens = required_keys(spec), [""] * n, [False] * n, 0
-    opening = call_opening(spec)  # it wrote the first key and opened its value
-    open_ = list(range(n))
+    """`n` calls of `spec` after `context`, its required parameters' keys, and the opening of each value, forced in
+    order, each value written by the model (module docstring). Returns, per call, the prefix and the text after it and
+    whether our budget cut it off; and the tokens generated."""
+    required = required_keys(spec)
+    opening = call_opening(spec)  # it wrote the first key and opened its value if it is a string
+    first = opener(spec, required[0])[len(value_opening(spec, required[0])) :] if required else ""
+    texts, cut, tokens, open_ = [first] * n, [False] * n, 0, list(range(n))
     for j, key in enumerate(required):
         gens = engine.generate([context + opening + texts[i] for i in open_], VALUE_TOKENS, temperature, top_p)
         nxt = []
         for i, g in zip(open_, gens):
             tokens += g.completion_tokens
-            end = value_end(g.text, bool(value_opening(spec, key)))
+            end = value_end(g.text, opener(spec, key))
             if end is None:  # not a value: the call is left as the model wrote it, or as our budget cut it
                 texts[i], cut[i] = texts[i] + g.text, g.finish_reason == "length"
                 continue
             texts[i] += g.text[:end]
             if j + 1 < len(required):
-                texts[i] += ", " + json.dumps(required[j + 1]) + ": " + value_opening(spec, required[j + 1])
+                texts[i] += ", " + json.dumps(required[j + 1]) + ": " + opener(spec, required[j + 1])
             nxt.append(i)
         open_ = nxt
     if open_:  # after the last required value: the model goes on (more arguments, or it closes the call)

@@ -45,9 +45,9 @@ def test_a_guided_alternative_has_every_required_key_forced_and_every_value_writ
     from policies.alternatives import resample_step, value_end
     from policies.chat import render
 
-    assert value_end('Oslo", "x": 1}', in_string=True) == 5 and value_end(' 3, "unit": "C"}', in_string=False) == 2
-    assert value_end("[1, 2]}}]", in_string=False) == 6 and value_end("three}}", in_string=False) is None
-    assert value_end("   ", in_string=False) is None
+    assert value_end('Oslo", "x": 1}', '"') == 5 and value_end(' 3, "unit": "C"}') == 2 and value_end("1, 2], 3", "[") == 5
+    assert value_end('"a": {"b": "}"}}, "c"', "{") == 16 and value_end('say \\"hi\\"", 1', '"') == 11
+    assert value_end("three}}") is None and value_end("   ") is None and value_end("NaN}") is None
     tools = (
         ToolSpec(
             function={
@@ -90,3 +90,28 @@ def test_an_alternative_our_budget_cut_off_inside_a_call_is_left_out_and_serve_s
         FakeEngine(["<tool_call>get_weather('Oslo', 3)</tool_call>"]), text, "auto", 1, max_new_tokens=16, temperature=0.9
     )
     assert json.loads(positional.tool_calls[0].arguments) == {"city": "Oslo", "days": 3}
+
+
+def test_a_guided_array_or_object_is_opened_as_its_type_opens():
+    """`names` (an array) is required first, `opts` (an object) second: their bracket and brace are forced too."""
+    from policies.alternatives import opener, resample_step
+    from policies.chat import render
+
+    spec = ToolSpec(
+        function={
+            "name": "tag",
+            "parameters": {
+                "type": "object",
+                "properties": {"names": {"type": "array"}, "opts": {"type": "object"}, "n": {"type": "integer"}},
+                "required": ["names", "opts"],
+            },
+        }
+    )
+    assert [opener(spec, k) for k in ("names", "opts", "n", "other")] == ["[", "{", "", ""]
+    step = trajectory(interaction(tools=(spec,), response=answer({"names": []}, name="tag")), -0.9)
+    context = render(step.messages[:-1], step.tools)
+    eng = FakeEngine(['"a", "b"], "x', '"k": 1}}]</tool_call>', "}}]</tool_call>"])
+    (a,), _ = resample_step(eng, step, "required", 1, max_new_tokens=64, temperature=0.9, guided=1)
+    head = context + '<tool_call>[{"name": "tag", "arguments": {"names": '
+    assert eng.prompts == [head + "[", head + '["a", "b"], "opts": {', head + '["a", "b"], "opts": {"k": 1}']
+    assert json.loads(a.tool_calls[0].arguments) == {"names": ["a", "b"], "opts": {"k": 1}}
