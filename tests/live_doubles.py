@@ -6,16 +6,14 @@ import json
 from actors.events import ChatMessage, Interaction, ToolCall, ToolSpec
 from policies.engines.generation import Generation
 
-WEATHER = ToolSpec(
-    function={
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-            "required": ["city"],
-        },
-    }
-)
+
+def weather(*required: str) -> ToolSpec:
+    """get_weather(city: string, days: integer), with the given parameters required."""
+    params = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
+    return ToolSpec(function={"name": "get_weather", "parameters": {**params, "required": list(required)}})
+
+
+WEATHER = weather("city")
 TIME = ToolSpec(function={"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}})
 ASK = "What is the weather in Oslo for the next 3 days?"
 

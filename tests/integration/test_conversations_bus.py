@@ -94,8 +94,9 @@ async def test_a_live_step_with_declared_tools_is_re_sampled_by_the_explorer_int
 ):
     """attributor -> evo.live_step -> explorer (the real 135M re-samples the step) -> evo.rollout -> attributor ->
     one live judgement of the served step and its alternatives, each scored against the declared tools."""
+    from live_doubles import weather  # tests/ is on sys.path
+
     from actors.attributor import Attributor
-    from actors.events import ToolSpec
     from actors.explorer import Explorer
     from actors.task_events import LiveStep, Rollout
 
@@ -107,18 +108,7 @@ async def test_a_live_step_with_declared_tools_is_re_sampled_by_the_explorer_int
     settings.conversations.idle_s = 2.0
     settings.conversations.alternative_tokens = 48
     bus = await Bus(nats_server.url, nats_server.user, nats_server.password, stream=p.upper(), prefix=p).connect()
-    tools = [
-        ToolSpec(
-            function={
-                "name": "get_weather",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                    "required": ["city", "days"],
-                },
-            }
-        )
-    ]
+    tools = [weather("city", "days")]
     ask = [ChatMessage(role="user", content="What is the weather in Oslo for the next 3 days?")]
     served = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c1", name="get_weather", arguments='{"city": "Oslo"}')])
     it = Interaction(interaction_id=f"chatcmpl-{uuid.uuid4().hex}", user_hash="u1", messages=ask, response=served, tools=tools)

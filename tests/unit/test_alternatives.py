@@ -4,7 +4,7 @@ records every prompt."""
 
 import json
 
-from live_doubles import TIME, WEATHER, FakeEngine, answer, interaction  # tests/ is on sys.path
+from live_doubles import TIME, WEATHER, FakeEngine, answer, interaction, weather  # tests/ is on sys.path
 
 from actors.events import ChatMessage, ToolSpec
 from envs.live import MISFIT, UNSEEN, alternatives, trajectory
@@ -48,14 +48,7 @@ def test_a_guided_alternative_has_every_required_key_forced_and_every_value_writ
     assert value_end('Oslo", "x": 1}', '"') == 5 and value_end(' 3, "unit": "C"}') == 2 and value_end("1, 2], 3", "[") == 5
     assert value_end('"a": {"b": "}"}}, "c"', "{") == 16 and value_end('say \\"hi\\"", 1', '"') == 11
     assert value_end("three}}") is None and value_end("   ") is None and value_end("NaN}") is None
-    tools = (
-        ToolSpec(
-            function={
-                **WEATHER.function.model_dump(),
-                "parameters": {**WEATHER.function.parameters, "required": ["city", "days"]},
-            }
-        ),
-    )
+    tools = (weather("city", "days"),)
     step = trajectory(interaction(tools=tools, response=answer({"city": "Oslo"})), -0.9)
     context = render(step.messages[:-1], step.tools)
     eng = FakeEngine(['Oslo", "and more', 'Bergen"}}]', "3, ", "three}}]</tool_call>", "}}]</tool_call>", 'Oslo"}}]</tool_call>'])

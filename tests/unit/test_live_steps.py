@@ -7,7 +7,8 @@ import json
 import math
 
 import pytest
-from live_doubles import ASK, WEATHER, FakeEngine, answer, interaction  # tests/ is on sys.path
+from learner_harness import Msg  # tests/ is on sys.path
+from live_doubles import ASK, WEATHER, FakeEngine, answer, interaction
 
 from actors.events import ChatMessage, Judgement
 from actors.task_events import LiveStep, Rollout
@@ -70,17 +71,6 @@ class Bus:
 
     async def backlog(self, durable):
         return self.queued
-
-
-class Msg:
-    def __init__(self):
-        self.acks = 0
-
-    async def ack_sync(self):
-        self.acks += 1
-
-    async def in_progress(self):
-        pass
 
 
 def _attributor(tmp_path, bus):
@@ -191,7 +181,6 @@ def test_the_explorer_re_samples_a_live_step_with_its_newest_weights(tmp_path):
 
 
 def test_the_learner_trains_a_re_sampled_live_step_as_one_group(tmp_path, tiny_dir):
-    from learner_harness import Msg as LMsg
     from learner_harness import make_learner
 
     from policies.judge.live_steps import live_judgement, live_task, step_sample
@@ -204,7 +193,7 @@ def test_the_learner_trains_a_re_sampled_live_step_as_one_group(tmp_path, tiny_d
     r = Rollout(task=task, group_id=task.event_id, samples=samples, behaviour_versions=["w-000000"] * 3)
     r.weights_version = "w-000000"
     j = live_judgement(r)
-    m = LMsg()
+    m = Msg()
     asyncio.run(ln.handle_judgement(j, m))
     assert ln.live == {} and [g.group_id for g in ln.ready] == [task.event_id]  # not pooled with single steps
     asyncio.run(ln.tick())
