@@ -40,7 +40,7 @@ from actors.events import (
 from config import telemetry
 from policies.engines.live_policy import LivePolicy
 from policies.learning.checkpoint import CheckpointStore
-from policies.learning.groups import at_floor, behaviour_of, informative, live_group, live_kind, step_choice
+from policies.learning.groups import at_floor, behaviour_of, fresh_part, informative, live_group, live_kind, step_choice
 from policies.learning.staleness import WaitForUsers, staleness
 from policies.learning.step_events import learner_step, signal_shares, weights_published
 from policies.learning.step_size import StepSize
@@ -154,8 +154,8 @@ class Learner(EventActor):
     def staleness(self, version: str) -> int | None:
         return staleness(self.store, self.trainer.version, version, self.settings.learner.max_staleness)
 
-    def _fresh(self, g: Judgement) -> bool:
-        return all(self.staleness(v) is not None and self.trainer.reproducible(v) for v in g.behaviour_versions)
+    def _fresh(self, version: str) -> bool:
+        return self.staleness(version) is not None and self.trainer.reproducible(version)
 
     async def _waits_for_users(self) -> bool:
         """Users active and the trainer `max_staleness` steps past what they are answered with (the GPU learner steps
@@ -167,11 +167,11 @@ class Learner(EventActor):
         return state in ("waiting", "still")
 
     async def _drop_stale(self) -> None:
-        fresh = []
-        self.replay = [g for g in self.replay if self._fresh(g)]  # acked already: they just leave
+        fresh, alpha, hints = [], self.settings.learner.adca_alpha, self.settings.learner.hindsight_clip > 0
+        self.replay = [x for g in self.replay if (x := fresh_part(g, self._fresh, alpha, hints))]  # acked: stale ones leave
         for g in self.ready:
-            if self._fresh(g):
-                fresh.append(g)
+            if (part := fresh_part(g, self._fresh, alpha, hints and g.source == "live")) is not None:
+                fresh.append(part)
                 continue
             self.dropped_stale += 1
             self.log.info(

@@ -2,6 +2,7 @@
 
 - `informative`: does the group give any sample a non-zero advantage?
 - `at_floor`: a reference (off-policy) sample stays only where the policy's own samples teach nothing;
+- `fresh_part`: a group without its samples too stale to train, where the rest still teaches;
 - `behaviour_of`: the version that generated each sample (`REFERENCE` for a reference);
 - `live_kind`: which pool of rated live steps a judgement joins (tool calls and text answers apart);
 - `live_group`: a full pool, made one group;
@@ -52,6 +53,13 @@ def live_group(pooled: list[Judgement], group_id: str) -> Judgement:
     )
 
 
+def _part(j: Judgement, keep: list[int]) -> Judgement:
+    """The group with only the samples at `keep` (and what goes with each of them)."""
+    pick = lambda xs: [xs[i] for i in keep] if xs else xs  # noqa: E731
+    fields = ("samples", "outcomes", "step_labels", "behaviour_versions", "user_hashes", "signals", "comments")
+    return j.model_copy(update={f: pick(getattr(j, f)) for f in fields})
+
+
 def at_floor(j: Judgement, alpha: float) -> Judgement:
     """A reference sample stays in a group only where the policy's own samples teach nothing (no spread in
     their scores, no step credit): mixed into a group that has its own signal, the reference's outlier score
@@ -59,16 +67,19 @@ def at_floor(j: Judgement, alpha: float) -> Judgement:
     own = [i for i, s in enumerate(j.samples) if not s.off_policy]
     if len(own) == len(j.samples):
         return j
-    pick = lambda xs: [xs[i] for i in own] if xs else xs  # noqa: E731
-    mine = j.model_copy(
-        update={
-            "samples": pick(j.samples),
-            "outcomes": pick(j.outcomes),
-            "step_labels": pick(j.step_labels),
-            "behaviour_versions": pick(j.behaviour_versions),
-        }
-    )
+    mine = _part(j, own)
     return mine if informative(mine, alpha) else j
+
+
+def fresh_part(g: Judgement, fresh, alpha: float, hints: bool = False) -> Judgement | None:
+    """The group if every sample's behaviour version is `fresh` enough to train; else the samples that are, if at
+    least two of them still teach (a live step's alternatives, sampled with newer weights than the answer users were
+    served, outlive it); else None."""
+    keep = [i for i, v in enumerate(g.behaviour_versions) if fresh(v)]
+    if len(keep) == len(g.samples):
+        return g
+    part = _part(g, keep) if len(keep) >= 2 else None
+    return part if part is not None and informative(part, alpha, hints) else None
 
 
 def behaviour_of(j: Judgement) -> list[str]:

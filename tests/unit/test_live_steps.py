@@ -198,3 +198,22 @@ def test_the_learner_trains_a_re_sampled_live_step_as_one_group(tmp_path, tiny_d
     assert ln.live == {} and [g.group_id for g in ln.ready] == [task.event_id]  # not pooled with single steps
     asyncio.run(ln.tick())
     assert ln.trainer.version == "w-000001" and m.acks == 1 and not ln.ready
+
+
+def test_alternatives_outlive_the_served_step_when_only_it_is_too_stale_to_train():
+    from policies.judge.live_steps import live_judgement, live_task, step_sample
+    from policies.learning.groups import fresh_part
+
+    it = interaction()
+    task = live_task(it, "invalid_call", step_sample(it, -0.9, "tool: Error: days"))
+    answers = [answer({"city": "Oslo", "days": 3}), answer({"city": "Oslo", "days": 4}), answer({"days": 3})]
+    r = Rollout(task=task, group_id=task.event_id, samples=alternatives(task.step, answers, "required"))
+    j = live_judgement(r.model_copy(update={"behaviour_versions": ["w-000003"] + ["w-000009"] * 3}))
+    fresh = {"w-000009"}.__contains__
+    part = fresh_part(j, fresh, alpha=0.1)
+    assert [s.sample_id for s in part.samples] == ["i1:alt0", "i1:alt1", "i1:alt2"] and part.outcomes == [0.0, 0.0, MISFIT]
+    assert part.behaviour_versions == ["w-000009"] * 3 and part.signals == ["alternative"] * 3 and len(part.user_hashes) == 3
+    assert fresh_part(j, lambda v: True, alpha=0.1) is j
+    same = live_judgement(r.model_copy(update={"samples": r.samples[:3], "behaviour_versions": ["w-000003"] + ["w-000009"] * 2}))
+    assert fresh_part(same, fresh, alpha=0.1) is None  # two fitting alternatives alike teach nothing
+    assert fresh_part(j, lambda v: False, alpha=0.1) is None
