@@ -56,12 +56,12 @@ class RaySettings(_Section):
     actor_cpus: float = Field(0.5, description="Logical CPUs reserved by each evolution actor")
     actor_gpus: dict[str, float] = Field({}, description="GPUs per evolution actor by name, e.g. {learner: 0.3}")
     actor_nice: dict[str, int] = Field(
-        {"explorer": 5, "questioner": 15, "attributor": 10, "learner": 5, "broadcaster": 5},
+        {"explorer": 10, "questioner": 15, "attributor": 10, "learner": 5, "broadcaster": 5},
         description="OS niceness added to an actor's process. Users first: the serving "
         "replicas and the navigator (memory for live requests) keep 0, so the loop "
         "runs on what users leave; within the loop, the path from an interaction to "
-        "served weights goes first (the explorer, which re-samples live steps ahead of tasks, "
-        "learner, gate: 5; judge: 10), then task writing (15)",
+        "served weights goes first (learner, gate: 5; judge and the explorer, which re-samples "
+        "live steps ahead of tasks: 10), then task writing (15)",
     )
 
 

@@ -196,8 +196,8 @@ def test_killed_actor_comes_back_and_endpoint_keeps_answering(system):
 
 
 def test_users_first_priorities(system):
-    """Replicas and the navigator at nice 0, the learner 5, exploration 15, in every thread (Ray's own default
-    would start every worker, replicas included, at 15)."""
+    """Replicas and the navigator at nice 0, the learner 5, the explorer 10 (it re-samples users' steps), task
+    writing 15, in every thread (Ray's own default would start every worker, replicas included, at 15)."""
     from deploy.procs import descendants
 
     def nices(pid):
@@ -210,7 +210,7 @@ def test_users_first_priorities(system):
         return out
 
     st = _status(system["state"])
-    for name, want in (("navigator", 0), ("learner", 5), ("explorer", 15)):
+    for name, want in (("navigator", 0), ("learner", 5), ("explorer", 10), ("questioner", 15)):
         assert nices(st["actors"][name]["pid"]) == {want}, (name, st["actors"][name])
     replicas = [p for p in descendants(system["pid"]) if open(f"/proc/{p}/comm").read().startswith("ray::ServeRepli")]
     assert replicas and all(nices(p) == {0} for p in replicas)
