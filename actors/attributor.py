@@ -45,6 +45,7 @@ from actors.events import (
     WeightsRolledBack,
     derived_id,
 )
+from actors.messages import event_time
 from actors.task_events import LiveStep, Rollout
 from envs.live import trajectory
 from policies.hygiene import scrub, scrub_arguments
@@ -228,7 +229,9 @@ class Attributor(EventActor):
             self.held[ev.event_id] = msg
             return HOLD
         self.held[ev.event_id] = msg
-        _, over = self.book.add(ev, time.time())
+        # idle counts from when the request was served, not from its delivery: a conversation that went quiet
+        # while this actor was down closes on the next tick, instead of waiting `idle_s` again after a restart
+        _, over = self.book.add(ev, min(time.time(), event_time(ev.occurred_at)))
         for cid in over:
             await self._close(cid)
         return HOLD

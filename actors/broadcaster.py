@@ -30,9 +30,10 @@ from actors.events import (
     WeightsSwapped,
 )
 from actors.lifecycles import IllegalTransition
+from actors.messages import event_time
 from envs.registry import make_envs
 from policies.engines.live_policy import LivePolicy
-from policies.promotion.book import PromotionBook, event_time
+from policies.promotion.book import PromotionBook
 from policies.promotion.gate import GateScores, clearly_worse, decide, gate_heldout, reference_pairs
 from policies.promotion.guard import Guard
 from policies.promotion.models import (

@@ -5,6 +5,7 @@ Readers are tolerant at run time (unknown fields ignored) and strict in tests (`
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import datetime, timezone
 from typing import Literal
@@ -48,6 +49,14 @@ def derived_id(kind: str, key: str) -> str:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
+
+
+def event_time(iso: str) -> float:
+    """An event's `occurred_at` as epoch seconds (now, if it cannot be read)."""
+    try:
+        return datetime.fromisoformat(iso).timestamp()
+    except ValueError:
+        return time.time()
 
 
 # ----------------------------------------------------------------------------- envelope

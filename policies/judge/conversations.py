@@ -223,7 +223,7 @@ class ConversationBook:
             if key := parent_key(it):
                 self.orphans[key] = conv.conversation_id
         conv.steps.append(Step(it, rated=it.interaction_id in self.rated))
-        conv.last_at = now
+        conv.last_at = max(conv.last_at, now)  # `now`: when the request came (redeliveries come out of order)
         if (later := self.open.pop(self.orphans.pop(step_key(it), ""), None)) is not None:
             # a later request of this conversation came first (redelivered out of order after a restart)
             self._signal(conv.steps[-1], later.steps[0].interaction)

@@ -11,14 +11,13 @@ records what it carried out with it.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from pathlib import Path
 
 from actors.events import WeightsRef, WeightsStatus, derived_id
 from actors.lifecycles import IllegalTransition, transition
 from actors.lifecycles import WeightsState as S
+from actors.messages import event_time
 from policies.promotion.guard_decisions import anchor
 from policies.promotion.models import (
     Action,
@@ -40,13 +39,6 @@ from policies.weights.model_store import BASE_VERSION, WeightsStore, atomic_writ
 FEEDBACK_KEPT = 500  # ratings kept per version
 HISTORY_KEPT = 50
 Change = WeightsStatus | IllegalTransition  # a status change's event, or the transition the table forbids (a bug)
-
-
-def event_time(iso: str) -> float:
-    try:
-        return datetime.fromisoformat(iso).timestamp()
-    except ValueError:
-        return time.time()
 
 
 @dataclass
