@@ -73,6 +73,8 @@ def guided_calls(engine, context: str, spec: ToolSpec, n: int, *, max_new_tokens
     first = opener(spec, required[0])[len(value_opening(spec, required[0])) :] if required else ""
     texts, cut, tokens, open_ = [first] * n, [False] * n, 0, list(range(n))
     for j, key in enumerate(required):
+        if not open_:  # every call stopped before this key
+            break
         gens = engine.generate([context + opening + texts[i] for i in open_], VALUE_TOKENS, temperature, top_p)
         nxt = []
         for i, g in zip(open_, gens):

@@ -50,6 +50,7 @@ class FakeEngine:
         return options[-1]
 
     def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0):
+        assert prompts, "an empty batch (the engine's tokenizer fails on one)"
         self.prompts += prompts
         out = []
         for _ in prompts:

@@ -87,6 +87,8 @@ class TransformersEngine:
                     self._cv.notify_all()
 
     def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None):
+        if not prompts:  # the tokenizer fails on an empty batch
+            return []
         if self.batcher is not None and len(prompts) == 1:
             return [self.batcher.submit(prompts[0], max_new_tokens, temperature, top_p, stream_cb)]
         return self._generate(

@@ -69,6 +69,18 @@ def test_a_guided_alternative_has_every_required_key_forced_and_every_value_writ
     assert [s.outcome for s in group] == [-0.9, UNSEEN, MISFIT, -0.9]  # the free one repeats the served call
 
 
+def test_when_no_guided_call_writes_a_value_the_later_keys_ask_nothing():
+    """Both guided rows stop at city (no string where it goes): days is never asked for, with an empty batch or not
+    (the tokenizer fails on one); the rows are left as the model wrote them."""
+    from policies.alternatives import resample_step
+
+    step = trajectory(interaction(tools=(weather("city", "days"),), response=answer({"city": "Oslo"})), -0.9)
+    eng = FakeEngine(["}}]</tool_call>", "}}]</tool_call>"])
+    answers, tokens = resample_step(eng, step, "required", 2, max_new_tokens=64, temperature=0.9, guided=2)
+    assert len(eng.prompts) == 2 and tokens == 10
+    assert all(not a.tool_calls or json.loads(a.tool_calls[0].arguments) == {} for a in answers)
+
+
 def test_an_alternative_our_budget_cut_off_inside_a_call_is_left_out_and_serve_s_vetting_applies():
     """Cut by the token budget inside a call: not the model's to finish, so not scored; cut after a whole call: kept.
     A Python-style positional call is mapped onto the declared parameters, as Serve maps it."""

@@ -94,5 +94,6 @@ def test_engine_batches_concurrent_calls_with_their_own_budgets_and_streams(mode
     for g, n, pieces in zip(out, budgets, streamed):
         assert 0 < g.completion_tokens <= n and (g.finish_reason == "length") == (g.completion_tokens == n)
         assert "".join(pieces).strip() == g.text.strip()
+    assert eng.generate([], 9) == []  # an empty batch: no answers (its tokenizer would fail on it)
     alone = eng.generate([prompts[1]], 9)[0]  # the same prompt alone: same greedy answer as in the batch
     assert alone.completion_tokens == out[1].completion_tokens
