@@ -229,9 +229,9 @@ class Attributor(EventActor):
             self.held[ev.event_id] = msg
             return HOLD
         self.held[ev.event_id] = msg
-        # idle counts from when the request was served, not from its delivery: a conversation that went quiet
-        # while this actor was down closes on the next tick, instead of waiting `idle_s` again after a restart
-        _, over = self.book.add(ev, min(time.time(), event_time(ev.occurred_at)))
+        now = time.time()  # idle counts from when it was served; handed back after a restart, it waits one ack wait
+        at = max(event_time(ev.occurred_at), now - self.book.idle_s + self.settings.nats.ack_wait_s)
+        _, over = self.book.add(ev, min(now, at))  # (the rest of what was held comes back within that wait)
         for cid in over:
             await self._close(cid)
         return HOLD

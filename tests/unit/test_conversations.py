@@ -274,35 +274,3 @@ def test_a_step_whose_next_turn_says_what_was_wrong_carries_that_turn_as_its_hin
     for i, it in enumerate(_agent_conversation('{"high": 21}', "Thanks, that is great!")):
         conv = book.add(it, 200.0 + i)[0]
     assert [(s.signal, s.hint) for s in conv.steps[:2]] == [("tool_ok", ""), ("thanks", "")]  # nothing was wrong
-
-
-def test_idle_counts_from_when_a_request_was_served_so_a_restart_does_not_wait_it_out_again(tmp_path):
-    """After a restart the stream hands back what the attributor held: a conversation that went quiet while it was
-    down closes on the first tick; one whose last request came a moment ago stays open."""
-    from datetime import datetime, timedelta, timezone
-
-    from actors.attributor import Attributor
-    from config.settings import load_settings
-
-    s = load_settings(None)
-    s.state_dir = str(tmp_path)
-    a = Attributor(s, bus=FakeBus())
-    a.book, a.held, a.signalled, a._last_beat = ConversationBook(idle_s=30), {}, {}, 0.0
-    old = _agent_conversation("Error: city not found", "No, that is not what I asked.")
-    long_ago = (datetime.now(timezone.utc) - timedelta(seconds=300)).isoformat()
-    for it in old:
-        it.occurred_at = long_ago
-    fresh = _it("f1", [_user("hello")], ChatMessage(role="assistant", content="hi"), user="u2")
-    future = _it("f2", [_user("later")], ChatMessage(role="assistant", content="yes"), user="u3")
-    future.occurred_at = (datetime.now(timezone.utc) + timedelta(seconds=600)).isoformat()  # a clock ahead: now
-    msgs = {it.event_id: Msg() for it in [*old, fresh, future]}
-
-    async def go():
-        for it in [*old, fresh, future]:
-            await a.handle_interaction(it, msgs[it.event_id])
-        await a.tick()
-
-    asyncio.run(go())
-    assert set(a.book.open) == {"f1", "f2"}
-    assert [msgs[it.event_id].acks for it in old] == [1, 1, 1] and msgs[fresh.event_id].acks == 0
-    assert sorted(j.signals[0] for j in a.bus.events if isinstance(j, Judgement)) == ["correction", "tool_error"]
