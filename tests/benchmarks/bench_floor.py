@@ -12,7 +12,16 @@ end, the version is scored avg@k (sampled, `--k`) on the same held-out entries, 
 the base by the exact paired sign-flip test (`policies/stats.py`). Prints one line per evaluation
 and a JSON summary (written to `--out` too).
 
+`--env bfcl_single --families simple_python` trains on BFCL's single-turn train entries instead, judged by BFCL's
+own AST checker, as the explorer practises them in `up`: groups sampled with the preset's rollout settings, held-out
+avg@k scored as bench_live_traffic scores it (its first `--heldout` held-out entries of those categories, the
+preset's temperature, token limit and forced call; the base's scores come from the state dir's cache when they are
+there). `--drift` ties the step size to the drift from the base as the learner in `up` does (`learner.kl_target`,
+`policies/learning/step_size.py`); without it the step size stays at `learner.lr`. Every step's lr and KL are kept.
+
     .venv/bin/python tests/benchmarks/bench_floor.py [--groups 24] [--heldout 16] [--k 4]
+    .venv/bin/python tests/benchmarks/bench_floor.py --env bfcl_single --families simple_python --heldout 48 \
+        --runs mixed --drift --groups 120 --eval-every 15
 """
 
 import argparse
@@ -28,14 +37,15 @@ from config.settings import load_settings  # noqa: E402
 from envs.code import CodeEnvironment  # noqa: E402
 from policies.engines.engine import TransformersEngine  # noqa: E402
 from policies.learning.groups import at_floor, informative  # noqa: E402
+from policies.learning.step_size import StepSize  # noqa: E402
 from policies.learning.trainer import Trainer  # noqa: E402
 from policies.rollout import evaluate, reference_sample, run_group  # noqa: E402
 from policies.stats import paired_test  # noqa: E402
-from policies.weights.model_store import ensure_base_model  # noqa: E402
+from policies.weights.model_store import BASE_VERSION, ensure_base_model  # noqa: E402
 
 
 def scores(engine, env, heldout, a):
-    ev = evaluate(engine, env, heldout, k=a.k, max_new_tokens=a.max_new_tokens, temperature=a.temperature, call_prefix=True)
+    ev = evaluate(engine, env, heldout, a.k, a.max_new_tokens, a.temperature, call_prefix=a.call_prefix, batch=a.score_batch)
     return [sum(ev["entries"][e]) / a.k for e in heldout]
 
 
@@ -48,12 +58,15 @@ def run(name, settings, base, env, plan, heldout, base_scores, a):
     st = settings.model_copy(deep=True)
     st.state_dir = tempfile.mkdtemp(prefix=f"kaizen-floor-{name}-")
     trainer = Trainer(st, base)
+    drift = StepSize.from_settings(st.learner) if a.drift else None
     eng = TransformersEngine(base, dtype="bfloat16", threads=a.threads)
-    t0, ready, steps, n_informative, with_ref, rewards, curve = time.monotonic(), [], 0, 0, 0, [], []
+    t0, ready, steps, n_informative, with_ref, rewards, curve, trace = time.monotonic(), [], 0, 0, 0, [], [], []
+    r = st.rollout
     for i, entry in enumerate(plan):
         res = run_group(
-            eng, env, entry, a.group_size, max_new_tokens=a.max_new_tokens, temperature=0.9, top_p=0.95, call_prefix=True
-        )
+            eng, env, entry, a.group_size, max_new_tokens=a.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+            call_prefix=a.call_prefix, choose_names=r.choose_name,
+        )  # fmt: skip
         samples = list(res.samples)
         rewards += [s.outcome for s in samples]
         if name == "mixed" and max(s.outcome for s in samples) < 1.0:
@@ -77,12 +90,16 @@ def run(name, settings, base, env, plan, heldout, base_scores, a):
             n_informative += 1
             ready.append(j)
         if len(ready) >= a.groups_per_step:
+            lr = trainer.lr
             stats = trainer.train_step(ready)
             ready, steps = [], steps + 1
+            if drift:
+                trainer.set_lr(drift.after_step(trainer.lr, stats["kl"]))
+            trace.append({"step": steps, "lr": lr, "kl": round(stats["kl"], 5), "seconds": round(stats["seconds"], 1)})
             eng.load_state_dict(trainer.export("bfloat16"), f"w-{steps:06d}")
             print(
                 f"  {name} step {steps}: loss {stats['loss']:.4f} grad {stats['grad_norm']:.3f} "
-                f"off-policy {stats['off_policy_samples']} reward {stats['mean_reward']:.2f}",
+                f"off-policy {stats['off_policy_samples']} reward {stats['mean_reward']:.2f} kl {stats['kl']:.4f} lr {lr:.3g}",
                 flush=True,
             )
             if a.eval_every and steps % a.eval_every == 0 and i < len(plan) - 1:
@@ -96,6 +113,7 @@ def run(name, settings, base, env, plan, heldout, base_scores, a):
         "learner_steps": steps,
         "train_reward": round(sum(rewards) / len(rewards), 4),
         "curve": curve,
+        "steps": trace,
         "seconds": round(time.monotonic() - t0, 1),
     }
 
@@ -127,11 +145,16 @@ def main():
     ap.add_argument("--groups", type=int, default=24)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--groups-per-step", type=int, default=2)
-    ap.add_argument("--families", default="add", help="comma-separated code families (ladder rungs) to train on")
+    ap.add_argument("--env", default="code", choices=["code", "bfcl_single"])
+    ap.add_argument("--families", default="add", help="comma-separated code families (ladder rungs) or BFCL categories")
     ap.add_argument("--heldout", type=int, default=16)
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the held-out avg@k")
-    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument(
+        "--temperature", type=float, default=None, help="of the held-out avg@k (code: 0.7; bfcl_single: the preset's)"
+    )
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="code: 48; bfcl_single: the preset's")
+    ap.add_argument("--score-batch", type=int, default=1, help="episodes scored together (whole entries)")
+    ap.add_argument("--drift", action="store_true", help="tie the step size to the drift from the base, as in up")
     ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N learner steps")
     ap.add_argument("--runs", default="on_policy,mixed")
     ap.add_argument("--lr", type=float, default=None)
@@ -144,18 +167,21 @@ def main():
     settings.model.torch_threads = a.threads
     if a.lr:
         settings.learner.lr = a.lr
+    settings.state_dir = a.state
     base = ensure_base_model(Path(a.state))
-    env = CodeEnvironment()
     fams = a.families.split(",")
     rng = random.Random(a.seed)
+    env, heldout, cache = _env(settings, a, fams)
     train = [e for e in env.entries("train") if env.category_of(e) in fams]
-    per = max(1, a.heldout // len(fams))  # the same number of held-out entries from each family
-    heldout = [e for f in fams for e in [x for x in env.entries("heldout") if env.category_of(x) == f][:per]]
     plan = [rng.choice(train) for _ in range(a.groups)]
     import torch
 
     torch.manual_seed(a.seed)
-    base_scores = scores(TransformersEngine(base, dtype="bfloat16", threads=a.threads), env, heldout, a)
+    cached = cache.get(BASE_VERSION) if cache else None
+    if cached:
+        base_scores = cached[env.name]["per_entry"]
+    else:
+        base_scores = scores(TransformersEngine(base, dtype="bfloat16", threads=a.threads), env, heldout, a)
     print(f"base      held-out avg@{a.k} {sum(base_scores) / len(base_scores):.3f} on {len(heldout)} entries", flush=True)
     results = [{"run": "base", "heldout_avg": round(sum(base_scores) / len(base_scores), 4), "per_entry": base_scores}]
     for name in a.runs.split(","):
@@ -172,14 +198,39 @@ def main():
         "groups": a.groups,
         "group_size": a.group_size,
         "k": a.k,
+        "env": a.env,
         "temperature": a.temperature,
+        "max_new_tokens": a.max_new_tokens,
         "lr": settings.learner.lr,
+        "drift": a.drift,
         "heldout": heldout,
         "results": results,
     }
     print(json.dumps(summary))
     if a.out:
         Path(a.out).write_text(json.dumps(summary, indent=2))
+
+
+def _env(settings, a, fams):
+    """(environment, held-out entries, the state dir's cache of the base's scores or None); sets the scoring
+    options (a.temperature, a.max_new_tokens, a.call_prefix) the environment is scored with."""
+    if a.env == "code":
+        a.temperature = 0.7 if a.temperature is None else a.temperature
+        a.max_new_tokens = a.max_new_tokens or 48
+        a.call_prefix = True
+        env = CodeEnvironment()
+        per = max(1, a.heldout // len(fams))  # the same number of held-out entries from each family
+        return env, [e for f in fams for e in [x for x in env.entries("heldout") if env.category_of(x) == f][:per]], None
+    from deploy.reports import heldout_cache
+    from envs.bfcl_single import SingleTurnEnvironment
+
+    r = settings.rollout
+    env = SingleTurnEnvironment(categories=fams, heldout_fraction=settings.env.heldout_fraction)
+    cache = heldout_cache(settings, {env.name: env}, {env.name: a.heldout}, a.k, {env.name: fams})
+    a.temperature, a.max_new_tokens, a.call_prefix = r.temperature, r.max_new_tokens, r.call_prefix
+    if (a.temperature, a.max_new_tokens) != (cache.opts["temperature"], cache.opts["max_new_tokens"]):
+        raise SystemExit("bfcl_single is scored with the preset's rollout options, as bench_live_traffic scores it")
+    return env, cache.entries[env.name], cache
 
 
 if __name__ == "__main__":
