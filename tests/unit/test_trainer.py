@@ -121,6 +121,35 @@ def test_staleness_follows_the_lineage(tmp_path):
     assert staleness(store, "w-000007", "w-000003", 4) is None
 
 
+def test_the_kl_term_and_drift_count_the_policys_own_samples_only(tmp_path, tiny_dir):
+    """k3 estimates KL(pi || pi_ref) on tokens pi sampled; on a reference's tokens it grows as pi learns them. A
+    reference in the group leaves the step's KL (the drift the step size follows) as the own samples' alone: the
+    token-mean of k3 over them, computed here by hand from both models' log-probs."""
+    from policies.learning import grpo
+    from policies.learning.trainer import Trainer
+
+    t = Trainer(_settings(tmp_path, lr=0.0, kl_coef=0.1, bf16=False), tiny_dir)
+    base = Trainer(_settings(tmp_path / "b", lr=0.0, kl_coef=0.0, bf16=False), tiny_dir).model
+    _perturb(t)
+    own = _group(3)
+    ref = _sample(9).model_copy(update={"off_policy": True})
+    mixed = own.model_copy(update={"samples": own.samples + [ref], "outcomes": own.outcomes + [1.0]})
+    mixed = mixed.model_copy(update={"step_labels": own.step_labels + [["GOOD", "GOOD"]]})
+    num = den = 0.0
+    for x in own.samples:
+        tk = grpo.tokenize_sample(t.tok, x, 2048)
+        ids, m = torch.tensor([tk.input_ids]), torch.tensor([tk.response_mask]).bool()
+        with torch.no_grad():
+            one = torch.ones_like(ids)
+            d = (grpo.token_logprobs(base, ids, one) - grpo.token_logprobs(t.model, ids, one))[m]  # log ref - log pi
+        num, den = num + float((torch.exp(d) - d - 1).sum()), den + int(m.sum())
+    alone = t.train_step([own])["kl"]
+    with_ref = t.train_step([mixed], [[t.version] * 3 + ["reference"]])
+    assert with_ref["off_policy_samples"] == 1
+    assert alone == pytest.approx(num / den, rel=1e-3) and alone > 1e-4
+    assert with_ref["kl"] == pytest.approx(alone, rel=1e-4)
+
+
 def test_reference_samples_train_off_policy_without_behaviour_weights(tmp_path, tiny_dir):
     """A verified reference added to a failed group (mixed-policy GRPO): it needs no behaviour version's
     file, is counted apart, raises its own likelihood, and does not count towards ADPO's consistency."""
