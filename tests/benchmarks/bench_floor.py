@@ -224,12 +224,11 @@ def _env(settings, a, fams):
     from deploy.reports import heldout_cache
     from envs.bfcl_single import SingleTurnEnvironment
 
-    r = settings.rollout
+    if a.temperature is not None or a.max_new_tokens is not None:
+        raise SystemExit("bfcl_single is scored with the preset's rollout options, as bench_live_traffic scores it")
     env = SingleTurnEnvironment(categories=fams, heldout_fraction=settings.env.heldout_fraction)
     cache = heldout_cache(settings, {env.name: env}, {env.name: a.heldout}, a.k, {env.name: fams})
-    a.temperature, a.max_new_tokens, a.call_prefix = r.temperature, r.max_new_tokens, r.call_prefix
-    if (a.temperature, a.max_new_tokens) != (cache.opts["temperature"], cache.opts["max_new_tokens"]):
-        raise SystemExit("bfcl_single is scored with the preset's rollout options, as bench_live_traffic scores it")
+    a.temperature, a.max_new_tokens, a.call_prefix = (cache.opts[k] for k in ("temperature", "max_new_tokens", "call_prefix"))
     return env, cache.entries[env.name], cache
 
 
