@@ -17,7 +17,8 @@ own AST checker, as the explorer practises them in `up`: groups sampled with the
 avg@k scored as bench_live_traffic scores it (its first `--heldout` held-out entries of those categories, the
 preset's temperature, token limit and forced call; the base's scores come from the state dir's cache when they are
 there). `--drift` ties the step size to the drift from the base as the learner in `up` does (`learner.kl_target`,
-`policies/learning/step_size.py`); without it the step size stays at `learner.lr`. Every step's lr and KL are kept.
+`policies/learning/step_size.py`; `--kl-target` moves its bound); without it the step size stays at `learner.lr`.
+Every step's lr and KL are kept.
 
     .venv/bin/python tests/benchmarks/bench_floor.py [--groups 24] [--heldout 16] [--k 4]
     .venv/bin/python tests/benchmarks/bench_floor.py --env bfcl_single --families simple_python --heldout 48 \
@@ -158,6 +159,7 @@ def main():
     ap.add_argument("--eval-every", type=int, default=0, help="also evaluate every N learner steps")
     ap.add_argument("--runs", default="on_policy,mixed")
     ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--kl-target", type=float, default=None, help="with --drift: learner.kl_target (the preset's otherwise)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--state", default=".kaizen")
@@ -167,6 +169,10 @@ def main():
     settings.model.torch_threads = a.threads
     if a.lr:
         settings.learner.lr = a.lr
+    if a.kl_target is not None:
+        if not a.drift:
+            raise SystemExit("--kl-target sets the drift bound of --drift")
+        settings.learner.kl_target = a.kl_target
     settings.state_dir = a.state
     base = ensure_base_model(Path(a.state))
     fams = a.families.split(",")
@@ -203,6 +209,8 @@ def main():
         "max_new_tokens": a.max_new_tokens,
         "lr": settings.learner.lr,
         "drift": a.drift,
+        "kl_target": settings.learner.kl_target if a.drift else None,
+        "seed": a.seed,
         "heldout": heldout,
         "results": results,
     }
