@@ -74,9 +74,9 @@ def category_of(entry_id: str) -> str:
     return next(c for c in CATEGORIES if entry_id.startswith(c + "_"))
 
 
-def check(entry_id: str, calls: list[ToolCall]) -> tuple[bool, str]:
-    """(accepted, why not) for the calls a model made on an entry, by BFCL's AST checker."""
-    entries, answers = load(category_of(entry_id))
+def run_checker(docs: list[dict], calls: list[ToolCall], answers: list[dict], category: str) -> tuple[bool, str]:
+    """(accepted, why not) for the calls a model made, by BFCL's AST checker: `docs` are BFCL function docs,
+    `answers` its possible answers, `category` says which of its checkers (simple, multiple, parallel)."""
     output = []
     for tc in calls:
         try:
@@ -88,10 +88,16 @@ def check(entry_id: str, calls: list[ToolCall]) -> tuple[bool, str]:
         output.append({tc.name: args})
     checker, python = ast_checker()
     try:
-        res = checker(entries[entry_id]["function"], output, answers[entry_id], python, category_of(entry_id), "kaizen")
+        res = checker(docs, output, answers, python, category, "kaizen")
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # odd output shapes are the model's
         return False, f"the checker rejected the calls: {type(exc).__name__}: {str(exc)[:200]}"
     return bool(res.get("valid")), "; ".join(map(str, res.get("error", [])))[:500]
+
+
+def check(entry_id: str, calls: list[ToolCall]) -> tuple[bool, str]:
+    """(accepted, why not) for the calls a model made on an entry, by BFCL's AST checker."""
+    entries, answers = load(category_of(entry_id))
+    return run_checker(entries[entry_id]["function"], calls, answers[entry_id], category_of(entry_id))
 
 
 class SingleTurnEpisode:
