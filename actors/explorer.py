@@ -7,6 +7,8 @@ per group (groups stay intact). When no sample of a group solves its task (`roll
 the environment's reference trajectory, replayed and verified in a fresh episode, joins the group as an
 off-policy sample (mixed-policy GRPO: the learner trains it with LUFFY's shaped objective), so a
 policy at the floor of a task still gets a direction to move in.
+A task on the clients' own tools (env `client_tools`, the questioner's, `policies/tasks/client_tasks.py`) carries
+its tool set and reference call; it is rolled out in `envs/client_tools.py`, in process, whatever `env.names` says.
 An `evo.live_step` (the attributor's, `policies/judge/live_steps.py`) is one live step, taken ahead of tasks (its own
 consumer, `first_kinds`): the explorer re-samples `conversations.alternatives` answers from its context as Serve would
 answer that request, and the served answer and its alternatives, scored by `envs/live.py` against the tools the
@@ -35,12 +37,14 @@ from actors.events import (
     derived_id,
 )
 from actors.task_events import LiveStep, Rollout, Task
+from envs.client_tools import CLIENT_TOOLS, ClientToolsEnvironment
 from envs.live import alternatives
 from envs.registry import make_envs
 from envs.tool_calls import CallError, parse_python_call
 from policies.alternatives import resample_step
 from policies.engines.live_policy import LivePolicy
 from policies.rollout import reference_sample, run_group
+from policies.tasks.client_tasks import verify as verify_client_task
 
 
 class Explorer(EventActor):
@@ -63,6 +67,7 @@ class Explorer(EventActor):
 
             workers = await asyncio.to_thread(start_workers, s, s.env.pool_workers)
             self.envs = {n: PooledEnvironment(e, workers, s.env.max_concurrent) for n, e in self.envs.items()}
+        self.envs[CLIENT_TOOLS] = ClientToolsEnvironment()  # tasks on the tools live requests declared (in process)
         self.policy = await asyncio.to_thread(LivePolicy, s, "explorer", log=self.log)
         await self.policy.attach(self.bus.js)  # the pointer's copy kept; versions fetched from the bus (nats)
         self.engine = self.policy.engine
@@ -92,7 +97,14 @@ class Explorer(EventActor):
         if env is None:
             raise Poison(f"task {task.task_id} names unknown environment {task.env!r}")
         spec = None
-        if task.origin == "synthetic":
+        if task.env == CLIENT_TOOLS:
+            if task.origin != "synthetic" or not task.tools or len(task.reference) != 1:
+                raise Poison(f"task {task.task_id} on the clients' tools lacks its tools or its one reference call")
+            ok, why = verify_client_task(task.reference, task.tools)
+            if not ok:
+                raise Poison(f"task {task.task_id} has an unusable reference: {why}")
+            spec = {"query": task.query, "reference": task.reference, "tools": [t.model_dump() for t in task.tools]}
+        elif task.origin == "synthetic":
             if not task.base_entry_id or not task.reference:
                 raise Poison(f"synthetic task {task.task_id} lacks a base entry or a reference solution")
             if task.base_entry_id not in self._train(task.env):

@@ -12,6 +12,9 @@ consumer's pending + unacked count) so the stream never floods:
   written for the calls that worked, conditioned on recent live requests (they also steer which entries are
   explored, by embedding similarity), semantic dedup in Milvus Lite, and a feasibility replay. One synthesis runs
   at a time, in the background: dataset tasks keep flowing while it explores.
+- synthetic tasks on the clients' own tools (`policies/tasks/client_tasks.py`, when `questioner.synth_envs` names
+  `client_tools`): the tool sets live requests declared are kept, and a task is a request written about one of
+  their functions with the call it was written from; the synthetic environments take turns.
 
 A synthetic task's lifecycle is data: `evo.task_status` proposed -> verified (or rejected, with
 the reason) -> active (issued to the explorer) -> retired. After each judged group of a
@@ -31,8 +34,10 @@ from actors.actor import EventActor
 from actors.events import Interaction, Judgement, derived_id
 from actors.lifecycles import TaskState as T
 from actors.task_events import Task
+from envs.client_tools import CLIENT_TOOLS
 from envs.registry import make_envs
 from policies.tasks.book import SyntheticTask, TaskBook, band_decision
+from policies.tasks.client_tasks import ClientTaskWriter, ToolSets
 from policies.tasks.curriculum import DatasetPools, Ladder, train_pool
 from policies.tasks.writer import TaskWriter
 from policies.weights.model_store import atomic_write_bytes
@@ -64,12 +69,16 @@ class Questioner(EventActor):
         self.live_queries: deque[str] = deque(maxlen=max(1, s.questioner.live_examples))
         self.proposed = 0
         self.rng = random.Random()
-        self.synth_envs = [n for n in s.questioner.synth_envs if n in self.envs and hasattr(self.envs[n], "probe")]
+        q = s.questioner
+        self.synth_envs = [n for n in q.synth_envs if n in self.envs and hasattr(self.envs[n], "probe")]
+        self.client_tools = CLIENT_TOOLS in q.synth_envs
+        self.toolsets = ToolSets(q.client_tool_sets, q.client_tool_sets_per_user, st.get("toolsets"))
         self.writer: TaskWriter | None = None
+        self.client_writer: ClientTaskWriter | None = None
         self.engine = None
         self._synth_job: asyncio.Task | None = None
         self._sync_due = False
-        if s.questioner.synthetic_share > 0 and self.synth_envs:
+        if q.synthetic_share > 0 and (self.synth_envs or self.client_tools):
             await asyncio.to_thread(self._load_models)
 
     def _init_pools(self, st: dict) -> None:
@@ -94,7 +103,10 @@ class Questioner(EventActor):
             self.engine = self.policy.engine
             self.weights_version = self.policy.sync()
         gen = make_generator(s, self.engine)
-        self.writer = TaskWriter(self.envs, self.synth_envs, embedder, index, gen, self.visits, self.rng, s.questioner)
+        if self.synth_envs:
+            self.writer = TaskWriter(self.envs, self.synth_envs, embedder, index, gen, self.visits, self.rng, s.questioner)
+        if self.client_tools:
+            self.client_writer = ClientTaskWriter(self.toolsets, embedder, index, gen, self.visits, self.rng, s.questioner)
 
     async def handle_weights_promoted(self, ev, msg):
         # the next tick loads the live version, once no exploration runs: never swap weights under one
@@ -113,6 +125,7 @@ class Questioner(EventActor):
                     "sigs": sorted(self.sigs),
                     "visits": dict(self.visits),
                     "mix": self.mix,
+                    "toolsets": self.toolsets.state(),
                 }
             ).encode(),
         )
@@ -122,6 +135,8 @@ class Questioner(EventActor):
         users = [m.content for m in ev.messages if m.role == "user" and m.content.strip()]
         if users:
             self.live_queries.append(users[-1][:500])
+        if self.client_tools and ev.tools:
+            self.toolsets.add(ev.tools, ev.user_hash, users[-1] if users else "")
 
     async def handle_judgement(self, j: Judgement, msg):
         if j.source == "rollout" and j.origin == "env":
@@ -167,7 +182,7 @@ class Questioner(EventActor):
 
     def _want_synthetic(self) -> bool:
         share = self.settings.questioner.synthetic_share
-        if share <= 0 or self.writer is None:
+        if share <= 0 or (self.writer is None and self.client_writer is None):
             return False
         total = self.mix["env"] + self.mix["synthetic"]
         return self.mix["synthetic"] < share * (total + 1)
@@ -179,16 +194,18 @@ class Questioner(EventActor):
         if self._sync_due and not self.synthesizing():  # a promotion or rollback arrived: follow it
             self._sync_due = False
             self.weights_version = await asyncio.to_thread(self.policy.sync)
-        if not self.pool or await self.backlog() >= self.settings.rollout.max_tasks_in_flight:
+        if not (self.pool or self.client_writer) or await self.backlog() >= self.settings.rollout.max_tasks_in_flight:
             return
         if self._want_synthetic():
             task_id = self.book.next_due()
             if task_id is not None:
                 await self.issue_synthetic(task_id)
                 return
-            if not self.synthesizing():  # in the background: dataset tasks keep flowing meanwhile
+            idle = self.writer is None and not self.toolsets.sets  # no live request has declared tools yet
+            if not self.synthesizing() and not idle:  # in the background: dataset tasks keep flowing meanwhile
                 self._synth_job = asyncio.create_task(self.synthesize())
-        await self.issue_env()
+        if self.pool and self.settings.questioner.synthetic_share < 1:  # 1: self-written tasks only
+            await self.issue_env()
 
     async def issue_env(self) -> None:
         key, round_ = self.next_entry()
@@ -224,6 +241,7 @@ class Questioner(EventActor):
             query=rec.query,
             reference=rec.reference,
             base_entry_id=rec.base,
+            tools=rec.tools,
         )
         await self.bus.publish(event, weights_version=self.weights_version)
         self.mix["synthetic"] += 1
@@ -240,12 +258,17 @@ class Questioner(EventActor):
         try:  # a failed synthesis (or a status that could not be published) never stops the dataset tasks
             log = self.settings.state / "questioner" / "explorations.jsonl"
             live = list(self.live_queries)
-            rec = await asyncio.to_thread(self.writer.write, live, self._calls, self.sigs, log, self.weights_version)
+            turn = self.writer is None or self.rng.random() < 1 / (1 + len(self.synth_envs))
+            if self.client_writer and self.toolsets.sets and turn:
+                rec = await asyncio.to_thread(self.client_writer.write, live, self.sigs)  # the environments take turns
+            else:
+                rec = await asyncio.to_thread(self.writer.write, live, self._calls, self.sigs, log, self.weights_version)
             if rec is None or rec["outcome"] == "empty":
                 self.log.info("synthesis.nothing_new", base=rec and rec.get("base"))
                 return None
             task: SyntheticTask = rec["task"]
-            await self._status(task, T.PROPOSED, f"written by {task.synthesizer} from exploring {task.base}")
+            how = "about the declared tools" if task.env == CLIENT_TOOLS else "from exploring"
+            await self._status(task, T.PROPOSED, f"written by {task.synthesizer} {how} {task.base}")
             self.sigs.add(task.sig)
             verified = rec["outcome"] == "verified"
             await self._status(task, T.VERIFIED if verified else T.REJECTED, rec["reason"])

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from actors.lifecycles import TaskState
-from actors.messages import Event, Sample
+from actors.messages import Event, Sample, ToolSpec
 
 
 class Task(Event):
@@ -23,6 +23,9 @@ class Task(Event):
     query: str = ""
     reference: list[str] = Field([], description="reference solution (call strings) of a synthetic task")
     base_entry_id: str | None = Field(None, description="train entry whose initial state a synthetic task starts from")
+    tools: list[ToolSpec] = Field(
+        [], description="the declared tools a synthetic task on the clients' tools is written about (env client_tools)"
+    )
 
 
 class LiveStep(Task):

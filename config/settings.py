@@ -127,12 +127,20 @@ class MemorySettings(_Section):
 
 
 class QuestionerSettings(_Section):
-    synthetic_share: float = Field(0.5, description="Share of issued tasks that are self-generated (0 = dataset only)")
+    synthetic_share: float = Field(
+        0.5, description="Share of issued tasks that are self-generated (0 = dataset only, 1 = self-generated only)"
+    )
     env_weights: dict[str, int] = Field(
         {},
         description="Turns each environment gets among issued dataset tasks (1 when unnamed, 0 = none), e.g. {code: 3, bfcl: 1}",
     )
-    synth_envs: list[str] = Field(["bfcl"], description="Environments the questioner explores to write tasks")
+    synth_envs: list[str] = Field(
+        ["bfcl"],
+        description="Environments the questioner explores to write tasks; client_tools: the tools live requests "
+        "declared (policies/tasks/client_tasks.py)",
+    )
+    client_tool_sets: int = Field(64, description="Declared tool sets of live requests kept to write tasks about")
+    client_tool_sets_per_user: int = Field(4, description="Of those, at most this many from one user")
     explore_steps: int = Field(3, description="Calls per curiosity-guided exploration")
     max_reference_calls: int = Field(2, description="Longest reference solution kept from an exploration")
     dedup_threshold: float = Field(0.92, description="Cosine similarity at which a new task duplicates an old one")

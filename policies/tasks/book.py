@@ -31,6 +31,7 @@ class SyntheticTask(BaseModel):
     synthesizer: str = ""
     sig: str = ""
     exploration: list[str] = []
+    tools: list[dict] = Field([], description="the declared tools of a task on the clients' tools (env client_tools)")
     status: TaskState | None = None  # None until proposed
     issued: int = 0
     due: bool = False

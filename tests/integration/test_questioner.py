@@ -145,3 +145,49 @@ async def test_dataset_tasks_flow_while_a_synthesis_explores(settings, nats_serv
         go.set()
         await q.shutdown()
         await bus.close()
+
+
+async def test_tasks_on_the_clients_tools_from_live_requests_only(settings, nats_server):
+    """`synth_envs: [client_tools]` with `synthetic_share: 1`: the tools a live request declared become a verified
+    task that carries them, and no dataset task is issued."""
+    from actors.events import ChatMessage, Interaction, ToolSpec
+
+    settings.questioner.synth_envs = ["client_tools"]
+    q, bus, _ = await _questioner(settings, nats_server, share=1.0)
+    weather = ToolSpec.model_validate(
+        {
+            "function": {
+                "name": "get_weather",
+                "description": "Current weather in a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            }
+        }
+    )
+
+    class Weather(Scripted):
+        def call_arguments(self, messages, tool):
+            return '{"city": "Paris"}' if tool.function.name == "get_weather" else None
+
+    try:
+        assert q.writer is None and q.client_writer is not None
+        q.client_writer.gen = Weather("What is the weather in Paris today?")
+        await q.tick()
+        assert not q.synthesizing()  # no tool set kept yet: nothing to write about, and no dataset task either
+        request = ChatMessage(role="user", content="Is it raining in Lyon?")
+        answer = ChatMessage(role="assistant", content="Let me check.")
+        await q.handle_interaction(
+            Interaction(interaction_id="i1", user_hash="u1", messages=[request], tools=[weather], response=answer), None
+        )
+        await q.tick()
+        assert q.synthesizing()
+        task_id = await q._synth_job
+        assert task_id and q.book.get(task_id).status == "verified"
+        await q.tick()
+        evs = await _events(bus, ["task"])
+        assert [(e.origin, e.env) for e in evs] == [("synthetic", "client_tools")]
+        assert evs[0].reference == ["get_weather(city='Paris')"] and evs[0].tools == [weather]
+        assert evs[0].query == "What is the weather in Paris today?"
+        assert "toolsets" in (settings.state / "actors" / "questioner.json").read_text()
+    finally:
+        await q.shutdown()
+        await bus.close()

@@ -1,0 +1,178 @@
+"""Self-questioning on the clients' own tools: practice written about the functions live requests declared.
+
+Live traffic carries no right answers, but a request that declares tools says what a right call of them looks like
+(their schemas) and how its users write. From those, with no user and no rating (`questioner.synth_envs` names
+`client_tools`):
+1. `ToolSets` keeps the declared tool sets of recent live requests, their descriptions and one example request
+   scrubbed of personal data: at most `questioner.client_tool_sets`, at most `client_tool_sets_per_user` from one
+   hashed user (that user's oldest goes first), so one user's burst cannot fill it; the least recently seen set
+   goes first. It is kept with the questioner's state.
+2. `ClientTaskWriter.write()` picks the least-practised function of the kept sets that BFCL's checker can read
+   (`envs/client_check.bfcl_doc`), with at least one required argument and plain identifiers for names. The
+   generator fills the required arguments by schema-guided decoding (`call_arguments`), shown a live request that
+   declared the function, so the values look like users' values: that call is the reference. The generator then
+   writes the request that needs it, shown how users write (`synthesis.write_query`): one that mentions every
+   literal value and is not an instruction, else the plain description (`synthesis.describe`).
+3. Verified when the reference fits the declared schema (`envs/tool_fit.misfit`) and BFCL's checker accepts it
+   against itself; a near duplicate of an earlier request (Milvus, `questioner.dedup_threshold`) is rejected.
+The explorer rolls the task out in `envs/client_tools.py`. A task carries the tools and the request the generator
+wrote, never a live request's own text.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter, OrderedDict
+
+from actors.events import ChatMessage, ToolSpec
+from envs.client_check import Unjudgeable, bfcl_doc, check
+from envs.client_tools import CLIENT_TOOLS, SYSTEM, reference_calls, tool_set_key
+from envs.tool_calls import CallError
+from envs.tool_fit import misfit
+from policies.hygiene import scrub
+from policies.tasks import synthesis as syn
+from policies.tasks.book import SyntheticTask
+
+NOT_RUN = "ok (a client's tool: not run here)"
+
+
+def _scrubbed(tool: ToolSpec) -> ToolSpec:
+    f = tool.function
+    params = json.loads(json.dumps(f.parameters or {}))
+    for prop in (params.get("properties") or {}).values():
+        if isinstance(prop, dict) and isinstance(prop.get("description"), str):
+            prop["description"] = scrub(prop["description"])
+    return ToolSpec(function={"name": f.name, "description": scrub(f.description or ""), "parameters": params})
+
+
+class ToolSets:
+    """The declared tool sets of recent live requests (the module docstring, 1)."""
+
+    def __init__(self, size: int = 64, per_user: int = 4, state: dict | None = None):
+        self.size, self.per_user = size, per_user
+        self.sets: OrderedDict[str, dict] = OrderedDict((state or {}).items())
+
+    def add(self, tools: list[ToolSpec], user_hash: str, request: str = "") -> str | None:
+        if not tools:
+            return None
+        clean = [_scrubbed(t) for t in tools]
+        key = tool_set_key(clean)
+        rec = self.sets.pop(key, None) or {"tools": [t.model_dump() for t in clean], "request": ""}
+        rec["user"] = user_hash
+        if request.strip():
+            rec["request"] = scrub(request)[:500]
+        self.sets[key] = rec  # the most recently seen last
+        mine = [k for k, r in self.sets.items() if r["user"] == user_hash]
+        for k in mine[: max(0, len(mine) - self.per_user)]:
+            del self.sets[k]
+        while len(self.sets) > self.size:
+            self.sets.popitem(last=False)
+        return key
+
+    def tools(self, key: str) -> list[ToolSpec]:
+        return [ToolSpec.model_validate(t) for t in self.sets[key]["tools"]]
+
+    def state(self) -> dict:
+        return dict(self.sets)
+
+
+def practisable(tool: ToolSpec) -> bool:
+    """Whether tasks can be written about a function: a plain name, plain parameter names, at least one required
+    argument, and a schema BFCL's checker can read."""
+    f = tool.function
+    props = (f.parameters or {}).get("properties") or {}
+    if not f.name.isidentifier() or not all(isinstance(k, str) and k.isidentifier() for k in props):
+        return False
+    if not (f.parameters or {}).get("required"):
+        return False
+    try:
+        bfcl_doc(tool)
+    except Unjudgeable:
+        return False
+    return True
+
+
+def python_call(name: str, args: dict) -> str:
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
+
+
+def verify(reference: list[str], tools: list[ToolSpec]) -> tuple[bool, str]:
+    """The reference is one call that fits the declared schema and that BFCL's checker accepts against itself."""
+    try:
+        calls = reference_calls(reference)
+    except CallError as exc:
+        return False, f"reference is not a plain call: {exc}"
+    if len(calls) != 1:
+        return False, f"a reference of {len(calls)} calls; one is written here"
+    if (why := misfit(calls, tools)) is not None:
+        return False, f"the reference does not fit the declared schema: {why}"
+    try:
+        ok, why = check(calls, tools, calls[0])
+    except Unjudgeable as exc:
+        return False, f"the checker cannot judge the reference: {exc}"
+    if not ok:
+        return False, f"the checker rejects the reference: {why}"
+    return True, "the reference fits the declared schema and BFCL's checker accepts it"
+
+
+class ClientTaskWriter:
+    def __init__(self, toolsets: ToolSets, embedder, index, gen, visits: Counter, rng: random.Random, q):
+        self.toolsets, self.embedder, self.index, self.gen = toolsets, embedder, index, gen
+        self.visits, self.rng, self.q = visits, rng, q
+
+    def pick(self) -> tuple[str, ToolSpec] | None:
+        """The least-practised function of the kept sets (ties at random)."""
+        cands = [(k, t) for k in self.toolsets.sets for t in self.toolsets.tools(k) if practisable(t)]
+        if not cands:
+            return None
+        return min(cands, key=lambda c: (self.visits[f"{CLIENT_TOOLS}:{c[1].function.name}"], self.rng.random()))
+
+    def write(self, live: list[str], sigs: set[str]) -> dict:
+        """Write, dedup and verify one task (the module docstring, 2-3). Returns the outcome: "empty", or the
+        record "rejected" or "verified" with the reason."""
+        picked = self.pick()
+        if picked is None:
+            return {"outcome": "empty", "base": None}
+        key, tool = picked
+        name = tool.function.name
+        self.visits[f"{CLIENT_TOOLS}:{name}"] += 1
+        tools = self.toolsets.tools(key)
+        request = self.toolsets.sets[key].get("request") or f"Use {name}."
+        msgs = [ChatMessage(role="system", content=SYSTEM), ChatMessage(role="user", content=request)]
+        arguments = self.gen.call_arguments(msgs, tool)
+        try:
+            args = json.loads(arguments) if arguments is not None else None
+        except json.JSONDecodeError:
+            args = None
+        if not isinstance(args, dict):
+            return {"outcome": "empty", "base": key}
+        call = python_call(name, args)
+        exp = syn.Exploration(key, [syn.ProbeStep(call, True, NOT_RUN)])
+        query, synthesizer = syn.write_query(self.gen, exp, tools, live)
+        query = syn.normalise(query)
+        sig = syn.signature(CLIENT_TOOLS, key, [call])
+        entry = syn.task_entry_id(sig)
+        rec = SyntheticTask(
+            task_id=f"syn:{entry}",
+            env=CLIENT_TOOLS,
+            entry=entry,
+            base=key,
+            query=query,
+            reference=[call],
+            synthesizer=synthesizer,
+            sig=sig,
+            exploration=[f"{call} -> {NOT_RUN}"],
+            tools=[t.model_dump() for t in tools],
+        )
+        if sig in sigs:
+            return {"outcome": "empty", "base": key}
+        ok, why = verify(rec.reference, tools)
+        if not ok:
+            return {"task": rec, "outcome": "rejected", "reason": why}
+        vec = self.embedder.embed([query])[0]
+        near = self.index.nearest(vec)
+        if near and near[1] >= self.q.dedup_threshold:
+            return {"task": rec, "outcome": "rejected", "reason": f"duplicate of {near[0]} (cosine {near[1]:.3f})"}
+        self.index.add(rec.task_id, vec, query)
+        return {"task": rec, "outcome": "verified", "reason": why}

@@ -1,0 +1,159 @@
+"""Self-questioning on the clients' own tools: kept tool sets, tasks written and verified, their episodes."""
+
+import asyncio
+import json
+import random
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from actors.bus import Poison
+from actors.events import ChatMessage, ToolCall, ToolSpec
+from actors.explorer import Explorer
+from actors.task_events import Task
+from config.settings import load_settings
+from envs.client_tools import CLIENT_TOOLS, ClientToolsEnvironment
+from policies.tasks.client_tasks import ClientTaskWriter, ToolSets, practisable, verify
+
+
+def _tool(name, props, required, description="Does a thing."):
+    return ToolSpec.model_validate(
+        {
+            "function": {
+                "name": name,
+                "description": description,
+                "parameters": {"type": "object", "properties": props, "required": required},
+            }
+        }
+    )
+
+
+AREA = _tool(
+    "triangle_area", {"base": {"type": "number"}, "height": {"type": "integer"}}, ["base", "height"], "Area of a triangle."
+)
+WEATHER = _tool("get_weather", {"city": {"type": "string"}}, ["city"], "Current weather in a city.")
+
+
+class Scripted:
+    """Generator double: fixed arguments per function, a fixed request text."""
+
+    name = "scripted"
+
+    def __init__(self, args: dict, query: str = ""):
+        self.args, self.query, self.asked = args, query, []
+
+    def call_arguments(self, messages, tool):
+        self.asked.append((tool.function.name, messages[-1].content))
+        return self.args.get(tool.function.name)
+
+    def chat(self, messages, tools=None, prefix=""):
+        return self.query
+
+
+class Index:
+    def __init__(self, near=None):
+        self.near, self.added = near, []
+
+    def nearest(self, vec):
+        return self.near
+
+    def add(self, task_id, vec, query):
+        self.added.append((task_id, query))
+
+
+def _writer(sets, gen, index=None):
+    embedder = SimpleNamespace(embed=lambda texts: [[1.0, 0.0] for _ in texts])
+    q = SimpleNamespace(dedup_threshold=0.92)
+    return ClientTaskWriter(sets, embedder, index or Index(), gen, Counter(), random.Random(0), q)
+
+
+def test_tool_sets_are_bounded_per_user_and_in_all_and_scrubbed():
+    sets = ToolSets(size=3, per_user=2)
+    noisy = _tool("send_mail", {"to": {"type": "string", "description": "e.g. ann@example.com"}}, ["to"], "Mail ann@example.com")
+    k0 = sets.add([noisy], "u1", "write to ann@example.com")
+    assert "example.com" not in json.dumps(sets.state())  # descriptions and the example request are scrubbed
+    sets.add([AREA], "u1")
+    sets.add([WEATHER], "u1")  # a third set from u1: its oldest goes
+    assert k0 not in sets.sets and len(sets.sets) == 2
+    for i in range(3):  # other users: the least recently seen goes first
+        sets.add([_tool(f"f{i}", {"x": {"type": "integer"}}, ["x"])], f"v{i}")
+    assert len(sets.sets) == 3 and [t.function.name for k in sets.sets for t in sets.tools(k)] == ["f0", "f1", "f2"]
+    again = ToolSets(3, 2, json.loads(json.dumps(sets.state())))  # kept with the questioner's state
+    assert list(again.sets) == list(sets.sets)
+    assert sets.add([], "u1") is None
+
+
+def test_only_functions_the_checker_can_judge_are_practised():
+    assert practisable(AREA) and practisable(WEATHER)
+    assert not practisable(_tool("no_args", {"x": {"type": "integer"}}, []))  # nothing to get right
+    assert not practisable(_tool("a.b", {"x": {"type": "integer"}}, ["x"]))  # not a plain name
+    assert not practisable(_tool("f", {"x-y": {"type": "integer"}}, ["x-y"]))
+    assert not practisable(_tool("f", {"x": {"anyOf": [{"type": "integer"}]}}, ["x"]))
+
+
+def test_a_task_is_written_about_a_declared_function_and_verified():
+    sets = ToolSets()
+    sets.add([AREA, WEATHER], "u1", "How big is a triangle of base 3 and height 4?")
+    gen = Scripted({"triangle_area": '{"base": 10, "height": 5}', "get_weather": '{"city": "Paris"}'}, "")
+    w = _writer(sets, gen)
+    first, second = w.write([], set()), w.write([], set())
+    assert {first["outcome"], second["outcome"]} == {"verified"}
+    assert {r["task"].reference[0] for r in (first, second)} == {"triangle_area(base=10, height=5)", "get_weather(city='Paris')"}
+    assert gen.asked[0][1] == "How big is a triangle of base 3 and height 4?"  # shown the live request for values
+    rec = first["task"]
+    assert rec.env == CLIENT_TOOLS and rec.synthesizer == "template" and len(rec.tools) == 2
+    # the generator wrote nothing grounded, so the plain description, which mentions every value
+    area = next(r["task"] for r in (first, second) if r["task"].reference[0].startswith("triangle"))
+    assert "10" in area.query and "5" in area.query
+    # the episode: the reference is right, a wrong value is not, no call is worst
+    env = ClientToolsEnvironment()
+    spec = {"query": area.query, "reference": area.reference, "tools": area.tools}
+    outcomes = []
+    for args in ({"base": 10.0, "height": 5}, {"base": 10, "height": 6}, None):
+        ep = env.episode(area.entry, spec)
+        assert ep.next_user_message() == area.query
+        calls = [ToolCall(id="c", name="triangle_area", arguments=json.dumps(args))] if args else []
+        r = ep.step(ChatMessage(role="assistant", tool_calls=calls))
+        outcomes.append((ep.outcome(), r.signal))
+        assert ep.next_user_message() is None
+    assert outcomes == [(1.0, 1.0), (0.0, -0.5), (0.0, -1.0)]
+    from policies.rollout import reference_sample
+
+    ref = reference_sample(env, area.entry, spec)
+    assert ref.off_policy and ref.outcome == 1.0 and ref.messages[1].content == area.query
+
+
+def test_a_grounded_request_from_the_generator_is_kept_and_others_are_rejected_or_skipped():
+    sets = ToolSets()
+    sets.add([WEATHER], "u1", "weather?")
+    w = _writer(sets, Scripted({"get_weather": '{"city": "Paris"}'}, "What is the weather in Paris right now?"))
+    rec = w.write(["what's it like in Rome"], set())
+    assert rec["outcome"] == "verified" and rec["task"].synthesizer == "scripted"
+    assert w.write([], {rec["task"].sig})["outcome"] == "empty"  # the very same task again
+    near = _writer(sets, Scripted({"get_weather": '{"city": "Oslo"}'}), Index(near=("syn:x", 0.97)))
+    assert near.write([], set())["reason"].startswith("duplicate of syn:x")
+    # arguments that do not fit the schema are rejected with the reason; none written: nothing to propose
+    bad = _writer(sets, Scripted({"get_weather": '{"city": 3}'})).write([], set())
+    assert bad["outcome"] == "rejected" and "does not fit the declared schema" in bad["reason"]
+    assert _writer(sets, Scripted({})).write([], set())["outcome"] == "empty"
+    assert _writer(ToolSets(), Scripted({})).write([], set()) == {"outcome": "empty", "base": None}
+    assert verify(["get_weather(city='Paris')", "get_weather(city='Rome')"], [WEATHER])[0] is False
+
+
+def test_the_explorer_takes_a_task_on_the_clients_tools_only_with_its_tools_and_one_reference(tmp_path):
+    s = load_settings(None)
+    s.state_dir = str(tmp_path)
+    ex = Explorer(s, bus=object())
+    ex.envs = {CLIENT_TOOLS: ClientToolsEnvironment()}
+    base = dict(task_id="t", env=CLIENT_TOOLS, entry_id="syn-1", origin="synthetic", query="q", base_entry_id="tools-1")
+    for bad in (
+        Task(**base, reference=["get_weather(city='Paris')"]),  # no tools
+        Task(**base, reference=[], tools=[WEATHER]),
+        Task(**{**base, "origin": "env"}, reference=["get_weather(city='Paris')"], tools=[WEATHER]),
+    ):
+        with pytest.raises(Poison, match="lacks its tools or its one reference call"):
+            asyncio.run(ex.handle_task(bad, None))
+    for ref, why in (("__import__('os')", "not one of the declared functions"), ("get_weather(city=3)", "does not fit")):
+        with pytest.raises(Poison, match=f"unusable reference: .*{why}"):
+            asyncio.run(ex.handle_task(Task(**base, reference=[ref], tools=[WEATHER]), None))
