@@ -145,7 +145,8 @@ class Questioner(EventActor):
         if j.origin != "synthetic" or rec is None or rec.status != T.ACTIVE:
             return
         # synthetic tasks climb too: rung n = references of n + 1 calls (one explicit call first)
-        self.ladder.record(SYNTHETIC, len(rec.reference) - 1, [s.outcome for s in j.samples if not s.off_policy])
+        rung = CLIENT_TOOLS if rec.env == CLIENT_TOOLS else SYNTHETIC  # one call each: not the explored tasks' ladder
+        self.ladder.record(rung, len(rec.reference) - 1, [s.outcome for s in j.samples if not s.off_policy])
         p, reason = band_decision(
             [s.outcome for s in j.samples if not s.off_policy],
             self.settings.questioner.band_low,
