@@ -100,13 +100,18 @@ def check(entry_id: str, calls: list[ToolCall]) -> tuple[bool, str]:
     return run_checker(entries[entry_id]["function"], calls, answers[entry_id], category_of(entry_id))
 
 
-class SingleTurnEpisode:
-    def __init__(self, entry: dict):
-        self.entry_id, self.category = entry["id"], category_of(entry["id"])
-        self.question = entry["question"][0][-1]["content"]
-        self.tools: list[ToolSpec] = [to_tool_spec(d) for d in entry["function"]]
-        self.system_prompt = SYSTEM
+class OneCallEpisode:
+    """One request, one action: its calls accepted (+1, outcome 1.0), rejected (-0.5, with the checker's reason) or
+    none at all (-1). `judge(calls)` says which."""
+
+    system_prompt = SYSTEM
+
+    def __init__(self, entry_id: str, question: str, tools: list[ToolSpec]):
+        self.entry_id, self.question, self.tools = entry_id, question, tools
         self.turn, self.score, self.error = -1, None, ""
+
+    def judge(self, calls: list[ToolCall]) -> tuple[bool, str]:
+        raise NotImplementedError
 
     def next_user_message(self) -> str | None:
         self.turn += 1
@@ -116,9 +121,12 @@ class SingleTurnEpisode:
         if not action.tool_calls:
             self.score, self.error = 0.0, "no function call"
             return StepResult([], -1.0, True, [self.error])
-        ok, why = check(self.entry_id, action.tool_calls)
+        ok, why = self.judge(action.tool_calls)
         self.score, self.error = (1.0 if ok else 0.0), ("" if ok else why)
         return StepResult([], 1.0 if ok else -0.5, True, [] if ok else [why])
+
+    def passed(self) -> bool:
+        return self.score == 1.0
 
     def end_turn(self) -> None:
         pass
@@ -131,6 +139,15 @@ class SingleTurnEpisode:
 
     def outcome(self) -> float:
         return self.score or 0.0
+
+
+class SingleTurnEpisode(OneCallEpisode):
+    def __init__(self, entry: dict):
+        super().__init__(entry["id"], entry["question"][0][-1]["content"], [to_tool_spec(d) for d in entry["function"]])
+        self.category = category_of(entry["id"])
+
+    def judge(self, calls: list[ToolCall]) -> tuple[bool, str]:
+        return check(self.entry_id, calls)
 
 
 def reference_calls(entry_id: str) -> list[ToolCall]:

@@ -18,15 +18,12 @@ import hashlib
 import json
 
 from actors.events import ChatMessage, ToolCall, ToolSpec
-from envs.base import Reference, Split, StepResult
+from envs.base import Reference, Split
+from envs.bfcl_single import OneCallEpisode
 from envs.client_check import check
 from envs.tool_calls import parse_python_call
 
 CLIENT_TOOLS = "client_tools"
-SYSTEM = (
-    "You are an assistant that answers the user's request by calling the available functions with the right "
-    "arguments. Call every function the request needs, in one message."
-)
 
 
 def tool_set_key(tools: list[ToolSpec]) -> str:
@@ -43,43 +40,16 @@ def reference_calls(reference: list[str]) -> list[ToolCall]:
     return out
 
 
-class ClientToolsEpisode:
+class ClientToolsEpisode(OneCallEpisode):
     def __init__(self, entry_id: str, spec: dict):
-        self.entry_id = entry_id
-        self.tools = [t if isinstance(t, ToolSpec) else ToolSpec.model_validate(t) for t in spec["tools"]]
-        self.question = spec["query"]
+        tools = [t if isinstance(t, ToolSpec) else ToolSpec.model_validate(t) for t in spec["tools"]]
+        super().__init__(entry_id, spec["query"], tools)
         self.reference = reference_calls(spec["reference"])
         if len(self.reference) != 1:
             raise ValueError(f"a client-tools task has one reference call, not {len(self.reference)}")
-        self.system_prompt = SYSTEM
-        self.turn, self.score, self.error = -1, None, ""
 
-    def next_user_message(self) -> str | None:
-        self.turn += 1
-        return self.question if self.turn == 0 else None
-
-    def step(self, action: ChatMessage) -> StepResult:
-        if not action.tool_calls:
-            self.score, self.error = 0.0, "no function call"
-            return StepResult([], -1.0, True, [self.error])
-        ok, why = check(action.tool_calls, self.tools, self.reference[0])
-        self.score, self.error = (1.0 if ok else 0.0), ("" if ok else why)
-        return StepResult([], 1.0 if ok else -0.5, True, [] if ok else [why])
-
-    def passed(self) -> bool:
-        return self.score == 1.0
-
-    def end_turn(self) -> None:
-        pass
-
-    def snapshot(self) -> dict:
-        return {"turn": self.turn, "score": self.score}
-
-    def restore(self, snap: dict) -> None:
-        self.turn, self.score = snap["turn"], snap["score"]
-
-    def outcome(self) -> float:
-        return self.score or 0.0
+    def judge(self, calls: list[ToolCall]) -> tuple[bool, str]:
+        return check(calls, self.tools, self.reference[0])
 
 
 class ClientToolsEnvironment:

@@ -7,10 +7,15 @@ from actors.events import ChatMessage, Interaction, ToolCall, ToolSpec
 from policies.engines.generation import Generation
 
 
+def tool(name: str, properties: dict, required: list[str], description: str = "") -> ToolSpec:
+    """A function tool whose parameters are an object of these properties."""
+    params = {"type": "object", "properties": properties, "required": list(required)}
+    return ToolSpec(function={"name": name, "description": description, "parameters": params})
+
+
 def weather(*required: str) -> ToolSpec:
     """get_weather(city: string, days: integer), with the given parameters required."""
-    params = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
-    return ToolSpec(function={"name": "get_weather", "parameters": {**params, "required": list(required)}})
+    return tool("get_weather", {"city": {"type": "string"}, "days": {"type": "integer"}}, list(required))
 
 
 WEATHER = weather("city")

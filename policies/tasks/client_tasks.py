@@ -26,13 +26,14 @@ import random
 from collections import Counter, OrderedDict
 
 from actors.events import ChatMessage, ToolSpec
+from envs.bfcl_single import SYSTEM
 from envs.client_check import Unjudgeable, bfcl_doc, check
-from envs.client_tools import CLIENT_TOOLS, SYSTEM, reference_calls, tool_set_key
+from envs.client_tools import CLIENT_TOOLS, reference_calls, tool_set_key
 from envs.tool_calls import CallError
 from envs.tool_fit import misfit
 from policies.hygiene import scrub
 from policies.tasks import synthesis as syn
-from policies.tasks.book import SyntheticTask
+from policies.tasks.writer import draft
 
 NOT_RUN = "ok (a client's tool: not run here)"
 
@@ -149,30 +150,15 @@ class ClientTaskWriter:
             return {"outcome": "empty", "base": key}
         call = python_call(name, args)
         exp = syn.Exploration(key, [syn.ProbeStep(call, True, NOT_RUN)])
-        query, synthesizer = syn.write_query(self.gen, exp, tools, live)
-        query = syn.normalise(query)
-        sig = syn.signature(CLIENT_TOOLS, key, [call])
-        entry = syn.task_entry_id(sig)
-        rec = SyntheticTask(
-            task_id=f"syn:{entry}",
-            env=CLIENT_TOOLS,
-            entry=entry,
-            base=key,
-            query=query,
-            reference=[call],
-            synthesizer=synthesizer,
-            sig=sig,
-            exploration=[f"{call} -> {NOT_RUN}"],
-            tools=[t.model_dump() for t in tools],
-        )
-        if sig in sigs:
+        trace = [f"{call} -> {NOT_RUN}"]
+        rec = draft(self.gen, exp, tools, live, CLIENT_TOOLS, trace, tools=[t.model_dump() for t in tools])
+        if rec.sig in sigs:
             return {"outcome": "empty", "base": key}
         ok, why = verify(rec.reference, tools)
         if not ok:
             return {"task": rec, "outcome": "rejected", "reason": why}
-        vec = self.embedder.embed([query])[0]
-        near = self.index.nearest(vec)
-        if near and near[1] >= self.q.dedup_threshold:
-            return {"task": rec, "outcome": "rejected", "reason": f"duplicate of {near[0]} (cosine {near[1]:.3f})"}
-        self.index.add(rec.task_id, vec, query)
+        vec, dup = syn.near_duplicate(self.embedder, self.index, rec.query, self.q.dedup_threshold)
+        if dup:
+            return {"task": rec, "outcome": "rejected", "reason": dup}
+        self.index.add(rec.task_id, vec, rec.query)
         return {"task": rec, "outcome": "verified", "reason": why}

@@ -228,6 +228,15 @@ def task_entry_id(sig: str) -> str:
 # ----------------------------------------------------------------------------- dedup
 
 
+def near_duplicate(embedder, index, query: str, threshold: float) -> tuple[list[float], str | None]:
+    """The request's embedding, and why it duplicates an accepted task's (cosine >= threshold), or None."""
+    vec = embedder.embed([query])[0]
+    near = index.nearest(vec)
+    if near and near[1] >= threshold:
+        return vec, f"duplicate of {near[0]} (cosine {near[1]:.3f})"
+    return vec, None
+
+
 class TaskIndex:
     """Embeddings of accepted task queries in Milvus Lite (its own data dir: one process per dir)."""
 

@@ -18,6 +18,26 @@ from policies.tasks import synthesis as syn
 from policies.tasks.book import SyntheticTask, record_exploration
 
 
+def draft(gen, exp: syn.Exploration, declared, live: list[str], env_name: str, trace: list[str], **extra) -> SyntheticTask:
+    """The record of a task written for an exploration's working calls (`exp.base_entry_id` is its start): the
+    request the generator writes for them (or their plain description), its signature and entry id."""
+    query, synthesizer = syn.write_query(gen, exp, declared, live)
+    sig = syn.signature(env_name, exp.base_entry_id, exp.reference)
+    entry = syn.task_entry_id(sig)
+    return SyntheticTask(
+        task_id=f"syn:{entry}",
+        env=env_name,
+        entry=entry,
+        base=exp.base_entry_id,
+        query=syn.normalise(query),
+        reference=exp.reference,
+        synthesizer=synthesizer,
+        sig=sig,
+        exploration=trace,
+        **extra,
+    )
+
+
 class TaskWriter:
     def __init__(self, envs: dict, env_names: list[str], embedder, index, gen, visits: Counter, rng: random.Random, q):
         """`q` = the questioner settings; `visits` are the function visits across explorations (the caller keeps them)."""
@@ -62,30 +82,14 @@ class TaskWriter:
         exp.steps = [s for s in exp.steps if s.ok][: calls()]
         if not exp.reference:
             return {"outcome": "empty", "base": base, "tried": len(exp.steps)}
-        probe = env.probe(base)
-        query, synthesizer = syn.write_query(self.gen, exp, probe.tools, live)
-        query = syn.normalise(query)
-        sig = syn.signature(env_name, base, exp.reference)
-        entry = syn.task_entry_id(sig)
-        rec = SyntheticTask(
-            task_id=f"syn:{entry}",
-            env=env_name,
-            entry=entry,
-            base=base,
-            query=query,
-            reference=exp.reference,
-            synthesizer=synthesizer,
-            sig=sig,
-            exploration=trace,
-        )
-        if sig in sigs:  # the very same task again: nothing new to propose
+        rec = draft(self.gen, exp, env.probe(base).tools, live, env_name, trace)
+        if rec.sig in sigs:  # the very same task again: nothing new to propose
             return {"outcome": "empty", "base": base}
-        vec = self.embedder.embed([query])[0]
-        near = self.index.nearest(vec)
-        if near and near[1] >= self.q.dedup_threshold:
-            return {"task": rec, "outcome": "rejected", "reason": f"duplicate of {near[0]} (cosine {near[1]:.3f})"}
-        ok, why = syn.verify(env, entry, {"base_entry_id": base, "query": query, "reference": exp.reference})
+        vec, dup = syn.near_duplicate(self.embedder, self.index, rec.query, self.q.dedup_threshold)
+        if dup:
+            return {"task": rec, "outcome": "rejected", "reason": dup}
+        ok, why = syn.verify(env, rec.entry, {"base_entry_id": base, "query": rec.query, "reference": exp.reference})
         if not ok:
             return {"task": rec, "outcome": "rejected", "reason": why}
-        self.index.add(rec.task_id, vec, query)
+        self.index.add(rec.task_id, vec, rec.query)
         return {"task": rec, "outcome": "verified", "reason": why}

@@ -3,30 +3,23 @@
 import json
 
 import pytest
+from live_doubles import tool
 
 from actors.events import ToolCall, ToolSpec
 from envs.bfcl_single import CATEGORIES, load, reference_calls, to_tool_spec
 from envs.bfcl_single import check as bfcl_check
 from envs.client_check import Unjudgeable, bfcl_doc, check, possible_answer
 
-AREA = ToolSpec.model_validate(
+AREA = tool(
+    "triangle_area",
     {
-        "type": "function",
-        "function": {
-            "name": "triangle_area",
-            "description": "Area of a triangle.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "base": {"type": "number"},
-                    "height": {"type": "integer"},
-                    "unit": {"type": "string", "default": "cm"},
-                    "tags": {"type": "array", "items": {"type": "string"}},
-                },
-                "required": ["base", "height"],
-            },
-        },
-    }
+        "base": {"type": "number"},
+        "height": {"type": "integer"},
+        "unit": {"type": "string", "default": "cm"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+    ["base", "height"],
+    "Area of a triangle.",
 )
 
 
@@ -67,14 +60,7 @@ def test_a_call_is_right_when_it_is_the_reference_call(args, right):
 
 
 def test_strings_compare_as_bfcl_compares_them_and_wrong_shapes_are_rejected_with_a_reason():
-    greet = ToolSpec.model_validate(
-        {
-            "function": {
-                "name": "greet",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-            }
-        }
-    )
+    greet = tool("greet", {"city": {"type": "string"}}, ["city"])
     ref = _call("greet", city="New York")
     assert check([_call("greet", city="new york")], [greet], ref)[0]
     assert not check([_call("greet", city="Boston")], [greet], ref)[0]

@@ -7,32 +7,20 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
+from live_doubles import tool
 
 from actors.bus import Poison
-from actors.events import ChatMessage, ToolCall, ToolSpec
+from actors.events import ChatMessage, ToolCall
 from actors.explorer import Explorer
 from actors.task_events import Task
 from config.settings import load_settings
 from envs.client_tools import CLIENT_TOOLS, ClientToolsEnvironment
 from policies.tasks.client_tasks import ClientTaskWriter, ToolSets, practisable, verify
 
-
-def _tool(name, props, required, description="Does a thing."):
-    return ToolSpec.model_validate(
-        {
-            "function": {
-                "name": name,
-                "description": description,
-                "parameters": {"type": "object", "properties": props, "required": required},
-            }
-        }
-    )
-
-
-AREA = _tool(
+AREA = tool(
     "triangle_area", {"base": {"type": "number"}, "height": {"type": "integer"}}, ["base", "height"], "Area of a triangle."
 )
-WEATHER = _tool("get_weather", {"city": {"type": "string"}}, ["city"], "Current weather in a city.")
+WEATHER = tool("get_weather", {"city": {"type": "string"}}, ["city"], "Current weather in a city.")
 
 
 class Scripted:
@@ -70,14 +58,14 @@ def _writer(sets, gen, index=None):
 
 def test_tool_sets_are_bounded_per_user_and_in_all_and_scrubbed():
     sets = ToolSets(size=3, per_user=2)
-    noisy = _tool("send_mail", {"to": {"type": "string", "description": "e.g. ann@example.com"}}, ["to"], "Mail ann@example.com")
+    noisy = tool("send_mail", {"to": {"type": "string", "description": "e.g. ann@example.com"}}, ["to"], "Mail ann@example.com")
     k0 = sets.add([noisy], "u1", "write to ann@example.com")
     assert "example.com" not in json.dumps(sets.state())  # descriptions and the example request are scrubbed
     sets.add([AREA], "u1")
     sets.add([WEATHER], "u1")  # a third set from u1: its oldest goes
     assert k0 not in sets.sets and len(sets.sets) == 2
     for i in range(3):  # other users: the least recently seen goes first
-        sets.add([_tool(f"f{i}", {"x": {"type": "integer"}}, ["x"])], f"v{i}")
+        sets.add([tool(f"f{i}", {"x": {"type": "integer"}}, ["x"])], f"v{i}")
     assert len(sets.sets) == 3 and [t.function.name for k in sets.sets for t in sets.tools(k)] == ["f0", "f1", "f2"]
     again = ToolSets(3, 2, json.loads(json.dumps(sets.state())))  # kept with the questioner's state
     assert list(again.sets) == list(sets.sets)
@@ -86,10 +74,10 @@ def test_tool_sets_are_bounded_per_user_and_in_all_and_scrubbed():
 
 def test_only_functions_the_checker_can_judge_are_practised():
     assert practisable(AREA) and practisable(WEATHER)
-    assert not practisable(_tool("no_args", {"x": {"type": "integer"}}, []))  # nothing to get right
-    assert not practisable(_tool("a.b", {"x": {"type": "integer"}}, ["x"]))  # not a plain name
-    assert not practisable(_tool("f", {"x-y": {"type": "integer"}}, ["x-y"]))
-    assert not practisable(_tool("f", {"x": {"anyOf": [{"type": "integer"}]}}, ["x"]))
+    assert not practisable(tool("no_args", {"x": {"type": "integer"}}, []))  # nothing to get right
+    assert not practisable(tool("a.b", {"x": {"type": "integer"}}, ["x"]))  # not a plain name
+    assert not practisable(tool("f", {"x-y": {"type": "integer"}}, ["x-y"]))
+    assert not practisable(tool("f", {"x": {"anyOf": [{"type": "integer"}]}}, ["x"]))
 
 
 def test_a_task_is_written_about_a_declared_function_and_verified():
