@@ -55,10 +55,6 @@ class ClientToolsEpisode(OneCallEpisode):
 class ClientToolsEnvironment:
     name = CLIENT_TOOLS  # no entries of its own: every task is written about a live request's tools
 
-    @classmethod
-    def from_settings(cls, env) -> "ClientToolsEnvironment":
-        return cls()
-
     def entries(self, split: Split) -> list[str]:
         return []
 

@@ -16,7 +16,7 @@ Live traffic carries no right answers, but a request that declares tools says wh
 3. Verified when the reference fits the declared schema (`envs/tool_fit.misfit`) and BFCL's checker accepts it
    against itself; a near duplicate of an earlier request (Milvus, `questioner.dedup_threshold`) is rejected.
 The explorer rolls the task out in `envs/client_tools.py`. A task carries the tools and the request the generator
-wrote, never a live request's own text.
+wrote (shown scrubbed live requests), not a live request as it was sent.
 """
 
 from __future__ import annotations
