@@ -107,7 +107,7 @@ def possible_answer(reference: ToolCall, doc: dict) -> dict:
         answer[key] = [_answer_value(value, props[key]["type"])]
     for key, prop in props.items():
         if key not in args:
-            answer[key] = ([prop["default"]] if "default" in prop else []) + [""]
+            answer[key] = ([_answer_value(prop["default"], prop["type"])] if "default" in prop else []) + [""]
     return {reference.name: answer}
 
 

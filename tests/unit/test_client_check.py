@@ -70,6 +70,18 @@ def test_strings_compare_as_bfcl_compares_them_and_wrong_shapes_are_rejected_wit
     assert "not found" in check([_call("other", city="New York")], [greet], ref)[1]
 
 
+def test_an_object_default_is_accepted_in_the_checkers_form():
+    """An optional object argument the reference leaves out may be given at its default, as BFCL's answers nest it."""
+    plot = tool(
+        "plot",
+        {"x": {"type": "number"}, "style": {"type": "object", "properties": {"c": {"type": "string"}}, "default": {"c": "red"}}},
+        ["x"],
+    )
+    ref = _call("plot", x=1)
+    assert check([_call("plot", x=1, style={"c": "red"})], [plot], ref) == (True, "")
+    assert not check([_call("plot", x=1, style={"c": "blue"})], [plot], ref)[0]
+
+
 @pytest.mark.parametrize(
     "schema, why",
     [
