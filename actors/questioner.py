@@ -135,8 +135,8 @@ class Questioner(EventActor):
         users = [m.content for m in ev.messages if m.role == "user" and m.content.strip()]
         if users:
             self.live_queries.append(users[-1][:500])
-        if self.client_tools and ev.tools:
-            self.toolsets.add(ev.tools, ev.user_hash, users[-1] if users else "")
+        if self.client_tools and ev.tools and self.toolsets.add(ev.tools, ev.user_hash, users[-1] if users else ""):
+            self._save()  # a new set: a restart keeps it
 
     async def handle_judgement(self, j: Judgement, msg):
         if j.source == "rollout" and j.origin == "env":
@@ -261,7 +261,8 @@ class Questioner(EventActor):
             live = list(self.live_queries)
             turn = self.writer is None or self.rng.random() < 1 / (1 + len(self.synth_envs))
             if self.client_writer and self.toolsets.sets and turn:
-                rec = await asyncio.to_thread(self.client_writer.write, live, self.sigs)  # the environments take turns
+                sets = self.toolsets.snapshot()  # the environments take turns; a copy for the writer's thread
+                rec = await asyncio.to_thread(self.client_writer.write, live, self.sigs, sets)
             else:
                 rec = await asyncio.to_thread(self.writer.write, live, self._calls, self.sigs, log, self.weights_version)
             if rec is None or rec["outcome"] == "empty":

@@ -3,8 +3,8 @@
 Live traffic carries no right answers, but a request that declares tools says what a right call of them looks like
 (their schemas) and how its users write. From those, with no user and no rating (`questioner.synth_envs` names
 `client_tools`):
-1. `ToolSets` keeps the declared tool sets of recent live requests, their descriptions and one example request
-   scrubbed of personal data: at most `questioner.client_tool_sets`, at most `client_tool_sets_per_user` from one
+1. `ToolSets` keeps the declared tool sets of recent live requests, every string of their schemas and one example
+   request scrubbed of personal data: at most `questioner.client_tool_sets`, at most `client_tool_sets_per_user` from one
    hashed user (that user's oldest goes first), so one user's burst cannot fill it; the least recently seen set
    goes first. It is kept with the questioner's state.
 2. `ClientTaskWriter.write()` picks the least-practised function of the kept sets that BFCL's checker can read
@@ -22,6 +22,7 @@ wrote (shown scrubbed live requests), not a live request as it was sent.
 from __future__ import annotations
 
 import json
+import keyword
 import random
 from collections import Counter, OrderedDict
 
@@ -31,7 +32,7 @@ from envs.client_check import Unjudgeable, bfcl_doc, check
 from envs.client_tools import CLIENT_TOOLS, reference_calls, tool_set_key
 from envs.tool_calls import CallError
 from envs.tool_fit import misfit
-from policies.hygiene import scrub
+from policies.hygiene import scrub, scrub_arguments
 from policies.tasks import synthesis as syn
 from policies.tasks.writer import draft
 
@@ -39,11 +40,9 @@ NOT_RUN = "ok (a client's tool: not run here)"
 
 
 def _scrubbed(tool: ToolSpec) -> ToolSpec:
+    """Every string of the schema scrubbed (descriptions at any depth, enums, defaults, examples), keys kept."""
     f = tool.function
-    params = json.loads(json.dumps(f.parameters or {}))
-    for prop in (params.get("properties") or {}).values():
-        if isinstance(prop, dict) and isinstance(prop.get("description"), str):
-            prop["description"] = scrub(prop["description"])
+    params = json.loads(scrub_arguments(json.dumps(f.parameters or {})))
     return ToolSpec(function={"name": f.name, "description": scrub(f.description or ""), "parameters": params})
 
 
@@ -53,37 +52,57 @@ class ToolSets:
     def __init__(self, size: int = 64, per_user: int = 4, state: dict | None = None):
         self.size, self.per_user = size, per_user
         self.sets: OrderedDict[str, dict] = OrderedDict((state or {}).items())
+        for user in {r["user"] for r in self.sets.values()}:  # the bounds as configured now, on restored sets too
+            self._bound(user)
 
     def add(self, tools: list[ToolSpec], user_hash: str, request: str = "") -> str | None:
+        """Keep a request's tool set. Returns its key when it was not kept yet (the caller saves the state then);
+        a set kept already is moved last, its user and example request those of this request."""
         if not tools:
             return None
         clean = [_scrubbed(t) for t in tools]
         key = tool_set_key(clean)
+        new = key not in self.sets
         rec = self.sets.pop(key, None) or {"tools": [t.model_dump() for t in clean], "request": ""}
         rec["user"] = user_hash
         if request.strip():
             rec["request"] = scrub(request)[:500]
         self.sets[key] = rec  # the most recently seen last
+        self._bound(user_hash)
+        return key if new else None
+
+    def _bound(self, user_hash: str) -> None:
         mine = [k for k, r in self.sets.items() if r["user"] == user_hash]
         for k in mine[: max(0, len(mine) - self.per_user)]:
             del self.sets[k]
         while len(self.sets) > self.size:
             self.sets.popitem(last=False)
-        return key
 
     def tools(self, key: str) -> list[ToolSpec]:
-        return [ToolSpec.model_validate(t) for t in self.sets[key]["tools"]]
+        return tools_of(self.sets[key])
+
+    def snapshot(self) -> dict[str, dict]:
+        """A copy for a writer off the event loop's thread, where the loop goes on adding and dropping sets."""
+        return {k: dict(r) for k, r in self.sets.items()}
 
     def state(self) -> dict:
         return dict(self.sets)
 
 
+def tools_of(rec: dict) -> list[ToolSpec]:
+    return [ToolSpec.model_validate(t) for t in rec["tools"]]
+
+
+def _plain(name) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+
+
 def practisable(tool: ToolSpec) -> bool:
-    """Whether tasks can be written about a function: a plain name, plain parameter names, at least one required
-    argument, and a schema BFCL's checker can read."""
+    """Whether tasks can be written about a function: a plain name, plain parameter names (identifiers a Python
+    call can pass: not keywords), at least one required argument, and a schema BFCL's checker can read."""
     f = tool.function
     props = (f.parameters or {}).get("properties") or {}
-    if not f.name.isidentifier() or not all(isinstance(k, str) and k.isidentifier() for k in props):
+    if not _plain(f.name) or not all(_plain(k) for k in props):
         return False
     if not (f.parameters or {}).get("required"):
         return False
@@ -122,24 +141,31 @@ class ClientTaskWriter:
         self.toolsets, self.embedder, self.index, self.gen = toolsets, embedder, index, gen
         self.visits, self.rng, self.q = visits, rng, q
 
-    def pick(self) -> tuple[str, ToolSpec] | None:
-        """The least-practised function of the kept sets (ties at random)."""
-        cands = [(k, t) for k in self.toolsets.sets for t in self.toolsets.tools(k) if practisable(t)]
+    def pick(self, sets: dict[str, dict]) -> tuple[str, ToolSpec] | None:
+        """The least-practised function of the kept sets (ties at random); a set that declares one name twice is
+        not practised (which of the two a call means is not said)."""
+        cands = []
+        for k, rec in sets.items():
+            tools = tools_of(rec)
+            if len({t.function.name for t in tools}) == len(tools):
+                cands += [(k, t) for t in tools if practisable(t)]
         if not cands:
             return None
         return min(cands, key=lambda c: (self.visits[f"{CLIENT_TOOLS}:{c[1].function.name}"], self.rng.random()))
 
-    def write(self, live: list[str], sigs: set[str]) -> dict:
-        """Write, dedup and verify one task (the module docstring, 2-3). Returns the outcome: "empty", or the
-        record "rejected" or "verified" with the reason."""
-        picked = self.pick()
+    def write(self, live: list[str], sigs: set[str], sets: dict[str, dict] | None = None) -> dict:
+        """Write, dedup and verify one task (the module docstring, 2-3) about the kept sets (`sets`: a snapshot
+        taken on the event loop's thread, `ToolSets.snapshot`). Returns the outcome: "empty", or the record
+        "rejected" or "verified" with the reason."""
+        sets = self.toolsets.snapshot() if sets is None else sets
+        picked = self.pick(sets)
         if picked is None:
             return {"outcome": "empty", "base": None}
         key, tool = picked
         name = tool.function.name
         self.visits[f"{CLIENT_TOOLS}:{name}"] += 1
-        tools = self.toolsets.tools(key)
-        request = self.toolsets.sets[key].get("request") or f"Use {name}."
+        tools = tools_of(sets[key])
+        request = sets[key].get("request") or f"Use {name}."
         msgs = [ChatMessage(role="system", content=SYSTEM), ChatMessage(role="user", content=request)]
         arguments = self.gen.call_arguments(msgs, tool)
         try:

@@ -17,8 +17,8 @@ class PolicyGenerator:
     """The served policy as generator (ChatML + forced prefixes).
 
     `call_arguments` fills a call's required parameters one at a time, guided by the schema
-    (the key and the value's opening are forced, the policy writes the value), which is what
-    JSON-schema-guided decoding does: a small policy then explores with well-formed calls."""
+    (the key and the value's opening are forced, the policy writes the value, or picks one of an `enum`'s values),
+    which is what JSON-schema-guided decoding does: a small policy then explores with well-formed calls."""
 
     name = "policy"
 
@@ -38,9 +38,12 @@ class PolicyGenerator:
         text = render(messages, [tool]) + f'<tool_call>[{{"name": "{f.name}", "arguments": {{'
         args: dict = {}
         for key in params.get("required") or []:
-            kind = (props.get(key) or {}).get("type", "string")
+            prop = props.get(key) or {}
+            kind = prop.get("type", "string")
             head = ("" if not args else ", ") + f'"{key}": '
-            if kind == "string":
+            if _scalars(prop.get("enum")):  # one of the declared values, by constrained decoding
+                value = json.loads(self.engine.choose(text + head, [json.dumps(v) for v in prop["enum"]], self.temperature))
+            elif kind == "string":
                 raw = re.split(r'["<}\n]', self._continue(text + head + '"', 16))[0].strip()
                 value = raw[:80] or None
             elif kind in ("integer", "number"):
@@ -58,6 +61,11 @@ class PolicyGenerator:
             args[key] = value
             text += head + json.dumps(value)
         return json.dumps(args)
+
+
+def _scalars(enum) -> bool:
+    """A declared enum the policy can choose from: a non-empty list of strings, numbers or booleans."""
+    return isinstance(enum, list) and bool(enum) and all(isinstance(v, (str, int, float, bool)) for v in enum)
 
 
 def _first_json(raw: str):

@@ -1,5 +1,6 @@
 """The questioner's synthetic-task lifecycle on a real nats-server, Milvus Lite and embedder."""
 
+import json
 import uuid
 
 from actors.bus import Bus
@@ -178,6 +179,8 @@ async def test_tasks_on_the_clients_tools_from_live_requests_only(settings, nats
         await q.handle_interaction(
             Interaction(interaction_id="i1", user_hash="u1", messages=[request], tools=[weather], response=answer), None
         )
+        kept = json.loads((settings.state / "actors" / "questioner.json").read_text())["toolsets"]  # saved on arrival
+        assert [[t["function"]["name"] for t in r["tools"]] for r in kept.values()] == [["get_weather"]]
         await q.tick()
         assert q.synthesizing()
         task_id = await q._synth_job
@@ -187,7 +190,6 @@ async def test_tasks_on_the_clients_tools_from_live_requests_only(settings, nats
         assert [(e.origin, e.env) for e in evs] == [("synthetic", "client_tools")]
         assert evs[0].reference == ["get_weather(city='Paris')"] and evs[0].tools == [weather]
         assert evs[0].query == "What is the weather in Paris today?"
-        assert "toolsets" in (settings.state / "actors" / "questioner.json").read_text()
     finally:
         await q.shutdown()
         await bus.close()

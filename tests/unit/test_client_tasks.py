@@ -69,7 +69,22 @@ def test_tool_sets_are_bounded_per_user_and_in_all_and_scrubbed():
     assert len(sets.sets) == 3 and [t.function.name for k in sets.sets for t in sets.tools(k)] == ["f0", "f1", "f2"]
     again = ToolSets(3, 2, json.loads(json.dumps(sets.state())))  # kept with the questioner's state
     assert list(again.sets) == list(sets.sets)
+    assert list(ToolSets(2, 2, sets.state()).sets) == list(sets.sets)[1:]  # restored under smaller bounds
     assert sets.add([], "u1") is None
+    # a set seen again is not new (nothing to save), moves last and is now the newer user's
+    assert sets.add([tool("f0", {"x": {"type": "integer"}}, ["x"])], "w") is None
+    assert [r["user"] for r in sets.sets.values()] == ["v1", "v2", "w"]
+
+
+def test_every_string_of_a_schema_is_scrubbed_keys_kept():
+    mail = {"type": "string", "enum": ["ann@example.com", "ops"], "default": "ann@example.com", "title": "ann@example.com"}
+    deep = {"type": "object", "properties": {"cc": {"type": "string", "description": "say bob@example.org"}}}
+    sets = ToolSets()
+    key = sets.add([tool("send", {"to": mail, "opts": deep}, ["to"])], "u1")
+    assert "@example" not in json.dumps(sets.state())
+    params = sets.tools(key)[0].function.parameters
+    assert set(params["properties"]) == {"to", "opts"} and params["properties"]["to"]["enum"][1] == "ops"
+    assert params["required"] == ["to"] and set(params["properties"]["opts"]["properties"]) == {"cc"}
 
 
 def test_only_functions_the_checker_can_judge_are_practised():
@@ -78,6 +93,17 @@ def test_only_functions_the_checker_can_judge_are_practised():
     assert not practisable(tool("a.b", {"x": {"type": "integer"}}, ["x"]))  # not a plain name
     assert not practisable(tool("f", {"x-y": {"type": "integer"}}, ["x-y"]))
     assert not practisable(tool("f", {"x": {"anyOf": [{"type": "integer"}]}}, ["x"]))
+    assert not practisable(tool("convert", {"from": {"type": "string"}}, ["from"]))  # f(from=...) does not parse
+
+
+def test_a_set_that_declares_one_name_twice_is_not_practised_and_the_writer_reads_a_snapshot():
+    sets = ToolSets()
+    sets.add([WEATHER, tool("get_weather", {"town": {"type": "string"}}, ["town"])], "u1")
+    w = _writer(sets, Scripted({"get_weather": '{"city": "Paris"}'}))
+    assert w.write([], set()) == {"outcome": "empty", "base": None}
+    snap = sets.snapshot()
+    sets.add([AREA], "u2")  # the loop adds a set while the writer works on its copy
+    assert w.pick(snap) is None and w.pick(sets.snapshot())[1].function.name == "triangle_area"
 
 
 def test_a_task_is_written_about_a_declared_function_and_verified():
@@ -145,3 +171,28 @@ def test_the_explorer_takes_a_task_on_the_clients_tools_only_with_its_tools_and_
     for ref, why in (("__import__('os')", "not one of the declared functions"), ("get_weather(city=3)", "does not fit")):
         with pytest.raises(Poison, match=f"unusable reference: .*{why}"):
             asyncio.run(ex.handle_task(Task(**base, reference=[ref], tools=[WEATHER]), None))
+
+
+def test_the_policy_fills_a_required_enum_with_one_of_its_values():
+    """Schema-guided arguments: a declared enum is chosen from by constrained decoding; other values are written."""
+    from policies.tasks.generators import PolicyGenerator
+
+    class Engine:
+        def __init__(self):
+            self.options = []
+
+        def choose(self, prompt, options, temperature=0.0):
+            self.options.append(options)
+            assert prompt.endswith('"unit": ')
+            return options[1]
+
+        def generate(self, prompts, max_new_tokens, temperature, top_p):
+            return [SimpleNamespace(text='Paris", "x')]
+
+    eng = Engine()
+    spec = tool("weather", {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}}, ["city", "unit"])
+    assert json.loads(PolicyGenerator(eng).call_arguments([ChatMessage(role="user", content="hi")], spec)) == {
+        "city": "Paris",
+        "unit": "F",
+    }
+    assert eng.options == [['"C"', '"F"']]
