@@ -106,7 +106,7 @@ class Questioner(EventActor):
         if self.synth_envs:
             self.writer = TaskWriter(self.envs, self.synth_envs, embedder, index, gen, self.visits, self.rng, s.questioner)
         if self.client_tools:
-            self.client_writer = ClientTaskWriter(self.toolsets, embedder, index, gen, self.visits, self.rng, s.questioner)
+            self.client_writer = ClientTaskWriter(embedder, index, gen, self.visits, self.rng, s.questioner)
 
     async def handle_weights_promoted(self, ev, msg):
         # the next tick loads the live version, once no exploration runs: never swap weights under one

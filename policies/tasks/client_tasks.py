@@ -78,9 +78,6 @@ class ToolSets:
         while len(self.sets) > self.size:
             self.sets.popitem(last=False)
 
-    def tools(self, key: str) -> list[ToolSpec]:
-        return tools_of(self.sets[key])
-
     def snapshot(self) -> dict[str, dict]:
         """A copy for a writer off the event loop's thread, where the loop goes on adding and dropping sets."""
         return {k: dict(r) for k, r in self.sets.items()}
@@ -137,8 +134,8 @@ def verify(reference: list[str], tools: list[ToolSpec]) -> tuple[bool, str]:
 
 
 class ClientTaskWriter:
-    def __init__(self, toolsets: ToolSets, embedder, index, gen, visits: Counter, rng: random.Random, q):
-        self.toolsets, self.embedder, self.index, self.gen = toolsets, embedder, index, gen
+    def __init__(self, embedder, index, gen, visits: Counter, rng: random.Random, q):
+        self.embedder, self.index, self.gen = embedder, index, gen
         self.visits, self.rng, self.q = visits, rng, q
 
     def pick(self, sets: dict[str, dict]) -> tuple[str, ToolSpec] | None:
@@ -153,11 +150,10 @@ class ClientTaskWriter:
             return None
         return min(cands, key=lambda c: (self.visits[f"{CLIENT_TOOLS}:{c[1].function.name}"], self.rng.random()))
 
-    def write(self, live: list[str], sigs: set[str], sets: dict[str, dict] | None = None) -> dict:
+    def write(self, live: list[str], sigs: set[str], sets: dict[str, dict]) -> dict:
         """Write, dedup and verify one task (the module docstring, 2-3) about the kept sets (`sets`: a snapshot
         taken on the event loop's thread, `ToolSets.snapshot`). Returns the outcome: "empty", or the record
         "rejected" or "verified" with the reason."""
-        sets = self.toolsets.snapshot() if sets is None else sets
         picked = self.pick(sets)
         if picked is None:
             return {"outcome": "empty", "base": None}

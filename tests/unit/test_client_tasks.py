@@ -15,7 +15,7 @@ from actors.explorer import Explorer
 from actors.task_events import Task
 from config.settings import load_settings
 from envs.client_tools import CLIENT_TOOLS, ClientToolsEnvironment
-from policies.tasks.client_tasks import ClientTaskWriter, ToolSets, practisable, verify
+from policies.tasks.client_tasks import ClientTaskWriter, ToolSets, practisable, tools_of, verify
 
 AREA = tool(
     "triangle_area", {"base": {"type": "number"}, "height": {"type": "integer"}}, ["base", "height"], "Area of a triangle."
@@ -53,7 +53,8 @@ class Index:
 def _writer(sets, gen, index=None):
     embedder = SimpleNamespace(embed=lambda texts: [[1.0, 0.0] for _ in texts])
     q = SimpleNamespace(dedup_threshold=0.92)
-    return ClientTaskWriter(sets, embedder, index or Index(), gen, Counter(), random.Random(0), q)
+    w = ClientTaskWriter(embedder, index or Index(), gen, Counter(), random.Random(0), q)
+    return SimpleNamespace(write=lambda live, sigs: w.write(live, sigs, sets.snapshot()), pick=w.pick)  # as the questioner
 
 
 def test_tool_sets_are_bounded_per_user_and_in_all_and_scrubbed():
@@ -66,7 +67,7 @@ def test_tool_sets_are_bounded_per_user_and_in_all_and_scrubbed():
     assert k0 not in sets.sets and len(sets.sets) == 2
     for i in range(3):  # other users: the least recently seen goes first
         sets.add([tool(f"f{i}", {"x": {"type": "integer"}}, ["x"])], f"v{i}")
-    assert len(sets.sets) == 3 and [t.function.name for k in sets.sets for t in sets.tools(k)] == ["f0", "f1", "f2"]
+    assert len(sets.sets) == 3 and [t.function.name for r in sets.sets.values() for t in tools_of(r)] == ["f0", "f1", "f2"]
     again = ToolSets(3, 2, json.loads(json.dumps(sets.state())))  # kept with the questioner's state
     assert list(again.sets) == list(sets.sets)
     assert list(ToolSets(2, 2, sets.state()).sets) == list(sets.sets)[1:]  # restored under smaller bounds
@@ -82,7 +83,7 @@ def test_every_string_of_a_schema_is_scrubbed_keys_kept():
     sets = ToolSets()
     key = sets.add([tool("send", {"to": mail, "opts": deep}, ["to"])], "u1")
     assert "@example" not in json.dumps(sets.state())
-    params = sets.tools(key)[0].function.parameters
+    params = tools_of(sets.sets[key])[0].function.parameters
     assert set(params["properties"]) == {"to", "opts"} and params["properties"]["to"]["enum"][1] == "ops"
     assert params["required"] == ["to"] and set(params["properties"]["opts"]["properties"]) == {"cc"}
 
