@@ -5,9 +5,10 @@ argument and closes the call, leaving the others out (`tests/benchmarks/LOG.md`,
 step rarely fit, so a group of them has little to tell apart. Some alternatives are therefore *schema-guided*, as
 JSON-schema-guided decoding writes a call: the keys of the function's required parameters are forced in order, each
 value opened as its type opens (a string's quote, an array's bracket, an object's brace), and the model writes every
-value (and whatever follows the last one). A guided alternative names every required
-parameter; its values, and whether it fits at all, are still the model's. It is scored like any other
-(`envs/live.py`), and trained like the forced call opening everywhere else here: as the policy's own sample.
+value (and whatever follows the last one), or chooses it among the values of a declared enum, by constrained
+decoding. A guided alternative names every required parameter; its values, and whether it fits at all, are still
+the model's. It is scored like any other (`envs/live.py`), and trained like the forced call opening everywhere
+else here: as the policy's own sample.
 
 Every alternative is vetted as Serve vets an answer (`policies.chat.trusted_calls`). One that our own token budget cut
 off in the middle of a call is left out of the group: it was not the model's to finish, so it is not scored.
@@ -27,10 +28,12 @@ from policies.chat import (
     parse_forced,
     render,
     required_keys,
+    scalar_enum,
     tool_choice_prefix,
     trusted_calls,
     value_opening,
 )
+from policies.engines.generation import Generation
 from policies.rollout import forced_prefix
 
 VALUE_TOKENS = 64  # the most one guided value may take
@@ -64,10 +67,21 @@ def value_end(text: str, opened: str = "") -> int | None:
         return None
 
 
+def enum_options(spec: ToolSpec, key: str) -> list[str]:
+    """The rest of each value parameter `key` may take, after its opening (`opener`), where the schema declares an enum
+    of strings, numbers or booleans that all start with that opening; else none (the model writes the value)."""
+    props = spec.function.parameters.get("properties") if isinstance(spec.function.parameters, dict) else None
+    enum = props.get(key, {}).get("enum") if isinstance(props, dict) and isinstance(props.get(key), dict) else None
+    if not scalar_enum(enum):
+        return []
+    head, values = opener(spec, key), [json.dumps(v) for v in enum]
+    return [v[len(head) :] for v in values] if all(v.startswith(head) for v in values) else []
+
+
 def guided_calls(engine, context: str, spec: ToolSpec, n: int, *, max_new_tokens: int, temperature: float, top_p: float):
     """`n` calls of `spec` after `context`, its required parameters' keys, and the opening of each value, forced in
-    order, each value written by the model (module docstring). Returns, per call, the prefix and the text after it and
-    whether our budget cut it off; and the tokens generated."""
+    order, each value written by the model (module docstring), or chosen by it among an enum's values. Returns, per
+    call, the prefix and the text after it and whether our budget cut it off; and the tokens generated."""
     required = required_keys(spec)
     opening = call_opening(spec)  # it wrote the first key and opened its value if it is a string
     first = opener(spec, required[0])[len(value_opening(spec, required[0])) :] if required else ""
@@ -75,7 +89,12 @@ def guided_calls(engine, context: str, spec: ToolSpec, n: int, *, max_new_tokens
     for j, key in enumerate(required):
         if not open_:  # every call stopped before this key
             break
-        gens = engine.generate([context + opening + texts[i] for i in open_], VALUE_TOKENS, temperature, top_p)
+        options = enum_options(spec, key)
+        if options:  # one of the declared values, by constrained decoding (as `PolicyGenerator.call_arguments`)
+            picks = [engine.choose(context + opening + texts[i], options, temperature) for i in open_]
+            gens = [Generation(p, 0, 0, "stop") for p in picks]
+        else:
+            gens = engine.generate([context + opening + texts[i] for i in open_], VALUE_TOKENS, temperature, top_p)
         nxt = []
         for i, g in zip(open_, gens):
             tokens += g.completion_tokens

@@ -54,6 +54,11 @@ def required_keys(spec: ToolSpec) -> list[str]:
     return [k for k in req if isinstance(k, str)] if isinstance(req, list) else []
 
 
+def scalar_enum(enum) -> bool:
+    """A declared enum a policy can choose from: a non-empty list of strings, numbers or booleans."""
+    return isinstance(enum, list) and bool(enum) and all(isinstance(v, (str, int, float, bool)) for v in enum)
+
+
 def value_opening(spec: ToolSpec, key: str) -> str:
     """What opens the value of parameter `key` in a call's JSON: a quote where the schema says string, else nothing."""
     props = spec.function.parameters.get("properties") if isinstance(spec.function.parameters, dict) else None

@@ -8,7 +8,7 @@ import json
 import re
 
 from actors.events import ChatMessage
-from policies.chat import parse_assistant, render, tools_block
+from policies.chat import parse_assistant, render, scalar_enum, tools_block
 
 _NUM = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -41,7 +41,7 @@ class PolicyGenerator:
             prop = props.get(key) or {}
             kind = prop.get("type", "string")
             head = ("" if not args else ", ") + f'"{key}": '
-            if _scalars(prop.get("enum")):  # one of the declared values, by constrained decoding
+            if scalar_enum(prop.get("enum")):  # one of the declared values, by constrained decoding
                 value = json.loads(self.engine.choose(text + head, [json.dumps(v) for v in prop["enum"]], self.temperature))
             elif kind == "string":
                 raw = re.split(r'["<}\n]', self._continue(text + head + '"', 16))[0].strip()
@@ -61,11 +61,6 @@ class PolicyGenerator:
             args[key] = value
             text += head + json.dumps(value)
         return json.dumps(args)
-
-
-def _scalars(enum) -> bool:
-    """A declared enum the policy can choose from: a non-empty list of strings, numbers or booleans."""
-    return isinstance(enum, list) and bool(enum) and all(isinstance(v, (str, int, float, bool)) for v in enum)
 
 
 def _first_json(raw: str):

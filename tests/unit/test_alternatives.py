@@ -4,7 +4,7 @@ records every prompt."""
 
 import json
 
-from live_doubles import TIME, WEATHER, FakeEngine, answer, interaction, weather  # tests/ is on sys.path
+from live_doubles import TIME, WEATHER, FakeEngine, answer, interaction, tool, weather  # tests/ is on sys.path
 
 from actors.events import ChatMessage, ToolSpec
 from envs.live import MISFIT, UNSEEN, alternatives, trajectory
@@ -120,3 +120,26 @@ def test_a_guided_array_or_object_is_opened_as_its_type_opens():
     head = context + '<tool_call>[{"name": "tag", "arguments": {"names": '
     assert eng.prompts == [head + "[", head + '["a", "b"], "opts": {', head + '["a", "b"], "opts": {"k": 1}']
     assert json.loads(a.tool_calls[0].arguments) == {"names": ["a", "b"], "opts": {"k": 1}}
+
+
+def test_a_guided_enum_value_is_chosen_among_the_declared_values():
+    """`unit` (a string enum) is required after `city`: its value is chosen by constrained decoding among the declared
+    values, each after the forced quote, as `PolicyGenerator.call_arguments` chooses one; no text is generated for it.
+    An enum of numbers under a string type cannot follow the quote, so the model writes that value."""
+    from policies.alternatives import enum_options, resample_step
+    from policies.chat import render
+
+    spec = tool(
+        "get_weather",
+        {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}, "n": {"type": "string", "enum": [1, 2]}},
+        ["city", "unit"],
+    )
+    assert enum_options(spec, "unit") == ['C"', 'F"'] and enum_options(spec, "n") == [] and enum_options(spec, "city") == []
+    step = trajectory(interaction(tools=(spec,), response=answer({"city": "Oslo"})), -0.9)
+    context = render(step.messages[:-1], step.tools)
+    eng = FakeEngine(['Oslo", "x', "}}]</tool_call>"])
+    (a,), tokens = resample_step(eng, step, "required", 1, max_new_tokens=64, temperature=0.9, guided=1)
+    opening = '<tool_call>[{"name": "get_weather", "arguments": {"city": "'
+    assert eng.chose == [['C"', 'F"']]  # FakeEngine picks the last option
+    assert eng.prompts == [context + opening, context + opening + 'Oslo", "unit": "F"']
+    assert json.loads(a.tool_calls[0].arguments) == {"city": "Oslo", "unit": "F"} and tokens == 10  # 5 per generation
