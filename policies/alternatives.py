@@ -23,12 +23,12 @@ from policies.chat import (
     CALL_OPEN,
     CALL_PREFIX,
     call_opening,
+    enum_texts,
     json_object,
     parse_assistant,
     parse_forced,
     render,
     required_keys,
-    scalar_enum,
     tool_choice_prefix,
     trusted_calls,
     value_opening,
@@ -69,13 +69,10 @@ def value_end(text: str, opened: str = "") -> int | None:
 
 def enum_options(spec: ToolSpec, key: str) -> list[str]:
     """The rest of each value parameter `key` may take, after its opening (`opener`), where the schema declares an enum
-    of strings, numbers or booleans that all start with that opening; else none (the model writes the value)."""
+    constrained decoding can choose from (`enum_texts`); else none (the model writes the value)."""
     props = spec.function.parameters.get("properties") if isinstance(spec.function.parameters, dict) else None
-    enum = props.get(key, {}).get("enum") if isinstance(props, dict) and isinstance(props.get(key), dict) else None
-    if not scalar_enum(enum):
-        return []
-    head, values = opener(spec, key), [json.dumps(v) for v in enum]
-    return [v[len(head) :] for v in values] if all(v.startswith(head) for v in values) else []
+    prop = props.get(key) if isinstance(props, dict) else None
+    return enum_texts(prop.get("enum"), opener(spec, key)) if isinstance(prop, dict) else []
 
 
 def guided_calls(engine, context: str, spec: ToolSpec, n: int, *, max_new_tokens: int, temperature: float, top_p: float):
@@ -92,7 +89,7 @@ def guided_calls(engine, context: str, spec: ToolSpec, n: int, *, max_new_tokens
         options = enum_options(spec, key)
         if options:  # one of the declared values, by constrained decoding (as `PolicyGenerator.call_arguments`)
             picks = [engine.choose(context + opening + texts[i], options, temperature) for i in open_]
-            gens = [Generation(p, 0, 0, "stop") for p in picks]
+            gens = [Generation(p, 0, engine.count_tokens(p), "stop") for p in picks]
         else:
             gens = engine.generate([context + opening + texts[i] for i in open_], VALUE_TOKENS, temperature, top_p)
         nxt = []

@@ -59,6 +59,20 @@ def scalar_enum(enum) -> bool:
     return isinstance(enum, list) and bool(enum) and all(isinstance(v, (str, int, float, bool)) for v in enum)
 
 
+def enum_texts(enum, after: str = "") -> list[str]:
+    """The JSON texts of a declared enum's values, each less its opening `after` (a string's quote, written already),
+    as constrained decoding can choose among them; none where it cannot: not a `scalar_enum`, a value that does not
+    start with `after`, or one text the start of another (1 and 10: decoding that stops when no option goes on would
+    never pick 1)."""
+    if not scalar_enum(enum):
+        return []
+    texts = list(dict.fromkeys(json.dumps(v, ensure_ascii=False) for v in enum))  # as the model writes JSON
+    if not all(t.startswith(after) for t in texts):
+        return []
+    texts = [t[len(after) :] for t in texts]
+    return [] if any(a != b and b.startswith(a) for a in texts for b in texts) else texts
+
+
 def value_opening(spec: ToolSpec, key: str) -> str:
     """What opens the value of parameter `key` in a call's JSON: a quote where the schema says string, else nothing."""
     props = spec.function.parameters.get("properties") if isinstance(spec.function.parameters, dict) else None

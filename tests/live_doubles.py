@@ -54,6 +54,9 @@ class FakeEngine:
         self.chose.append(options)
         return options[-1]
 
+    def count_tokens(self, text):
+        return 1
+
     def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0):
         assert prompts, "an empty batch (the engine's tokenizer fails on one)"
         self.prompts += prompts

@@ -8,7 +8,7 @@ import json
 import re
 
 from actors.events import ChatMessage
-from policies.chat import parse_assistant, render, scalar_enum, tools_block
+from policies.chat import enum_texts, parse_assistant, render, tools_block
 
 _NUM = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -41,8 +41,8 @@ class PolicyGenerator:
             prop = props.get(key) or {}
             kind = prop.get("type", "string")
             head = ("" if not args else ", ") + f'"{key}": '
-            if scalar_enum(prop.get("enum")):  # one of the declared values, by constrained decoding
-                value = json.loads(self.engine.choose(text + head, [json.dumps(v) for v in prop["enum"]], self.temperature))
+            if options := enum_texts(prop.get("enum")):  # one of the declared values, by constrained decoding
+                value = json.loads(self.engine.choose(text + head, options, self.temperature))
             elif kind == "string":
                 raw = re.split(r'["<}\n]', self._continue(text + head + '"', 16))[0].strip()
                 value = raw[:80] or None

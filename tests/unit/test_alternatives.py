@@ -125,9 +125,10 @@ def test_a_guided_array_or_object_is_opened_as_its_type_opens():
 def test_a_guided_enum_value_is_chosen_among_the_declared_values():
     """`unit` (a string enum) is required after `city`: its value is chosen by constrained decoding among the declared
     values, each after the forced quote, as `PolicyGenerator.call_arguments` chooses one; no text is generated for it.
-    An enum of numbers under a string type cannot follow the quote, so the model writes that value."""
+    An enum of numbers under a string type cannot follow the quote, nor can decoding pick 1 among 1 and 10: the model
+    writes those values. Non-ASCII stays as the model writes it."""
     from policies.alternatives import enum_options, resample_step
-    from policies.chat import render
+    from policies.chat import enum_texts, render
 
     spec = tool(
         "get_weather",
@@ -135,6 +136,7 @@ def test_a_guided_enum_value_is_chosen_among_the_declared_values():
         ["city", "unit"],
     )
     assert enum_options(spec, "unit") == ['C"', 'F"'] and enum_options(spec, "n") == [] and enum_options(spec, "city") == []
+    assert enum_texts([1, 10]) == [] and enum_texts([1, 2, True]) == ["1", "2", "true"] and enum_texts(["°C"], '"') == ['°C"']
     step = trajectory(interaction(tools=(spec,), response=answer({"city": "Oslo"})), -0.9)
     context = render(step.messages[:-1], step.tools)
     eng = FakeEngine(['Oslo", "x', "}}]</tool_call>"])
@@ -142,4 +144,4 @@ def test_a_guided_enum_value_is_chosen_among_the_declared_values():
     opening = '<tool_call>[{"name": "get_weather", "arguments": {"city": "'
     assert eng.chose == [['C"', 'F"']]  # FakeEngine picks the last option
     assert eng.prompts == [context + opening, context + opening + 'Oslo", "unit": "F"']
-    assert json.loads(a.tool_calls[0].arguments) == {"city": "Oslo", "unit": "F"} and tokens == 10  # 5 per generation
+    assert json.loads(a.tool_calls[0].arguments) == {"city": "Oslo", "unit": "F"} and tokens == 11  # 5 per generation, 1 chosen
