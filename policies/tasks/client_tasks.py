@@ -12,7 +12,8 @@ Live traffic carries no right answers, but a request that declares tools says wh
    generator fills the required arguments by schema-guided decoding (`call_arguments`), shown a live request that
    declared the function, so the values look like users' values: that call is the reference. The generator then
    writes the request that needs it, shown how users write (`synthesis.write_query`): one that mentions every
-   literal value and is not an instruction, else the plain description (`synthesis.describe`).
+   literal value and is not an instruction, else one written as users write (`user_request`: what the function does
+   and each value after its parameter's name, the function not named).
 3. Verified when the reference fits the declared schema (`envs/tool_fit.misfit`) and BFCL's checker accepts it
    against itself; a near duplicate of an earlier request (Milvus, `questioner.dedup_threshold`) is rejected.
 The explorer rolls the task out in `envs/client_tools.py`. A task carries the tools and the request the generator
@@ -30,7 +31,7 @@ from actors.events import ChatMessage, ToolSpec
 from envs.bfcl_single import SYSTEM
 from envs.client_check import Unjudgeable, bfcl_doc, check
 from envs.client_tools import CLIENT_TOOLS, reference_calls, tool_set_key
-from envs.tool_calls import CallError
+from envs.tool_calls import CallError, parse_python_call
 from envs.tool_fit import misfit
 from policies.hygiene import scrub, scrub_arguments
 from policies.tasks import synthesis as syn
@@ -133,6 +134,36 @@ def verify(reference: list[str], tools: list[ToolSpec]) -> tuple[bool, str]:
     return True, "the reference fits the declared schema and BFCL's checker accepts it"
 
 
+_FORMS = ("{ask}, with {args}.", "{ask}. Use {args}.", "{ask} for {args}.")
+
+
+def _spoken(v) -> str:
+    """A value as a user writes it: a string bare, a list as "a, b and c", an object as its keys and values."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        items = [_spoken(x) for x in v] or ["none"]
+        return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+    if isinstance(v, dict):
+        return ", ".join(f"{k.replace('_', ' ')} {_spoken(x)}" for k, x in v.items())
+    return json.dumps(v)
+
+
+def user_request(reference: list[str], tools: list[ToolSpec], rng: random.Random) -> str:
+    """The request for a one-call reference when the generator's is not grounded, as users write one: what the
+    function does (its description's first sentence, else its name in words) and each value after its parameter's
+    name in words, in one of a few forms at random; the function is not named, where the plain description
+    (`synthesis.describe`) names it and writes the values as JSON. Every literal value is said, so it is grounded."""
+    p = parse_python_call(reference[0])
+    doc = next((t.function.description or "" for t in tools if t.function.name == p.name), "")
+    ask = doc.strip().split(". ")[0].strip().rstrip(".") or p.name.replace("_", " ").capitalize()
+    parts = [f"{k.replace('_', ' ')} {_spoken(v)}" for k, v in p.kwargs.items()]
+    args = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return rng.choice(_FORMS).format(ask=ask[0].upper() + ask[1:], args=args)
+
+
 class ClientTaskWriter:
     def __init__(self, embedder, index, gen, visits: Counter, rng: random.Random, q):
         self.embedder, self.index, self.gen = embedder, index, gen
@@ -173,7 +204,8 @@ class ClientTaskWriter:
         call = python_call(name, args)
         exp = syn.Exploration(key, [syn.ProbeStep(call, True, NOT_RUN)])
         trace = [f"{call} -> {NOT_RUN}"]
-        rec = draft(self.gen, exp, tools, live, CLIENT_TOOLS, trace, tools=[t.model_dump() for t in tools])
+        spoken = lambda ref, declared: user_request(ref, declared, self.rng)  # noqa: E731
+        rec = draft(self.gen, exp, tools, live, CLIENT_TOOLS, trace, spoken, tools=[t.model_dump() for t in tools])
         if rec.sig in sigs:
             return {"outcome": "empty", "base": key}
         ok, why = verify(rec.reference, tools)

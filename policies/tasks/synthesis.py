@@ -151,8 +151,9 @@ def describe(reference: list[str], tools) -> str:
     return "Please " + "; then ".join(parts) + "."
 
 
-def write_query(generator, exploration: Exploration, tools, live_examples: list[str]) -> tuple[str, str]:
-    """(query, synthesizer) for an exploration's working calls."""
+def write_query(generator, exploration: Exploration, tools, live_examples: list[str], fallback=describe) -> tuple[str, str]:
+    """(query, synthesizer) for an exploration's working calls; `fallback(reference, tools)` when the generator's is
+    not grounded."""
     ref = exploration.reference
     shown = "\n".join(f"{i}. {s.call} -> {s.result[:150]}" for i, s in enumerate([s for s in exploration.steps if s.ok], 1))
     style = (
@@ -175,7 +176,7 @@ def write_query(generator, exploration: Exploration, tools, live_examples: list[
         text = ""
     if text and grounded(text, ref, tools) and not looks_like_injection(text):
         return text, generator.name
-    return describe(ref, tools), "template"
+    return fallback(ref, tools), "template"
 
 
 # ----------------------------------------------------------------------------- feasibility

@@ -18,10 +18,13 @@ from policies.tasks import synthesis as syn
 from policies.tasks.book import SyntheticTask, record_exploration
 
 
-def draft(gen, exp: syn.Exploration, declared, live: list[str], env_name: str, trace: list[str], **extra) -> SyntheticTask:
+def draft(
+    gen, exp: syn.Exploration, declared, live: list[str], env_name: str, trace: list[str], fallback=syn.describe, **extra
+) -> SyntheticTask:
     """The record of a task written for an exploration's working calls (`exp.base_entry_id` is its start): the
-    request the generator writes for them (or their plain description), its signature and entry id."""
-    query, synthesizer = syn.write_query(gen, exp, declared, live)
+    request the generator writes for them (or `fallback`'s, by default their plain description), its signature and
+    entry id."""
+    query, synthesizer = syn.write_query(gen, exp, declared, live, fallback)
     sig = syn.signature(env_name, exp.base_entry_id, exp.reference)
     entry = syn.task_entry_id(sig)
     return SyntheticTask(

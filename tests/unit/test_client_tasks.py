@@ -15,7 +15,7 @@ from actors.explorer import Explorer
 from actors.task_events import Task
 from config.settings import load_settings
 from envs.client_tools import CLIENT_TOOLS, ClientToolsEnvironment
-from policies.tasks.client_tasks import ClientTaskWriter, ToolSets, practisable, tools_of, verify
+from policies.tasks.client_tasks import ClientTaskWriter, ToolSets, practisable, tools_of, user_request, verify
 
 AREA = tool(
     "triangle_area", {"base": {"type": "number"}, "height": {"type": "integer"}}, ["base", "height"], "Area of a triangle."
@@ -118,9 +118,9 @@ def test_a_task_is_written_about_a_declared_function_and_verified():
     assert gen.asked[0][1] == "How big is a triangle of base 3 and height 4?"  # shown the live request for values
     rec = first["task"]
     assert rec.env == CLIENT_TOOLS and rec.synthesizer == "template" and len(rec.tools) == 2
-    # the generator wrote nothing grounded, so the plain description, which mentions every value
+    # the generator wrote nothing grounded, so a request as users write one, which mentions every value
     area = next(r["task"] for r in (first, second) if r["task"].reference[0].startswith("triangle"))
-    assert "10" in area.query and "5" in area.query
+    assert "base 10" in area.query and "height 5" in area.query and "triangle_area" not in area.query
     # the episode: the reference is right, a wrong value is not, no call is worst
     env = ClientToolsEnvironment()
     spec = {"query": area.query, "reference": area.reference, "tools": area.tools}
@@ -197,3 +197,22 @@ def test_the_policy_fills_a_required_enum_with_one_of_its_values():
         "unit": "F",
     }
     assert eng.options == [['"C"', '"F"']]
+
+
+def test_a_request_as_users_write_one_says_what_the_function_does_and_every_value_and_does_not_name_it():
+    from policies.tasks.synthesis import grounded
+
+    rng = random.Random(1)
+    ref = ["triangle_area(base=10, height=5)"]
+    got = {user_request(ref, [AREA, WEATHER], rng) for _ in range(30)}
+    assert got == {
+        "Area of a triangle, with base 10 and height 5.",
+        "Area of a triangle. Use base 10 and height 5.",
+        "Area of a triangle for base 10 and height 5.",
+    }
+    assert all(grounded(q, ref, [AREA]) for q in got)
+    odd = tool("find_stops", {"route_ids": {"type": "array"}, "opts": {"type": "object"}, "late": {"type": "boolean"}}, [])
+    ref = ["find_stops(route_ids=['A 1', 'B'], opts={'max_walk': 2.5}, late=True)"]
+    q = user_request(ref, [odd], random.Random(0))  # no description: the function's name in words, not the name
+    assert q.startswith("Find stops") and "route ids A 1 and B" in q and "opts max walk 2.5" in q and "late true" in q
+    assert "find_stops" not in q and grounded(q, ref, [odd])
