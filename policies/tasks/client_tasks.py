@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import keyword
 import random
+import re
 from collections import Counter, OrderedDict
 
 from actors.events import ChatMessage, ToolSpec
@@ -35,6 +36,7 @@ from envs.tool_calls import CallError, parse_python_call
 from envs.tool_fit import misfit
 from policies.hygiene import scrub, scrub_arguments
 from policies.tasks import synthesis as syn
+from policies.tasks.synthesis import describe, grounded
 from policies.tasks.writer import draft
 
 NOT_RUN = "ok (a client's tool: not run here)"
@@ -138,30 +140,42 @@ _FORMS = ("{ask}, with {args}.", "{ask}. Use {args}.", "{ask} for {args}.")
 
 
 def _spoken(v) -> str:
-    """A value as a user writes it: a string bare, a list as "a, b and c", an object as its keys and values."""
+    """A value as a user writes it: a number or a plain string bare, a flat list of plain items as "a, b and c", an
+    object as its keys and values; JSON where that could be read two ways (a separator inside a string, a nested or
+    empty container, an empty string)."""
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return json.dumps(v)
     if isinstance(v, str):
-        return v
-    if isinstance(v, list):
-        items = [_spoken(x) for x in v] or ["none"]
+        return v if v.strip() and "," not in v and " and " not in v else json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list) and v and all(_bare(x) for x in v):
+        items = [_spoken(x) for x in v]
         return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-    if isinstance(v, dict):
-        return ", ".join(f"{k.replace('_', ' ')} {_spoken(x)}" for k, x in v.items())
-    return json.dumps(v)
+    if isinstance(v, dict) and v and all(_bare(x) for x in v.values()):
+        return ", ".join(f"{k} {_spoken(x)}" for k, x in v.items())
+    return json.dumps(v, ensure_ascii=False)
+
+
+def _bare(x) -> bool:
+    """An item `_spoken` writes without JSON: a boolean, a number, or a plain string."""
+    return isinstance(x, (bool, int, float)) or (isinstance(x, str) and _spoken(x) == x)
 
 
 def user_request(reference: list[str], tools: list[ToolSpec], rng: random.Random) -> str:
     """The request for a one-call reference when the generator's is not grounded, as users write one: what the
     function does (its description's first sentence, else its name in words) and each value after its parameter's
-    name in words, in one of a few forms at random; the function is not named, where the plain description
-    (`synthesis.describe`) names it and writes the values as JSON. Every literal value is said, so it is grounded."""
+    name in words (`_spoken`), in one of a few forms at random; the function is not named. Where that would not be
+    grounded (a description with no word `grounded` can match, or one that writes a call), the plain description
+    (`synthesis.describe`), which names the function and writes the values as JSON."""
     p = parse_python_call(reference[0])
     doc = next((t.function.description or "" for t in tools if t.function.name == p.name), "")
-    ask = doc.strip().split(". ")[0].strip().rstrip(".") or p.name.replace("_", " ").capitalize()
+    ask = re.split(r"(?<=[.!?])\s+", doc.strip())[0].rstrip(".?!").strip()[:200] or p.name.replace("_", " ")
     parts = [f"{k.replace('_', ' ')} {_spoken(v)}" for k, v in p.kwargs.items()]
-    args = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
-    return rng.choice(_FORMS).format(ask=ask[0].upper() + ask[1:], args=args)
+    args = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
+    form = rng.choice(_FORMS) if args else "{ask}."
+    text = form.format(ask=ask[0].upper() + ask[1:], args=args)
+    return text if grounded(text, reference, tools) else describe(reference, tools)
 
 
 class ClientTaskWriter:

@@ -214,5 +214,15 @@ def test_a_request_as_users_write_one_says_what_the_function_does_and_every_valu
     odd = tool("find_stops", {"route_ids": {"type": "array"}, "opts": {"type": "object"}, "late": {"type": "boolean"}}, [])
     ref = ["find_stops(route_ids=['A 1', 'B'], opts={'max_walk': 2.5}, late=True)"]
     q = user_request(ref, [odd], random.Random(0))  # no description: the function's name in words, not the name
-    assert q.startswith("Find stops") and "route ids A 1 and B" in q and "opts max walk 2.5" in q and "late true" in q
+    assert q.startswith("Find stops") and "route ids A 1 and B" in q and "opts max_walk 2.5" in q and "late true" in q
     assert "find_stops" not in q and grounded(q, ref, [odd])
+    # JSON where bare words could be read two ways: a separator inside a string, nested or empty containers
+    ref = ["find_stops(route_ids=['New York, NY', 'Boston'], opts={'walk': [1, 2]}, late=False)"]
+    q = user_request(ref, [odd], random.Random(0))
+    assert 'route ids ["New York, NY", "Boston"]' in q and 'opts {"walk": [1, 2]}' in q and grounded(q, ref, [odd])
+    # the first sentence however it ends; a description nothing of which `grounded` can match: the plain description
+    asked = tool("f", {"x": {"type": "integer"}}, ["x"], "Is it prime?\nReturns a bool.")
+    prime = user_request(["f(x=7)"], [asked], random.Random(0))
+    assert prime.startswith("Is it prime") and "?" not in prime and "Returns" not in prime
+    short = tool("ip", {"host": {"type": "string"}}, ["host"], "Get IP.")
+    assert user_request(["ip(host='a.b')"], [short], random.Random(0)) == 'Please get IP using ip with host "a.b".'
