@@ -27,6 +27,7 @@ import keyword
 import random
 import re
 from collections import Counter, OrderedDict
+from functools import partial
 
 from actors.events import ChatMessage, ToolSpec
 from envs.bfcl_single import SYSTEM
@@ -218,7 +219,7 @@ class ClientTaskWriter:
         call = python_call(name, args)
         exp = syn.Exploration(key, [syn.ProbeStep(call, True, NOT_RUN)])
         trace = [f"{call} -> {NOT_RUN}"]
-        spoken = lambda ref, declared: user_request(ref, declared, self.rng)  # noqa: E731
+        spoken = partial(user_request, rng=self.rng)
         rec = draft(self.gen, exp, tools, live, CLIENT_TOOLS, trace, spoken, tools=[t.model_dump() for t in tools])
         if rec.sig in sigs:
             return {"outcome": "empty", "base": key}
