@@ -17,6 +17,7 @@ off in the middle of a call is left out of the group: it was not the model's to 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 from actors.events import ChatMessage, Sample, ToolSpec
 from policies.chat import (
@@ -33,7 +34,6 @@ from policies.chat import (
     trusted_calls,
     value_opening,
 )
-from policies.engines.generation import Generation
 from policies.rollout import forced_prefix
 
 VALUE_TOKENS = 64  # the most one guided value may take
@@ -89,7 +89,7 @@ def guided_calls(engine, context: str, spec: ToolSpec, n: int, *, max_new_tokens
         options = enum_options(spec, key)
         if options:  # one of the declared values, by constrained decoding (as `PolicyGenerator.call_arguments`)
             picks = [engine.choose(context + opening + texts[i], options, temperature) for i in open_]
-            gens = [Generation(p, 0, engine.count_tokens(p), "stop") for p in picks]
+            gens = [SimpleNamespace(text=p, completion_tokens=engine.count_tokens(p), finish_reason="stop") for p in picks]
         else:
             gens = engine.generate([context + opening + texts[i] for i in open_], VALUE_TOKENS, temperature, top_p)
         nxt = []

@@ -54,17 +54,12 @@ def required_keys(spec: ToolSpec) -> list[str]:
     return [k for k in req if isinstance(k, str)] if isinstance(req, list) else []
 
 
-def scalar_enum(enum) -> bool:
-    """A declared enum a policy can choose from: a non-empty list of strings, numbers or booleans."""
-    return isinstance(enum, list) and bool(enum) and all(isinstance(v, (str, int, float, bool)) for v in enum)
-
-
 def enum_texts(enum, after: str = "") -> list[str]:
     """The JSON texts of a declared enum's values, each less its opening `after` (a string's quote, written already),
-    as constrained decoding can choose among them; none where it cannot: not a `scalar_enum`, a value that does not
-    start with `after`, or one text the start of another (1 and 10: decoding that stops when no option goes on would
-    never pick 1)."""
-    if not scalar_enum(enum):
+    as constrained decoding can choose among them; none where it cannot: not a non-empty list of strings, numbers or
+    booleans, a value that does not start with `after`, or one text the start of another (1 and 10: decoding that
+    stops when no option goes on would never pick 1)."""
+    if not isinstance(enum, list) or not enum or not all(isinstance(v, (str, int, float, bool)) for v in enum):
         return []
     texts = list(dict.fromkeys(json.dumps(v, ensure_ascii=False) for v in enum))  # as the model writes JSON
     if not all(t.startswith(after) for t in texts):
