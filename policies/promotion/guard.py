@@ -14,7 +14,9 @@ of the suite, and only a well-known base rate gives a test power there. The test
 (`policies/stats.fewer_successes`). The check is sequential with a futility stop only: once `guard.early_fraction`
 of the suite is scored and the version has succeeded at least as often as the base there (and at all), it is
 `not_below`; otherwise the whole suite decides, `below` at p < `guard.alpha` with a lower rate. A futility stop
-never makes a false alarm more likely; it halves a healthy version's check. These decisions are pure functions in
+never makes a false alarm more likely; it halves a healthy version's check. After a check of d seconds the guard offers
+nothing for d * (1/`guard.duty` - 1) (`rest_s`; duty 1, the default: no wait), so that its share of a small host is
+bounded; not while serving is held, when a check is what releases it. These decisions are pure functions in
 `policies/promotion/guard_decisions.py`; this module is the thread that makes the checks.
 
 A version below the base rolls back (`rollback_plan`) with every served version descending from it, to the newest
@@ -30,7 +32,7 @@ import queue
 import threading
 import time
 
-from policies.promotion.guard_decisions import Check, guard_suite, look, rollback_plan
+from policies.promotion.guard_decisions import Check, guard_suite, look, rest_s, rollback_plan
 from policies.weights.model_store import BASE_VERSION
 
 
@@ -65,6 +67,7 @@ class Guard:
         self.pending: list[Check] = []  # finished checks whose verdict the broadcaster has not carried out yet
         self.offered: set[str] = set()  # in memory only: after a restart a version still served is offered again
         self._busy = True  # until the base is scored
+        self.rest_until = 0.0  # time.monotonic() before which nothing is offered (`guard.duty`), unless serving is held
         self.engine = None
         self.error = ""
         threading.Thread(target=self._loop, name="guard", daemon=True).start()
@@ -106,8 +109,10 @@ class Guard:
         self.pending = [x for x in self.pending if x is not c]
 
     def offer_newest(self, book, live: str, staged: list[str]) -> None:
-        """When idle, take the newest served version (the canary, else live) that has no check yet; while serving
-        is held, the newest candidate instead (the one that would be served next)."""
+        """When idle and rested, take the newest served version (the canary, else live) that has no check yet; while
+        serving is held, the newest candidate instead (the one that would be served next), rested or not."""
+        if not book.hold and time.monotonic() < self.rest_until:
+            return
         nxt = (staged or [None])[-1] if book.hold else book.canary.version if book.canary else live
         if self.idle and nxt not in (None, BASE_VERSION) and nxt not in book.checks and nxt not in self.offered:
             self.offered.add(nxt)  # a check that fails is not offered again (until a restart)
@@ -130,6 +135,7 @@ class Guard:
             pass
         version = BASE_VERSION  # the base first, so that the first served version's check waits for itself only
         while True:
+            t0 = time.monotonic()
             try:
                 if version == BASE_VERSION:
                     self._base()
@@ -139,9 +145,15 @@ class Guard:
             except Exception as exc:  # a missing file, a broken engine: in health(), never fatal
                 self.error = f"{version}: {type(exc).__name__}: {str(exc)[:200]}"
             finally:
+                self.rested(version, time.monotonic() - t0)
                 self.current, self._busy = None, False
             version = self._todo.get()
             self._busy = True
+
+    def rested(self, version: str, busy_s: float) -> None:
+        """After a check of `version` that took `busy_s`: the next one waits `rest_s` (the base's scoring: none)."""
+        if version != BASE_VERSION:
+            self.rest_until = time.monotonic() + rest_s(busy_s, self.g.duty)
 
     def _scores(self, version: str, env: str, entries: list[str], chunk_no: int, k: int | None = None) -> list[float]:
         import torch
@@ -214,6 +226,7 @@ class Guard:
             "checking": c and c.version,
             "checked_entries": c and len(c.per_entry),
             "busy": self._busy,
+            "resting_s": round(max(0.0, self.rest_until - time.monotonic()), 1),
             "base": {e: round(x["avg"], 4) for e, x in base.items()} if base else None,
             "error": self.error,
         }

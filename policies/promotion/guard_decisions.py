@@ -1,7 +1,7 @@
 """The guard's decisions, pure: one check of a version against the base (`Check`), its verdict (`look`: a
 sequential test with a futility stop), what a `below` verdict undoes (`rollback_plan`), where a rollback goes
-(`anchor`), and the suite a check scores (`guard_suite`). The background scorer that makes checks is
-`policies/promotion/guard.py`; the module docstring there says how the test works.
+(`anchor`), the suite a check scores (`guard_suite`) and the rest after a check (`rest_s`). The background
+scorer that makes checks is `policies/promotion/guard.py`; the module docstring there says how the test works.
 """
 
 from __future__ import annotations
@@ -79,6 +79,12 @@ def look(check: Check, early_fraction: float, alpha: float) -> str:
     if len(check.per_entry) >= early_fraction * check.suite_entries and check.stats["delta"] >= 0 and check.stats["avg"] > 0:
         return "not_below"
     return ""
+
+
+def rest_s(busy_s: float, duty: float) -> float:
+    """How long the guard waits after a check of `busy_s` seconds so that checking takes at most `duty` of the wall
+    time: busy_s * (1 / duty - 1); none at duty 1 (the next check whenever it is idle)."""
+    return max(0.0, busy_s * (1.0 / duty - 1.0))
 
 
 def rollback_plan(

@@ -207,7 +207,7 @@ class FakeGuard(Guard):
 
     def __init__(self):
         self.offered, self.pending, self.asked = set(), [], []
-        self._busy = False
+        self._busy, self.rest_until = False, 0.0
         self._done = __import__("queue").Queue()
 
     @property
