@@ -118,5 +118,5 @@ class GuardSettings(_Section):
         le=1,
         description="The share of wall time the guard may spend checking: after a check of d seconds the next "
         "waits d * (1/duty - 1), unless serving is held. 1 = whenever it is idle; on 2 cores, checking back to "
-        "back took 0.26 of a core in an unrated hour (benchmarks LOG.md)",
+        "back took 0.26 of a core in an unrated hour (tests/benchmarks/LOG.md)",
     )

@@ -111,10 +111,10 @@ class Guard:
     def offer_newest(self, book, live: str, staged: list[str]) -> None:
         """When idle and rested, take the newest served version (the canary, else live) that has no check yet; while
         serving is held, the newest candidate instead (the one that would be served next), rested or not."""
-        if not book.hold and time.monotonic() < self.rest_until:
+        if not self.idle or (not book.hold and time.monotonic() < self.rest_until):  # idle first: then the rest is set
             return
         nxt = (staged or [None])[-1] if book.hold else book.canary.version if book.canary else live
-        if self.idle and nxt not in (None, BASE_VERSION) and nxt not in book.checks and nxt not in self.offered:
+        if nxt not in (None, BASE_VERSION) and nxt not in book.checks and nxt not in self.offered:
             self.offered.add(nxt)  # a check that fails is not offered again (until a restart)
             self.offer(nxt)
 
@@ -135,17 +135,19 @@ class Guard:
             pass
         version = BASE_VERSION  # the base first, so that the first served version's check waits for itself only
         while True:
-            t0 = time.monotonic()
+            t0, busy = time.monotonic(), None
             try:
                 if version == BASE_VERSION:
                     self._base()
                 else:
-                    for c in self.check(version):
+                    checks = self.check(version)
+                    busy = sum(c.duration_s for c in checks)  # the checks alone, not a base scored again
+                    for c in checks:
                         self._done.put(c)
             except Exception as exc:  # a missing file, a broken engine: in health(), never fatal
                 self.error = f"{version}: {type(exc).__name__}: {str(exc)[:200]}"
             finally:
-                self.rested(version, time.monotonic() - t0)
+                self.rested(version, time.monotonic() - t0 if busy is None else busy)
                 self.current, self._busy = None, False
             version = self._todo.get()
             self._busy = True

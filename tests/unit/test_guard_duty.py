@@ -73,3 +73,49 @@ def test_at_the_default_duty_the_next_check_follows_at_once():
     assert g.rest_until <= time.monotonic()
     g.offer_newest(_book(checks={"w-000001": "not_below"}), "w-000002", [])
     assert g.asked == ["w-000002"]
+
+
+def _looping(duty, check):
+    """A guard whose real `_loop` runs in a thread, with `check` in place of scoring (the base scores at once)."""
+    import queue
+    import threading
+
+    g = Guard.__new__(Guard)
+    g.g = GuardSettings(duty=duty, nice=0)
+    g._todo, g._done, g.current, g._busy, g.rest_until, g.error = queue.Queue(maxsize=1), queue.Queue(), None, True, 0.0, ""
+    g._base, g.check = lambda: None, check
+    threading.Thread(target=g._loop, daemon=True).start()
+    _wait(lambda: g.idle)
+    assert g.rest_until == 0.0  # no rest after the base
+    return g
+
+
+def _wait(cond, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "the guard's thread did not get there"
+        time.sleep(0.01)
+
+
+def test_the_loop_rests_by_the_check_time_not_the_wall_time():
+    from policies.promotion.guard_decisions import Check
+
+    g = _looping(0.25, lambda v: [Check(v, "code", [0.5], [0.5], 1, 4, 8, duration_s=40.0)])
+    before = time.monotonic()
+    assert g.offer("w-000001")
+    _wait(lambda: g.idle and not g._done.empty())
+    # the check says it took 40 s (a base scored again after a failure would not count): 120 s of rest
+    assert g.rest_until == pytest.approx(before + 120.0, abs=2.0)
+    assert g._done.get_nowait().version == "w-000001"
+
+
+def test_a_failed_check_rests_by_the_time_it_took():
+    def broken(v):
+        time.sleep(0.05)
+        raise FileNotFoundError(f"no weights file for {v}")
+
+    g = _looping(0.5, broken)
+    assert g.offer("w-000002")
+    _wait(lambda: g.idle and g.error)
+    assert "no weights file for w-000002" in g.error
+    assert time.monotonic() - 1.0 < g.rest_until < time.monotonic() + 1.0  # ~0.05 s busy: ~0.05 s of rest
