@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
+from test_guard import FakeGuard  # noqa: E402  (tests/unit is on sys.path)
 
 from config.checks import GuardSettings
 from policies.promotion.guard import Guard
@@ -28,20 +29,11 @@ def test_the_duty_is_a_share():
             GuardSettings(duty=bad)
 
 
-class _Guard(Guard):
-    """The real `offer_newest` and `rested`, without a thread or an engine."""
-
-    def __init__(self, duty):
-        self.g = GuardSettings(duty=duty)
-        self.offered, self.asked, self._busy, self.rest_until = set(), [], False, 0.0
-
-    @property
-    def idle(self):
-        return True
-
-    def offer(self, version):
-        self.asked.append(version)
-        return True
+def _guard(duty):
+    """The real `offer_newest` and `rested` (test_guard's guard without a thread or an engine) at `duty`."""
+    g = FakeGuard()
+    g.g = GuardSettings(duty=duty)
+    return g
 
 
 def _book(hold=None, checks=None):
@@ -49,7 +41,7 @@ def _book(hold=None, checks=None):
 
 
 def test_after_a_check_the_guard_rests_unless_serving_is_held():
-    g = _Guard(duty=0.25)
+    g = _guard(0.25)
     g.rested(BASE_VERSION, 300.0)  # scoring the base is not a check: no rest after it
     assert g.rest_until == 0.0
     g.offer_newest(_book(), "w-000001", [])
@@ -68,7 +60,7 @@ def test_after_a_check_the_guard_rests_unless_serving_is_held():
 
 
 def test_at_the_default_duty_the_next_check_follows_at_once():
-    g = _Guard(duty=1.0)
+    g = _guard(1.0)
     g.rested("w-000001", 90.0)
     assert g.rest_until <= time.monotonic()
     g.offer_newest(_book(checks={"w-000001": "not_below"}), "w-000002", [])
