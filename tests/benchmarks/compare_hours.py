@@ -1,11 +1,19 @@
-"""What separates gaining hours from losing ones: one row of figures per bench_learning_curve result file, and
-how each figure ranks with the hour's gain (Spearman's rho over the hours given).
+"""What separates gaining hours from losing ones: one row of figures per bench_learning_curve (or
+bench_live_traffic) result file, and how each figure ranks with the hour's gain (Spearman's rho over the hours given).
 
-Figures every result file has: the gain of the newest served version on code (points, paired p), learner steps,
+Figures every result file has: the gain of the newest served version on the held-out suite (points, paired p; code,
+else the first suite scored, e.g. bfcl_single), learner steps,
 rollout groups the learner saw, the scripted user's counts, versions served / rejected / rolled back, and the gate's
 reference NLL at the first and the last decision (its drift). Files written since `learner_detail` also give, per
 hour: the share of learner steps with no environment group (live ratings only), the live ratings' positive share,
-the mean KL to the base over the last ten steps and the mean grad norm.
+the mean KL to the base over the last ten steps and the mean grad norm; and, from the first ten learner steps,
+the summed step size (`lr_sum10`, units of 1e-5) and the smoothed drift after them (`drift_at10`).
+
+The guard's checks give every served version's delta against the base as the hour goes (on the first entries of the
+suite: its futility stop often ends a check at half of them); their means per quarter of the hour (`guard_q1`..
+`guard_q4`, points) and over all checks after minute 15 (`guard_after15`) show when an hour's level is set, with far
+less scoring noise than the one newest-served figure (one version at avg@k on the suite: about 2 points of standard
+error at k = 4 on 48 entries). `--against guard_after15` ranks the figures with that level instead of the gain.
 
     .venv/bin/python tests/benchmarks/compare_hours.py tests/benchmarks/results/learning_curve_cpu_avx2_60*.json
 """
@@ -20,7 +28,8 @@ NLL = re.compile(r"reference NLL ([\d.]+) vs ([\d.]+)")
 
 def figures(path: Path) -> dict:
     d = json.loads(path.read_text())
-    code = d.get("newest_vs_base", {}).get("code", {})
+    nvb = d.get("newest_vs_base", {})
+    code = nvb.get("code") or next((v for v in nvb.values() if isinstance(v, dict) and "delta" in v), {})
     rows = d.get("lineage", [])
     nll = [float(m.group(1)) for r in rows if (m := NLL.search(r.get("gate") or ""))]
     u = d.get("users", {})
@@ -28,7 +37,7 @@ def figures(path: Path) -> dict:
     live_only = [s for s in steps if s.get("groups_env", 0) + s.get("groups_synthetic", 0) == 0]
     tail = steps[-10:]
     out = {
-        "hour": path.stem.replace("learning_curve_", ""),
+        "hour": path.stem.replace("learning_curve_", "").replace("live_traffic_", ""),
         "gain": 100 * code["delta"] if code else None,
         "p": code.get("p_value"),
         "steps": d.get("learner_steps"),
@@ -47,7 +56,24 @@ def figures(path: Path) -> dict:
             live_positive=d.get("live_positive_share"),
             kl_last10=sum(s.get("kl", 0) for s in tail) / len(tail),
             grad_norm=sum(s.get("grad_norm", 0) for s in steps) / len(steps),
+            lr_sum10=1e5 * sum(s.get("lr") or 0 for s in steps[:10]) if any("lr" in s for s in steps) else None,
+            drift_at10=steps[:10][-1].get("kl_drift"),
         )
+    out.update(guard_level(d.get("guard_checks") or []))
+    return out
+
+
+def guard_level(checks: list[dict], minutes: float = 60) -> dict:
+    """The guard's deltas against the base (points), averaged per quarter of the hour and after minute 15."""
+    if not checks:
+        return {}
+
+    def mean(cs):
+        return 100 * sum(c["delta"] for c in cs) / len(cs) if cs else None
+
+    q = minutes / 4
+    out = {f"guard_q{i + 1}": mean([c for c in checks if i * q <= c["minute"] < (i + 1) * q]) for i in range(4)}
+    out["guard_after15"] = mean([c for c in checks if c["minute"] >= 15])
     return out
 
 
@@ -80,6 +106,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="+")
     ap.add_argument("--json", default="", help="also write the rows and correlations here")
+    ap.add_argument("--against", default="gain", help="the figure the others are ranked with (gain, guard_after15)")
     a = ap.parse_args()
     rows = [figures(Path(f)) for f in a.files]
     keys = [k for k in rows[0] if k != "hour"] + sorted({k for r in rows for k in r} - set(rows[0]))
@@ -89,10 +116,10 @@ def main():
             f"{r['hour'][:28]:<28}"
             + "".join(f"{r.get(k):>15.3f}" if isinstance(r.get(k), float) else f"{str(r.get(k, '-')):>15}" for k in keys)
         )
-    rho = {k: spearman([r.get(k) for r in rows], [r["gain"] for r in rows]) for k in keys if k not in ("gain", "p")}
-    print("Spearman rho with the gain: " + ", ".join(f"{k} {v:+.2f}" for k, v in rho.items() if v is not None))
+    rho = {k: spearman([r.get(k) for r in rows], [r.get(a.against) for r in rows]) for k in keys if k not in (a.against, "p")}
+    print(f"Spearman rho with {a.against}: " + ", ".join(f"{k} {v:+.2f}" for k, v in rho.items() if v is not None))
     if a.json:
-        Path(a.json).write_text(json.dumps({"rows": rows, "spearman_with_gain": rho}, indent=1))
+        Path(a.json).write_text(json.dumps({"rows": rows, "against": a.against, "spearman": rho}, indent=1))
 
 
 if __name__ == "__main__":

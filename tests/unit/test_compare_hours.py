@@ -1,0 +1,63 @@
+"""compare_hours' figures (tests/benchmarks/compare_hours.py): the gain read from a live-traffic hour's suite, the
+guard's level per quarter of the hour, the early-step figures, and the rank correlation, on hand-written files."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _mod():
+    spec = importlib.util.spec_from_file_location("compare_hours", ROOT / "tests" / "benchmarks" / "compare_hours.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _check(minute, delta):
+    return {"minute": minute, "version": "w", "verdict": "not_below", "delta": delta, "p_value": 1.0, "entries": 24}
+
+
+def test_guard_level_per_quarter_and_after_minute_15():
+    m = _mod()
+    checks = [_check(2, 0.02), _check(10, 0.04), _check(16, 0.06), _check(44, 0.10), _check(50, 0.02)]
+    lv = m.guard_level(checks)
+    assert lv["guard_q1"] == pytest.approx(3.0)  # (2 + 4) / 2 points
+    assert lv["guard_q2"] == pytest.approx(6.0)
+    assert lv["guard_q3"] == pytest.approx(10.0)  # minute 44 is in the third quarter (30 <= m < 45)
+    assert lv["guard_q4"] == pytest.approx(2.0)
+    assert lv["guard_after15"] == pytest.approx(6.0)  # (6 + 10 + 2) / 3
+    assert m.guard_level([]) == {}
+    assert m.guard_level([_check(1, 0.05)])["guard_q2"] is None
+
+
+def test_a_live_traffic_hour_reads_its_suite_and_its_first_ten_steps(tmp_path):
+    m = _mod()
+    steps = [{"step": i + 1, "lr": 1e-5 if i < 5 else 5e-6, "kl_drift": 0.01 * (i + 1), "kl": 0.1} for i in range(12)]
+    d = {
+        "newest_vs_base": {"bfcl_single": {"delta": 0.0625, "p_value": 0.02}},
+        "learner_steps": 12,
+        "users": {"requests": 10, "right": 3},
+        "steps": steps,
+        "guard_checks": [_check(20, 0.04)],
+    }
+    f = tmp_path / "live_traffic_cpu_simple_x_r1.json"
+    f.write_text(json.dumps(d))
+    row = m.figures(f)
+    assert row["hour"] == "cpu_simple_x_r1"
+    assert row["gain"] == pytest.approx(6.25) and row["p"] == 0.02
+    assert row["lr_sum10"] == pytest.approx(5 * 1.0 + 5 * 0.5)  # units of 1e-5
+    assert row["drift_at10"] == pytest.approx(0.10)  # after the tenth step, not the last
+    assert row["guard_after15"] == pytest.approx(4.0)
+
+
+def test_spearman_ranks_with_ties_and_skips_missing():
+    m = _mod()
+    assert m.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert m.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert m.spearman([1, None, 3], [1, 2, 3]) is None  # two pairs left: too few
+    # ties share their mean rank: x ranks (0.5, 0.5, 2), y ranks (0, 1, 2); rho = 1.5 / sqrt(1.5 * 2)
+    assert m.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(1.5 / (1.5 * 2) ** 0.5)
