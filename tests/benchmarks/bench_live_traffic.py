@@ -13,7 +13,8 @@ answers, drawn at random, gets +1 / -1 by the checker). The held-out split of th
 (`env.bfcl_single_categories`).
 
 Everything else is bench_learning_curve's: `up` on a fresh state dir, `--minutes` of traffic, then the base and
-the served versions scored on the held-out split (`--per-category bfcl_single=N`, avg@k, paired sign-flip test),
+the served versions scored on the held-out split (`--per-category bfcl_single=N`, avg@k with k = 16 here unless
+`--k` says otherwise, paired sign-flip test),
 the lineage, per-stage times, what each learner step learned from, the judgements that came from next turns by
 rule, and the guard's checks (its suite is set to the same held-out split here). Writes JSON and a PNG.
 
@@ -157,7 +158,7 @@ def main():
     ap.set_defaults(
         per_category="bfcl_single=16",
         categories="",
-        k=4,
+        k=16,  # one version at avg@4 on 48 entries has ~2 points of scoring noise alone; avg@16 halves it (LOG.md)
         max_versions=3,
         user_pause_s=10.0,
         out=str(ROOT / "tests" / "benchmarks" / "results" / "live_traffic_cpu"),
