@@ -34,6 +34,15 @@ def _cli(state, *args, timeout=120):
     )
 
 
+def _comm(pid: int) -> str:
+    """A process's name, or "" when it ended between listing and reading (a worker thread or a short-lived child)."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def _self_questioning(lines: list[str]) -> tuple[bool, bool]:
     """(a synthetic task was verified, one was issued), from lines of `main.py events`."""
     return (
@@ -227,7 +236,7 @@ def test_users_first_priorities(system):
     st = _status(system["state"])
     for name, want in (("navigator", 0), ("learner", 5), ("explorer", 10), ("questioner", 15)):
         assert nices(st["actors"][name]["pid"]) == {want}, (name, st["actors"][name])
-    replicas = [p for p in descendants(system["pid"]) if open(f"/proc/{p}/comm").read().startswith("ray::ServeRepli")]
+    replicas = [p for p in descendants(system["pid"]) if _comm(p).startswith("ray::ServeRepli")]
     assert replicas and all(nices(p) == {0} for p in replicas)
 
 
@@ -239,7 +248,7 @@ def test_nats_server_kill_loses_nothing(system):
     from deploy.procs import descendants
 
     def nats_pids():
-        return [p for p in descendants(system["pid"]) if open(f"/proc/{p}/comm").read().strip() == "nats-server"]
+        return [p for p in descendants(system["pid"]) if _comm(p) == "nats-server"]
 
     h = {"Authorization": f"Bearer {system['key']}"}
     c = openai.OpenAI(base_url=system["endpoint"], api_key=system["key"], max_retries=0, timeout=300)
