@@ -59,12 +59,12 @@ def figures(path: Path) -> dict:
             lr_sum10=1e5 * sum(s.get("lr") or 0 for s in steps[:10]) if any("lr" in s for s in steps) else None,
             drift_at10=steps[:10][-1].get("kl_drift"),
         )
-    out.update(guard_level(d.get("guard_checks") or []))
+    out.update(guard_level(d.get("guard_checks") or [], d.get("minutes") or 60))
     return out
 
 
 def guard_level(checks: list[dict], minutes: float = 60) -> dict:
-    """The guard's deltas against the base (points), averaged per quarter of the hour and after minute 15."""
+    """The guard's deltas against the base (points), averaged per quarter of the run and after minute 15."""
     if not checks:
         return {}
 

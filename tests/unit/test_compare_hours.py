@@ -32,6 +32,10 @@ def test_guard_level_per_quarter_and_after_minute_15():
     assert lv["guard_after15"] == pytest.approx(6.0)  # (6 + 10 + 2) / 3
     assert m.guard_level([]) == {}
     assert m.guard_level([_check(1, 0.05)])["guard_q2"] is None
+    # A 90-minute run: quarters of 22.5 minutes, so minute 50 is in the third and minute 80 in the fourth.
+    lv90 = m.guard_level([_check(10, 0.02), _check(30, 0.04), _check(50, 0.06), _check(80, 0.08)], minutes=90)
+    assert [lv90[f"guard_q{i}"] for i in range(1, 5)] == pytest.approx([2.0, 4.0, 6.0, 8.0])
+    assert lv90["guard_after15"] == pytest.approx(6.0)
 
 
 def test_a_live_traffic_hour_reads_its_suite_and_its_first_ten_steps(tmp_path):
