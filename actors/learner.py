@@ -214,7 +214,7 @@ class Learner(EventActor):
                     stats = await asyncio.to_thread(
                         self.trainer.train_step, step_groups, [g.behaviour_versions for g in step_groups]
                     )
-                    stats["staleness_max"], stats["lr"] = float(max(ages, default=0)), self.trainer.lr
+                    stats["staleness_max"] = float(max(ages, default=0))  # stats["lr"]: the update's (a ramp's share)
                     self.trainer.set_lr(self.step_size.after_step(self.trainer.lr, stats["kl"]))  # the next step's, checkpointed
                     stats["kl_drift"] = self.step_size.ema or 0.0
                     version = version_name(max(self.store.latest_number() + 1, self.trainer.step))

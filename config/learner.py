@@ -24,6 +24,13 @@ class LearnerSettings(_Section):
     lr_up: float = Field(1.25, ge=1, description="Growth of lr while the drift is under half of kl_target")
     lr_down: float = Field(1.5, ge=1, description="Shrink of lr while the drift is over twice kl_target")
     lr_reject: float = Field(2.0, ge=1, description="Shrink of lr when the gate rejects a version this learner trained")
+    lr_warmup: int = Field(
+        0,
+        ge=0,
+        description="Updates over which a fresh optimizer (the start, a reset after a rejection or a rollback) "
+        "ramps up to lr, linearly: the n-th update (n = 1, 2, ...) takes lr * min(1, n / lr_warmup). A fresh "
+        "AdamW's first update moves every weight by the whole step size, whatever its gradient. 0 = no ramp",
+    )
     groups_per_step: int = Field(2, description="Judged groups per learner step")
     live_groups_per_user: int = Field(
         1,

@@ -13,6 +13,10 @@ Two signals move it, both ones the loop already measures:
   harmful step size (lr 2e-4 in the forced regression) had every candidate rejected on reference NLL while the
   learner went on stepping at it; halving on each rejection brings it back in a few steps.
 
+A fresh optimizer (the start, or a reset after a rejection or a rollback) may ramp up to that step size over its
+first `lr_warmup` updates (`warmed`): AdamW's first update is lr * g / |g| per weight, the whole step size on every
+weight whatever its gradient, where later updates average the gradients' signs.
+
 The step size stays within [`lr_min`, `lr_max`]. The step size itself is the trainer's (`Trainer.lr`, checkpointed
 with it); this holds only the rule and the smoothed drift, and returns the next step size from the current one.
 Hand-computed cases are in tests/unit/test_step_size.py.
@@ -68,3 +72,8 @@ class StepSize:
     def after_rejection(self, lr: float) -> float:
         """The step size after the gate rejected a version this learner trained."""
         return self._bounded(lr / self.lr_reject) if self.adaptive else lr
+
+
+def warmed(lr: float, update: int, warmup: int) -> float:
+    """The step size of a fresh optimizer's `update`-th update (1, 2, ...): lr * min(1, update / warmup)."""
+    return lr if warmup <= 0 else lr * min(1.0, update / warmup)

@@ -73,3 +73,61 @@ def test_the_trainer_steps_at_the_set_size_and_keeps_it_across_a_reset_and_a_res
     assert t2.lr == s.learner.lr
     t2.load_state(state)
     assert t2.lr == 3e-6 and t2.opt.param_groups[0]["lr"] == 3e-6
+
+
+def test_a_fresh_optimizer_ramps_up_over_its_first_updates():
+    from policies.learning.step_size import warmed
+
+    assert [warmed(2e-5, n, 4) for n in (1, 2, 3, 4, 5)] == pytest.approx([5e-6, 1e-5, 1.5e-5, 2e-5, 2e-5])
+    assert [warmed(2e-5, n, 0) for n in (1, 2)] == [2e-5, 2e-5]
+
+
+def test_the_trainers_first_updates_take_the_ramps_share_and_a_reset_ramps_again(tmp_path, tiny_dir):
+    """AdamW's first update moves each weight by lr * g / (|g| + eps): the whole step size wherever |g| >> eps.
+    With lr 1e-3 over a ramp of 4 the first update moves the weights by at most 2.5e-4 (a quarter of lr), and the
+    second takes half of lr."""
+    from actors.events import ChatMessage, Judgement, Sample
+    from config.settings import load_settings
+    from policies.learning.trainer import Trainer
+    from policies.weights.model_store import WeightsStore
+
+    def _group() -> Judgement:
+        samples = [
+            Sample(
+                sample_id=f"s{i}",
+                messages=[
+                    ChatMessage(role="user", content=f"Add {i} and 2"),
+                    ChatMessage(role="assistant", content=str(i + 2 * (i % 2))),
+                ],
+                step_indices=[1],
+            )
+            for i in range(4)
+        ]
+        return Judgement(
+            group_id="g",
+            source="rollout",
+            task_id="t",
+            samples=samples,
+            outcomes=[1.0, 0.0, 1.0, 0.0],
+            step_labels=[["GOOD"], ["BAD"], ["GOOD"], ["BAD"]],
+        )
+
+    s = load_settings(None, state_dir=str(tmp_path / "state"), **{"learner.kl_target": 0.0, "learner.lr": 1e-3})
+    s.learner.lr_warmup = 4
+    t = Trainer(s, tiny_dir, WeightsStore(s.state))
+
+    def moved() -> tuple[float, dict]:
+        before = [p.detach().clone() for p in t.model.parameters()]
+        stats = t.train_step([_group()])
+        return max(float((p.detach() - b).abs().max()) for p, b in zip(t.model.parameters(), before)), stats
+
+    first, stats = moved()
+    assert stats["lr"] == pytest.approx(2.5e-4) and t.updates() == 1
+    assert 2.4e-4 < first <= 2.5e-4 + 1e-9  # the sign-like first update, at a quarter of lr
+    assert t.lr == 1e-3 and t.opt.param_groups[0]["lr"] == 1e-3  # the optimizer keeps the step size itself
+    second, stats = moved()
+    assert stats["lr"] == pytest.approx(5e-4) and second < 1e-3
+    t.reset_to(None, "w-000000")  # a fresh optimizer after a rejection or rollback: the ramp starts again
+    assert t.updates() == 0
+    again, stats = moved()
+    assert stats["lr"] == pytest.approx(2.5e-4) and 2.4e-4 < again <= 2.5e-4 + 1e-9
