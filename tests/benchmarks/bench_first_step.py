@@ -18,7 +18,9 @@ default). All groups are sampled before any training. Prints one line per pair a
 (`--out` too).
 
     .venv/bin/python tests/benchmarks/bench_first_step.py --pairs 6 \
-        --lrs 2e-5,1e-5,5e-6,2.5e-6 --out tests/benchmarks/results/first_step_cpu.json
+        --lrs 0,2e-5,1e-5,5e-6,2.5e-6 --out tests/benchmarks/results/first_step_cpu.json
+
+`--lrs 0` is the control: the same fresh trainer, export and load, without a move of any weight.
 """
 
 import argparse
@@ -80,8 +82,9 @@ def main():
     ap.add_argument("--bfcl-categories", default="simple_python", help="bfcl_single's categories (the gate's split)")
     ap.add_argument("--families", default="simple_python", help="BFCL single-turn categories the practice comes from")
     ap.add_argument("--pairs", type=int, default=6)
-    ap.add_argument("--lrs", default="2e-5,1e-5,5e-6,2.5e-6")
+    ap.add_argument("--lrs", default="0,2e-5,1e-5,5e-6,2.5e-6")
     ap.add_argument("--warmup", type=int, default=0, help="learner.lr_warmup of the fresh trainers")
+    ap.add_argument("--dtype", default="float32", help="of the engine and the exported weights (`up` on an AVX2 CPU: float32)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--state", default=".kaizen")
@@ -99,7 +102,7 @@ def main():
     names = list(dict.fromkeys([*settings.env.names, "bfcl_single"]))
     envs = {n: make_env(n, settings.env) for n in names}
     pairs = reference_pairs(envs, settings.gate.nll_entries)
-    eng = TransformersEngine(base, dtype="bfloat16", threads=a.threads)
+    eng = TransformersEngine(base, dtype=a.dtype, threads=a.threads)
     base_nll = reference_nll(eng, pairs)
     print(f"base reference NLL {base_nll:.4f} on {len(pairs)} pairs", flush=True)
 
@@ -118,7 +121,7 @@ def main():
             t0 = time.monotonic()
             trainer = Trainer(st, base)
             stats = trainer.train_step(groups)
-            eng.load_state_dict(trainer.export("bfloat16"), f"p{i}-{lr:g}")
+            eng.load_state_dict(trainer.export(a.dtype), f"p{i}-{lr:g}")
             nll = reference_nll(eng, pairs)
             row = {
                 "pair": i,
@@ -149,6 +152,7 @@ def main():
         "config": a.config,
         "pairs": a.pairs,
         "warmup": a.warmup,
+        "dtype": a.dtype,
         "seed": a.seed,
         "base_nll": round(base_nll, 4),
         "reference_pairs": len(pairs),
