@@ -77,3 +77,19 @@ class StepSize:
 def warmed(lr: float, update: int, warmup: int) -> float:
     """The step size of a fresh optimizer's `update`-th update (1, 2, ...): lr * min(1, update / warmup)."""
     return lr if warmup <= 0 else lr * min(1.0, update / warmup)
+
+
+def updates_made(opt) -> int:
+    """Updates a torch optimizer has made since it was created (AdamW counts them per weight; a resumed one too)."""
+    state = next(iter(opt.state.values()), None)
+    return int(state["step"]) if state else 0
+
+
+def step_at(opt, lr: float) -> None:
+    """One optimizer update at `lr` (a ramp's share), the optimizer's own step size kept for the next ones."""
+    kept = [g["lr"] for g in opt.param_groups]
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.step()
+    for g, k in zip(opt.param_groups, kept):
+        g["lr"] = k

@@ -19,8 +19,7 @@ samples (`Sample.off_policy`) train with LUFFY's shaped, unclipped objective (`g
 read it as drift: the reported `kl`, which ties the step size, is the mean over own samples' tokens). An unrated
 live step with a hint (`Sample.hint`) takes its token advantages from hindsight (`policies/learning/hindsight.py`).
 The body runs under bf16 autocast (`learner.bf16`); weights, gradients, head and log-softmax stay float32. The step
-size is the learner's (`set_lr`), ramped over a fresh optimizer's first `learner.lr_warmup` updates
-(`step_size.warmed`).
+size is the learner's (`set_lr`), ramped by `learner.lr_warmup` (`step_size.warmed`).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from policies.device_lock import device_startup
 from policies.learning import grpo, hindsight, lora
 from policies.learning.staleness import REFERENCE
 from policies.learning.step_rows import advantages, batch_of, logprobs, micro_batches, rows_of
-from policies.learning.step_size import warmed
+from policies.learning.step_size import step_at, updates_made, warmed
 from policies.weights.model_store import BASE_VERSION, WeightsStore, aliases
 
 
@@ -80,16 +79,8 @@ class Trainer:
     def set_lr(self, lr: float) -> None:
         """The step size of the next steps (`policies/learning/step_size.py`); a reset's fresh optimizer keeps it."""
         self.lr = lr
-        self._set_group_lr(lr)
-
-    def _set_group_lr(self, lr: float) -> None:
         for g in self.opt.param_groups:
             g["lr"] = lr
-
-    def updates(self) -> int:
-        """Updates this optimizer has made since it was created (AdamW counts them per weight; a resumed one too)."""
-        state = next(iter(self.opt.state.values()), None)
-        return int(state["step"]) if state else 0
 
     # ------------------------------------------------------------------ state (checkpoints)
     def state(self) -> dict:
@@ -194,7 +185,6 @@ class Trainer:
             self.ref = self._load().eval()  # the base model's weights
         yield self.ref
 
-    # ------------------------------------------------------------------ one step
     def train_step(self, groups: list[Judgement], behaviour: list[list[str]] | None = None) -> dict:
         """One update over whole groups; `behaviour[g][i]` = the version that generated sample i of group g
         (default: the version being trained, i.e. on-policy)."""
@@ -278,12 +268,9 @@ class Trainer:
                 loss_sum += float(loss.detach()) * n_i / total_tokens
             total.backward()  # gradients accumulate across micro-batches
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), L.grad_clip))
-        lr = warmed(self.lr, self.updates() + 1, L.lr_warmup)
+        lr = warmed(self.lr, updates_made(self.opt) + 1, L.lr_warmup)
         if grad_norm > 1e-6:  # no signal (rounding aside), no update: AdamW would still move every weight by its
-            # momentum and weight decay
-            self._set_group_lr(lr)
-            self.opt.step()
-            self._set_group_lr(self.lr)  # the optimizer's state keeps the step size, not the ramp's share of it
+            step_at(self.opt, lr)  # momentum and weight decay
         self.step, self._memo = self.step + 1, memo
         return {
             "loss": loss_sum,

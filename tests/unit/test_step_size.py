@@ -88,6 +88,7 @@ def test_the_trainers_first_updates_take_the_ramps_share_and_a_reset_ramps_again
     second takes half of lr."""
     from actors.events import ChatMessage, Judgement, Sample
     from config.settings import load_settings
+    from policies.learning.step_size import updates_made
     from policies.learning.trainer import Trainer
     from policies.weights.model_store import WeightsStore
 
@@ -122,12 +123,12 @@ def test_the_trainers_first_updates_take_the_ramps_share_and_a_reset_ramps_again
         return max(float((p.detach() - b).abs().max()) for p, b in zip(t.model.parameters(), before)), stats
 
     first, stats = moved()
-    assert stats["lr"] == pytest.approx(2.5e-4) and t.updates() == 1
+    assert stats["lr"] == pytest.approx(2.5e-4) and updates_made(t.opt) == 1
     assert 2.4e-4 < first <= 2.5e-4 + 1e-9  # the sign-like first update, at a quarter of lr
     assert t.lr == 1e-3 and t.opt.param_groups[0]["lr"] == 1e-3  # the optimizer keeps the step size itself
     second, stats = moved()
     assert stats["lr"] == pytest.approx(5e-4) and second < 1e-3
     t.reset_to(None, "w-000000")  # a fresh optimizer after a rejection or rollback: the ramp starts again
-    assert t.updates() == 0
+    assert updates_made(t.opt) == 0
     again, stats = moved()
     assert stats["lr"] == pytest.approx(2.5e-4) and 2.4e-4 < again <= 2.5e-4 + 1e-9
