@@ -269,8 +269,8 @@ class Trainer:
             total.backward()  # gradients accumulate across micro-batches
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), L.grad_clip))
         lr = warmed(self.lr, updates_made(self.opt) + 1, L.lr_warmup)
-        if grad_norm > 1e-6:  # no signal (rounding aside), no update: AdamW would still move every weight by its
-            step_at(self.opt, lr)  # momentum and weight decay
+        if grad_norm > 1e-6:  # no signal (rounding aside), no update: AdamW would still move weights by momentum and decay
+            step_at(self.opt, lr)
         self.step, self._memo = self.step + 1, memo
         return {
             "loss": loss_sum,

@@ -27,6 +27,7 @@ import argparse
 import json
 import random
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -90,8 +91,6 @@ def main():
     ap.add_argument("--state", default=".kaizen")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    import tempfile
-
     import torch
 
     settings = load_settings(a.config, **{"env.bfcl_single_categories": a.bfcl_categories.split(",")})
@@ -116,12 +115,12 @@ def main():
         refs = sum(s.off_policy for g in groups for s in g.samples)
         for lr in lrs:
             st = settings.model_copy(deep=True)
-            st.state_dir = tempfile.mkdtemp(prefix="kaizen-first-step-")
             st.learner.lr = lr
             t0 = time.monotonic()
-            trainer = Trainer(st, base)
-            stats = trainer.train_step(groups)
-            eng.load_state_dict(trainer.export(a.dtype), f"p{i}-{lr:g}")
+            with tempfile.TemporaryDirectory(prefix="kaizen-first-step-") as st.state_dir:
+                trainer = Trainer(st, base)
+                stats = trainer.train_step(groups)
+                eng.load_state_dict(trainer.export(a.dtype), f"p{i}-{lr:g}")
             nll = reference_nll(eng, pairs)
             row = {
                 "pair": i,
