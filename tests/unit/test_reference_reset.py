@@ -71,6 +71,10 @@ def test_the_rebased_reference_measures_no_drift_and_survives_a_resume(tmp_path,
     assert t2.reference_version == "w-000001" and t2.train_step([_group()])["kl"] == pytest.approx(0.0, abs=1e-6)
     t2.reference.restore(BASE_VERSION)  # an older checkpoint's: the base again
     assert t2.train_step([_group()])["kl"] > 1e-4
+    store.remove("w-000001")  # its file gone all the same: the base, with a warning, rather than a learner that fails
+    t3 = Trainer(s, tiny_dir, store)
+    t3.load_state(state)
+    assert t3.train_step([_group()])["kl"] > 1e-4 and t3.reference_version == BASE_VERSION
 
 
 def test_under_lora_the_rebase_moves_the_frozen_base_to_the_trained_weights(tmp_path, tiny_dir):
