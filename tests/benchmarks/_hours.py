@@ -226,3 +226,42 @@ def repeats(a, one_hour) -> None:
 def _p50(xs: list[float]) -> float | None:
     xs = sorted(xs)
     return xs[len(xs) // 2] if xs else None
+
+
+def host_forward_s(model_dir: Path, repeats: int = 5) -> float:
+    """The host's speed, so that hours run on different machines can be told apart: the median seconds of one forward
+    pass of the base model over 512 fixed tokens on one torch thread, as each actor here runs. Measured alone: before
+    `up` starts and again after it is down, before scoring (LOG.md 2026-11-30: the gate's fixed work took 10.3 s p50
+    in the two hours the preset was adopted on and 16.9-20.7 s in every preset hour since, at the same code)."""
+    import statistics
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        ids = (torch.arange(512) * 7919 % model.config.vocab_size).unsqueeze(0)
+        times = []
+        with torch.no_grad():
+            model(ids[:, :64])  # warm-up
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                model(ids)
+                times.append(time.perf_counter() - t0)
+        return round(statistics.median(times), 4)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def host_cpu() -> str:
+    """The CPU's model name, its widest vector extension and its cores (from /proc/cpuinfo where there is one)."""
+    import os
+
+    p = Path("/proc/cpuinfo")
+    lines = p.read_text().splitlines() if p.exists() else []
+    name = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), "unknown")
+    flags = next((x.split(":", 1)[1].split() for x in lines if x.startswith("flags")), [])
+    return f"{name} ({next((f for f in ('avx512f', 'avx2', 'avx') if f in flags), 'no avx')}, {os.cpu_count()} cores)"

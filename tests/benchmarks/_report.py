@@ -6,10 +6,10 @@ import json
 import time
 from pathlib import Path
 
-from _hours import _p50, learner_detail, suite_args, suite_envs
+from _hours import _p50, host_cpu, host_forward_s, learner_detail, suite_args, suite_envs
 
 
-def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str) -> dict:
+def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str, host: dict | None = None) -> dict:
     from deploy import reports as cli
     from policies.engines.roles import make_engine
     from policies.evaluation import lineage
@@ -27,6 +27,7 @@ def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str) -> 
     store = WeightsStore(s.state)
     base = ensure_base_model(s.state, s.model.source, s.model.path, progress=False)
     s.model.torch_threads = a.score_threads
+    host = {**(host or {}), "before_scoring": host_forward_s(base), "cpu": host_cpu()}  # (`host_forward_s`)
     engine = make_engine(s, base, role="eval")
     t0 = time.monotonic()
     for v in [BASE_VERSION] + [r["version"] for r in served]:
@@ -73,6 +74,7 @@ def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str) -> 
         "newest_vs_base_unseen_by_gate": unseen.get(newest, {}),
         "state_dir": str(state),
         "score_s": round(time.monotonic() - t0),
+        "host_forward_s": host,
         **learner_detail(events, learner),
     }
     out_file = Path(out_path).with_suffix(".json")

@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
-from _hours import repeats, seed_base  # noqa: E402
+from _hours import host_forward_s, repeats, seed_base  # noqa: E402
 from _report import report  # noqa: E402
 from _users import users  # noqa: E402
 
@@ -111,6 +111,7 @@ def run(a) -> None:
 def one_hour(a, out_path: str) -> dict:
     from config.settings import load_settings
     from deploy.nats import free_port
+    from policies.weights.model_store import ensure_base_model
 
     root = Path(tempfile.mkdtemp(prefix="kz-curve-"))
     state = root / "state"
@@ -120,6 +121,8 @@ def one_hour(a, out_path: str) -> dict:
     if (ROOT / ".kaizen" / "model").exists():  # reuse the one-time conversion
         shutil.copytree(ROOT / ".kaizen" / "model", state / "model")
     seed_base(a, root / "config.yaml", state)  # scored once on this machine: the guard and the report find it
+    m = load_settings(root / "config.yaml").model
+    host = {"before_up": host_forward_s(ensure_base_model(state, m.source, m.path, progress=False))}  # alone
     env = {**os.environ, "KAIZEN_STATE_DIR": str(state), "KAIZEN_SERVE_PORT": str(free_port())}
     t_start = time.time()
     up = subprocess.run(
@@ -153,7 +156,7 @@ def one_hour(a, out_path: str) -> dict:
         learner = [e for e in events if e.kind == "learner_step"]
     finally:
         subprocess.run([sys.executable, str(ROOT / "main.py"), "down"], env=env, cwd=ROOT, capture_output=True, timeout=600)
-    return report(a, s, state, events, learner, stats, time.time() - t_start, out_path)
+    return report(a, s, state, events, learner, stats, time.time() - t_start, out_path, host)
 
 
 KINDS = [

@@ -2,12 +2,14 @@
 bench_live_traffic) result file, and how each figure ranks with the hour's gain (Spearman's rho over the hours given).
 
 Figures every result file has: the gain of the newest served version on the held-out suite (points, paired p; code,
-else the first suite scored, e.g. bfcl_single), learner steps,
-rollout groups the learner saw, the scripted user's counts, versions served / rejected / rolled back, and the gate's
-reference NLL at the first and the last decision (its drift). Files written since `learner_detail` also give, per
-hour: the share of learner steps with no environment group (live ratings only), the live ratings' positive share,
-the mean KL to the base over the last ten steps and the mean grad norm; and, from the first ten learner steps,
-the summed step size (`lr_sum10`, units of 1e-5) and the smoothed drift after them (`drift_at10`).
+else the first suite scored, e.g. bfcl_single), learner steps, rollout groups the learner saw, the scripted user's
+counts, versions served / rejected / rolled back, the gate's reference NLL at the first and the last decision (its
+drift), and the gate's p50 (`gate_p50_s`: a fixed amount of work per candidate, so it also tells a slow or busy
+host). Files written since `host_forward_s` give the host's own speed (seconds a forward pass, measured alone before
+scoring). Files written since `learner_detail` also give, per hour: the share of learner steps with no environment
+group (live ratings only), the live ratings' positive share, the mean KL to the base over the last ten steps and the
+mean grad norm; and, from the first ten learner steps, the summed step size (`lr_sum10`, units of 1e-5) and the
+smoothed drift after them (`drift_at10`).
 
 The guard's checks give every served version's delta against the base as the hour goes (on the first entries of the
 suite: its futility stop often ends a check at half of them); their means per quarter of the hour (`guard_q1`..
@@ -49,6 +51,8 @@ def figures(path: Path) -> dict:
         "user_right": u["right"] / u["requests"] if u.get("requests") else None,
         "nll_drift": nll[-1] - nll[0] if len(nll) > 1 else None,
         "served_p50_s": (d.get("cycle_p50_s") or {}).get("served_after_s"),
+        "gate_p50_s": (d.get("cycle_p50_s") or {}).get("gate_s"),
+        "host_forward_s": (d.get("host_forward_s") or {}).get("before_scoring"),
     }
     if steps:
         out.update(

@@ -47,6 +47,8 @@ def test_a_live_traffic_hour_reads_its_suite_and_its_first_ten_steps(tmp_path):
         "users": {"requests": 10, "right": 3},
         "steps": steps,
         "guard_checks": [_check(20, 0.04)],
+        "cycle_p50_s": {"gate_s": 18.1},
+        "host_forward_s": {"before_up": 0.21, "before_scoring": 0.23},
     }
     f = tmp_path / "live_traffic_cpu_simple_x_r1.json"
     f.write_text(json.dumps(d))
@@ -56,6 +58,7 @@ def test_a_live_traffic_hour_reads_its_suite_and_its_first_ten_steps(tmp_path):
     assert row["lr_sum10"] == pytest.approx(5 * 1.0 + 5 * 0.5)  # units of 1e-5
     assert row["drift_at10"] == pytest.approx(0.10)  # after the tenth step, not the last
     assert row["guard_after15"] == pytest.approx(4.0)
+    assert (row["gate_p50_s"], row["host_forward_s"]) == (18.1, 0.23)  # the host's speed beside the hour's figures
 
 
 def test_spearman_ranks_with_ties_and_skips_missing():
@@ -65,3 +68,14 @@ def test_spearman_ranks_with_ties_and_skips_missing():
     assert m.spearman([1, None, 3], [1, 2, 3]) is None  # two pairs left: too few
     # ties share their mean rank: x ranks (0.5, 0.5, 2), y ranks (0, 1, 2); rho = 1.5 / sqrt(1.5 * 2)
     assert m.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(1.5 / (1.5 * 2) ** 0.5)
+
+
+def test_the_hosts_speed_is_a_forward_pass_on_one_thread_and_the_thread_count_is_restored(tiny_dir, monkeypatch):
+    import torch
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "benchmarks"))
+    from _hours import host_cpu, host_forward_s
+
+    threads = torch.get_num_threads()
+    assert host_forward_s(tiny_dir, repeats=2) > 0 and torch.get_num_threads() == threads
+    assert host_cpu().endswith("cores)")
