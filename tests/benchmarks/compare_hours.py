@@ -17,13 +17,21 @@ suite: its futility stop often ends a check at half of them); their means per qu
 less scoring noise than the one newest-served figure (one version at avg@k on the suite: about 2 points of standard
 error at k = 4 on 48 entries). `--against guard_after15` ranks the figures with that level instead of the gain.
 
+`--pair A B` sets two hours side by side on the same held-out entries: B's newest served version against A's, per
+entry (avg@k), with the same paired test as against the base (`policies.stats.paired_test`), so that two settings
+run on the same seed are compared directly and not only through their gains over the base.
+
     .venv/bin/python tests/benchmarks/compare_hours.py tests/benchmarks/results/learning_curve_cpu_avx2_60*.json
 """
 
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from policies.stats import paired_test  # noqa: E402
 
 NLL = re.compile(r"reference NLL ([\d.]+) vs ([\d.]+)")
 
@@ -81,6 +89,35 @@ def guard_level(checks: list[dict], minutes: float = 60) -> dict:
     return out
 
 
+def newest_per_entry(d: dict) -> dict[str, dict[str, float]]:
+    """env -> {entry id: avg@k} of an hour's newest served version, from its result file's suite and scores."""
+    scores = (d.get("scores") or {}).get(d.get("newest_served") or "", {})
+    return {env: dict(zip(d["suite"][env], s["per_entry"])) for env, s in scores.items() if env in (d.get("suite") or {})}
+
+
+def head_to_head(a: dict, b: dict) -> dict[str, dict]:
+    """env -> b's newest served version against a's on the entries both scored: {"a", "b", "delta", "p_value",
+    "wins", "losses", "n"} (points for the averages and the delta; wins are entries where b scored higher)."""
+    pa, pb = newest_per_entry(a), newest_per_entry(b)
+    out = {}
+    for env in sorted(set(pa) & set(pb)):
+        shared = [e for e in pa[env] if e in pb[env]]
+        if not shared:
+            continue
+        x, y = [pa[env][e] for e in shared], [pb[env][e] for e in shared]
+        t = paired_test(x, y)
+        out[env] = {
+            "a": 100 * sum(x) / len(x),
+            "b": 100 * sum(y) / len(y),
+            "delta": 100 * t["mean_diff"],
+            "p_value": t["p_value"],
+            "wins": t["wins"],
+            "losses": t["losses"],
+            "n": len(shared),
+        }
+    return out
+
+
 def spearman(xs: list[float], ys: list[float]) -> float | None:
     pairs = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
     if len(pairs) < 3:
@@ -108,10 +145,21 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("files", nargs="+")
+    ap.add_argument("files", nargs="*")
+    ap.add_argument("--pair", nargs=2, metavar=("A", "B"), help="B's newest served version against A's, paired")
     ap.add_argument("--json", default="", help="also write the rows and correlations here")
     ap.add_argument("--against", default="gain", help="the figure the others are ranked with (gain, guard_after15)")
     a = ap.parse_args()
+    if a.pair:
+        ha, hb = (json.loads(Path(f).read_text()) for f in a.pair)
+        for env, r in head_to_head(ha, hb).items():
+            print(
+                f"{env}: {Path(a.pair[1]).stem} {hb.get('newest_served')} {r['b']:.1f}% vs {Path(a.pair[0]).stem} "
+                f"{ha.get('newest_served')} {r['a']:.1f}%: {r['delta']:+.1f} points, p = {r['p_value']:.3g}, "
+                f"+{r['wins']}/-{r['losses']} on {r['n']} entries"
+            )
+        if not a.files:
+            return
     rows = [figures(Path(f)) for f in a.files]
     keys = [k for k in rows[0] if k != "hour"] + sorted({k for r in rows for k in r} - set(rows[0]))
     print(f"{'hour':<28}" + "".join(f"{k[:14]:>15}" for k in keys))

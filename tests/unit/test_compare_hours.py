@@ -79,3 +79,25 @@ def test_the_hosts_speed_is_a_forward_pass_on_one_thread_and_the_thread_count_is
     threads = torch.get_num_threads()
     assert host_forward_s(tiny_dir, repeats=2) > 0 and torch.get_num_threads() == threads
     assert host_cpu().endswith("cores)")
+
+
+def test_two_hours_head_to_head_pairs_their_newest_versions_on_the_entries_both_scored():
+    m = _mod()
+
+    def hour(newest, entries, per_entry):
+        old = {"bfcl_single": {"per_entry": [0.0] * len(entries)}}  # an older version's scores are not read
+        return {
+            "suite": {"bfcl_single": entries},
+            "newest_served": newest,
+            "scores": {"w-000001": old, newest: {"bfcl_single": {"per_entry": per_entry}}},
+        }
+
+    a = hour("w-000009", ["e1", "e2", "e3", "e4"], [0.25, 0.5, 0.0, 0.5])
+    b = hour("w-000007", ["e2", "e1", "e4", "e5"], [0.75, 0.25, 1.0, 1.0])  # another order; e3, e5 not shared
+    r = m.head_to_head(a, b)["bfcl_single"]
+    # shared e1, e2, e4: a 0.25, 0.5, 0.5; b 0.25, 0.75, 1.0 -> differences 0, +0.25, +0.5
+    assert r["n"] == 3 and (r["wins"], r["losses"]) == (2, 0)
+    assert r["a"] == pytest.approx(100 * 1.25 / 3) and r["b"] == pytest.approx(100 * 2.0 / 3)
+    assert r["delta"] == pytest.approx(100 * 0.75 / 3)
+    assert r["p_value"] == pytest.approx(0.5)  # of the 4 sign flips of (+0.25, +0.5), 2 reach |0.75|
+    assert m.head_to_head(a, hour("w-000002", ["x"], [1.0])) == {}  # nothing in common
