@@ -9,10 +9,11 @@ from policies.weights.model_store import WeightsStore
 
 
 def _settings(tmp_path, **learner):
-    """The preset's learner with these fields; the trainer at the fixed step it is given (no drift target)."""
+    """The preset's learner with these fields; the trainer at the fixed step it is given (no drift target, no ramp
+    over its first updates)."""
     from config.settings import load_settings
 
-    s = load_settings(None, **{f"learner.{k}": v for k, v in {"kl_target": 0.0, **learner}.items()})
+    s = load_settings(None, **{f"learner.{k}": v for k, v in {"kl_target": 0.0, "lr_warmup": 0, **learner}.items()})
     s.state_dir = str(tmp_path / "state")
     return s
 
