@@ -19,7 +19,9 @@ error at k = 4 on 48 entries). `--against guard_after15` ranks the figures with 
 
 `--pair A B` sets two hours side by side on the same held-out entries: B's newest served version against A's, per
 entry (avg@k), with the same paired test as against the base (`policies.stats.paired_test`), so that two settings
-run on the same seed are compared directly and not only through their gains over the base.
+run on the same seed are compared directly and not only through their gains over the base. Given more than once
+(`--pair A1 B1 --pair A2 B2`), it also pools the pairs into one paired test, each pair's entries a unit of their own
+(`pooled`): two settings over several seeds.
 
     .venv/bin/python tests/benchmarks/compare_hours.py tests/benchmarks/results/learning_curve_cpu_avx2_60*.json
 """
@@ -95,27 +97,46 @@ def newest_per_entry(d: dict) -> dict[str, dict[str, float]]:
     return {env: dict(zip(d["suite"][env], s["per_entry"])) for env, s in scores.items() if env in (d.get("suite") or {})}
 
 
-def head_to_head(a: dict, b: dict) -> dict[str, dict]:
-    """env -> b's newest served version against a's on the entries both scored: {"a", "b", "delta", "p_value",
-    "wins", "losses", "n"} (points for the averages and the delta; wins are entries where b scored higher)."""
+def _shared(a: dict, b: dict) -> dict[str, tuple[list[float], list[float]]]:
+    """env -> (a's, b's) newest served avg@k on the entries both scored, in a's order."""
     pa, pb = newest_per_entry(a), newest_per_entry(b)
     out = {}
     for env in sorted(set(pa) & set(pb)):
         shared = [e for e in pa[env] if e in pb[env]]
-        if not shared:
-            continue
-        x, y = [pa[env][e] for e in shared], [pb[env][e] for e in shared]
-        t = paired_test(x, y)
-        out[env] = {
-            "a": 100 * sum(x) / len(x),
-            "b": 100 * sum(y) / len(y),
-            "delta": 100 * t["mean_diff"],
-            "p_value": t["p_value"],
-            "wins": t["wins"],
-            "losses": t["losses"],
-            "n": len(shared),
-        }
+        if shared:
+            out[env] = ([pa[env][e] for e in shared], [pb[env][e] for e in shared])
     return out
+
+
+def _compared(x: list[float], y: list[float]) -> dict:
+    t = paired_test(x, y)
+    return {
+        "a": 100 * sum(x) / len(x),
+        "b": 100 * sum(y) / len(y),
+        "delta": 100 * t["mean_diff"],
+        "p_value": t["p_value"],
+        "wins": t["wins"],
+        "losses": t["losses"],
+        "n": len(x),
+    }
+
+
+def head_to_head(a: dict, b: dict) -> dict[str, dict]:
+    """env -> b's newest served version against a's on the entries both scored: {"a", "b", "delta", "p_value",
+    "wins", "losses", "n"} (points for the averages and the delta; wins are entries where b scored higher)."""
+    return {env: _compared(x, y) for env, (x, y) in _shared(a, b).items()}
+
+
+def pooled(pairs: list[tuple[dict, dict]]) -> dict[str, dict]:
+    """Several (a, b) hour pairs (e.g. two settings on the same seeds) as one paired test: every shared entry of
+    every pair is one unit (so the same entry on two seeds counts twice); the figures as `head_to_head`'s."""
+    xs: dict[str, list[float]] = {}
+    ys: dict[str, list[float]] = {}
+    for a, b in pairs:
+        for env, (x, y) in _shared(a, b).items():
+            xs.setdefault(env, []).extend(x)
+            ys.setdefault(env, []).extend(y)
+    return {env: _compared(xs[env], ys[env]) for env in sorted(xs)}
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:
@@ -146,18 +167,31 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="*")
-    ap.add_argument("--pair", nargs=2, metavar=("A", "B"), help="B's newest served version against A's, paired")
+    ap.add_argument(
+        "--pair",
+        nargs=2,
+        action="append",
+        metavar=("A", "B"),
+        help="B's newest served version against A's, paired; given more than once, also all the pairs pooled",
+    )
     ap.add_argument("--json", default="", help="also write the rows and correlations here")
     ap.add_argument("--against", default="gain", help="the figure the others are ranked with (gain, guard_after15)")
     a = ap.parse_args()
     if a.pair:
-        ha, hb = (json.loads(Path(f).read_text()) for f in a.pair)
-        for env, r in head_to_head(ha, hb).items():
-            print(
-                f"{env}: {Path(a.pair[1]).stem} {hb.get('newest_served')} {r['b']:.1f}% vs {Path(a.pair[0]).stem} "
-                f"{ha.get('newest_served')} {r['a']:.1f}%: {r['delta']:+.1f} points, p = {r['p_value']:.3g}, "
-                f"+{r['wins']}/-{r['losses']} on {r['n']} entries"
-            )
+        hours = [tuple(json.loads(Path(f).read_text()) for f in pair) for pair in a.pair]
+        for (fa, fb), (ha, hb) in zip(a.pair, hours):
+            for env, r in head_to_head(ha, hb).items():
+                print(
+                    f"{env}: {Path(fb).stem} {hb.get('newest_served')} {r['b']:.1f}% vs {Path(fa).stem} "
+                    f"{ha.get('newest_served')} {r['a']:.1f}%: {r['delta']:+.1f} points, p = {r['p_value']:.3g}, "
+                    f"+{r['wins']}/-{r['losses']} on {r['n']} entries"
+                )
+        if len(hours) > 1:
+            for env, r in pooled(hours).items():
+                print(
+                    f"{env}: the {len(hours)} pairs pooled, B {r['b']:.1f}% vs A {r['a']:.1f}%: {r['delta']:+.1f} points, "
+                    f"p = {r['p_value']:.3g}, +{r['wins']}/-{r['losses']} on {r['n']} entry pairs"
+                )
         if not a.files:
             return
     rows = [figures(Path(f)) for f in a.files]

@@ -101,3 +101,14 @@ def test_two_hours_head_to_head_pairs_their_newest_versions_on_the_entries_both_
     assert r["delta"] == pytest.approx(100 * 0.75 / 3)
     assert r["p_value"] == pytest.approx(0.5)  # of the 4 sign flips of (+0.25, +0.5), 2 reach |0.75|
     assert m.head_to_head(a, hour("w-000002", ["x"], [1.0])) == {}  # nothing in common
+
+    # a second seed's pair: e1, e2 at a 0.5, 0.0 and b 0.25, 0.5 -> differences -0.25, +0.5
+    c, d = hour("w-000004", ["e1", "e2"], [0.5, 0.0]), hour("w-000005", ["e1", "e2"], [0.25, 0.5])
+    r = m.pooled([(a, b), (c, d)])["bfcl_single"]
+    # five entry pairs (the same entry on two seeds counts twice): a 1.75, b 2.75, differences summing to +1.0
+    assert r["n"] == 5 and (r["wins"], r["losses"]) == (3, 1)
+    assert r["a"] == pytest.approx(35.0) and r["b"] == pytest.approx(55.0) and r["delta"] == pytest.approx(20.0)
+    # of the 16 sign flips of (+0.25, +0.5, -0.25, +0.5), |sum| >= 1.0 in 6: the 0.25s cancel and the 0.5s agree
+    # (4, |sum| 1.0), or all four point one way (2, |sum| 1.5)
+    assert r["p_value"] == pytest.approx(6 / 16)
+    assert m.pooled([(a, b)]) == m.head_to_head(a, b)  # one pair pooled is that pair
