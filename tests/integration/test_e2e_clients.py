@@ -12,9 +12,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
-from test_e2e import _cli, system  # noqa: F401  (the same running system: its own `up` for this module)
+from test_e2e import HTTP, _cli, system  # noqa: F401  (the same running system: its own `up` for this module)
 
 pytestmark = pytest.mark.e2e
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: litellm's bundled model map
@@ -212,8 +211,8 @@ def test_the_live_page_in_a_browser(system):  # noqa: F811
     from deploy.stream_view import connect
 
     base, key = system["endpoint"].removesuffix("/v1"), {"Authorization": f"Bearer {system['key']}"}
-    assert httpx.get(base + "/page").status_code == 200 and httpx.get(base + "/page/state").status_code == 401
-    assert httpx.get(base + "/page/events?kinds=nope", headers=key).json()["error"]["param"] == "kinds"
+    assert HTTP.get(base + "/page").status_code == 200 and HTTP.get(base + "/page/state").status_code == 401
+    assert HTTP.get(base + "/page/events?kinds=nope", headers=key).json()["error"]["param"] == "kinds"
     out = Path(tempfile.gettempdir()) / "kaizen-artifacts"
     out.mkdir(exist_ok=True)
     with sync_api.sync_playwright() as pw:

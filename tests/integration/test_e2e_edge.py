@@ -4,9 +4,8 @@ the `openai` client, every streamed interaction reaching the stream once."""
 
 import json
 
-import httpx
 import pytest
-from test_e2e import _cli, system  # noqa: F401  (the same running system: its own `up` for this module)
+from test_e2e import HTTP, _cli, system  # noqa: F401  (the same running system: its own `up` for this module)
 
 pytestmark = pytest.mark.e2e
 
@@ -14,20 +13,20 @@ pytestmark = pytest.mark.e2e
 def test_auth_and_bad_input_are_4xx(system):  # noqa: F811
     base, key = system["endpoint"], system["key"]
     h = {"Authorization": f"Bearer {key}"}
-    assert {httpx.get(base + "/models", headers=hd).status_code for hd in ({}, {"Authorization": "Bearer x"})} == {401}
-    assert httpx.post(base + "/chat/completions", headers=h, content=b"{nope").status_code == 400
+    assert {HTTP.get(base + "/models", headers=hd).status_code for hd in ({}, {"Authorization": "Bearer x"})} == {401}
+    assert HTTP.post(base + "/chat/completions", headers=h, content=b"{nope").status_code == 400
     hi = [{"role": "user", "content": "hi"}]
     for body, status, param, code in [
         ({"messages": []}, 400, "messages", None),
         ({"model": system["model"], "n": 2, "messages": hi}, 400, "n", None),
         ({"model": "gpt-4o", "messages": hi}, 404, "model", "model_not_found"),
     ]:
-        err = httpx.post(base + "/chat/completions", headers=h, json=body)
+        err = HTTP.post(base + "/chat/completions", headers=h, json=body)
         assert (err.status_code, err.json()["error"]["param"], err.json()["error"]["code"]) == (status, param, code)
-    assert httpx.get(base + f"/models/{system['model']}", headers=h).json()["id"] == system["model"]
-    assert httpx.get(base + "/models/gpt-4o", headers=h).json()["error"]["code"] == "model_not_found"
-    assert httpx.get(base + "/nowhere", headers=h).json()["error"]["message"]  # unknown routes: the error object
-    r = httpx.post(
+    assert HTTP.get(base + f"/models/{system['model']}", headers=h).json()["id"] == system["model"]
+    assert HTTP.get(base + "/models/gpt-4o", headers=h).json()["error"]["code"] == "model_not_found"
+    assert HTTP.get(base + "/nowhere", headers=h).json()["error"]["message"]  # unknown routes: the error object
+    r = HTTP.post(
         base + "/chat/completions",
         headers=h,
         json={  # explicit nulls, a client's default budget, stop
@@ -44,12 +43,12 @@ def test_auth_and_bad_input_are_4xx(system):  # noqa: F811
     )  # 256 tokens: slow
     assert r.status_code == 200 and "4" not in (r.json()["choices"][0]["message"]["content"] or ""), r.text[:300]
     m = base.replace("/v1", "/metrics")  # Prometheus, behind the key
-    assert httpx.get(m).status_code == 401 and 'kaizen_request_seconds_count{stream="false"}' in httpx.get(m, headers=h).text
-    r = httpx.post(base + "/chat/completions", headers=h, content=b"x" * 2_000_000)
+    assert HTTP.get(m).status_code == 401 and 'kaizen_request_seconds_count{stream="false"}' in HTTP.get(m, headers=h).text
+    r = HTTP.post(base + "/chat/completions", headers=h, content=b"x" * 2_000_000)
     assert r.status_code == 413 and "larger" in r.json()["error"]["message"]
-    assert httpx.post(base + "/feedback", headers=h, json={"interaction_id": "nope", "score": 1}).status_code == 404
-    assert httpx.post(base + "/feedback", headers=h, json={"interaction_id": "x", "score": 7}).status_code == 400
-    assert httpx.get(base.replace("/v1", "/healthz")).status_code == 200
+    assert HTTP.post(base + "/feedback", headers=h, json={"interaction_id": "nope", "score": 1}).status_code == 404
+    assert HTTP.post(base + "/feedback", headers=h, json={"interaction_id": "x", "score": 7}).status_code == 400
+    assert HTTP.get(base.replace("/v1", "/healthz")).status_code == 200
     deep = b'{"messages": [{"role": "user", "content": "hi"}], "x": ' + b"[" * 1000 + b"]" * 1000 + b"}"
     for body in (
         deep,
@@ -62,7 +61,7 @@ def test_auth_and_bad_input_are_4xx(system):  # noqa: F811
             }
         ).encode(),
     ):
-        r = httpx.post(base + "/chat/completions", headers={**h, "Content-Type": "application/json"}, content=body)
+        r = HTTP.post(base + "/chat/completions", headers={**h, "Content-Type": "application/json"}, content=body)
         assert 400 <= r.status_code < 500 and r.json()["error"]["message"], (body[:80], r.status_code, r.text[:300])
 
 
