@@ -57,6 +57,14 @@ class GateSettings(_Section):
     canary_max_s: float = Field(
         900.0, description="A canary without enough feedback after this long goes live (it passed the gate)"
     )
+    live_after_guard: bool = Field(
+        False,
+        description="A canary goes live only once the guard has checked it no worse than the base (needs "
+        "guard.enabled): a version below the base then reaches the canary's share of users, and only until its "
+        "check ends, never all of them. Its ratings and time still decide as before; the check is one more "
+        "condition. A check that fails holds the canary where it is (`main.py status` shows the guard's "
+        "error). Off: a canary can go live before its check ends, and a later `below` rolls users back",
+    )
     rollback_margin: float = Field(
         0.3, description="Rollback when the version's mean feedback is this much below the baseline's (scores in [-1, 1])"
     )

@@ -243,6 +243,12 @@ class Settings(_Section):
             self.learner.bf16 = fast_bf16(self.learner.device)
         return self
 
+    @model_validator(mode="after")
+    def _live_after_guard_needs_the_guard(self):
+        if self.gate.live_after_guard and not self.guard.enabled:
+            raise ValueError("gate.live_after_guard needs guard.enabled: true (no check would ever let a canary go live)")
+        return self
+
 
 def load_settings(path: str | Path | None = None, **overrides) -> Settings:
     """Read a preset (default `cpu.yaml`) and apply dotted overrides like `serve.port=8100`."""

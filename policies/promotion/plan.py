@@ -16,7 +16,9 @@ A tick (`plan`), in README's words ("How one improvement cycle flows", items 3 a
   2. while the guard holds serving (a served version below the base) nothing new is gated or served;
   3. with a canary running, its newest staged successor is gated against it; once one has passed,
      the canary goes live after `canary_min_s` unless its ratings so far are `rollback_margin` below
-     live's (`handoff_verdict`), and the passed successor becomes the canary at once;
+     live's (`handoff_verdict`), and the passed successor becomes the canary at once. With
+     `gate.live_after_guard` a canary goes live (in 1 or here) only once the guard has checked it
+     no worse than the base: a version below it reaches the canary's share of users, never all;
   4. otherwise the live watch: live's last `watch_feedback` ratings against the version it replaced
      (`watch_verdict`) roll it back; if it stays, a passed version becomes the canary (superseded
      when what it was gated against is not live), else the newest staged version is gated against
@@ -162,7 +164,8 @@ def _canary(t: _Tick, now: float, g) -> None:
         max_s=g.canary_max_s,
     )
     if verdict == "live":
-        t.do(GoLive(c.version, why), Prune())
+        if _cleared(t, c.version, g):
+            t.do(GoLive(c.version, why + _checked(g)), Prune())
     elif verdict == "rollback":
         t.do(RollBack(c.version, c.baseline, why))
 
@@ -176,9 +179,19 @@ def _handoff(t: _Tick, now: float, g) -> None:
         min_s=g.canary_min_s,
         margin=g.rollback_margin,
     )
-    if ok:
-        t.do(GoLive(c.version, f"{p.version} passed its gate against it; {why}"), Prune())
+    if ok and _cleared(t, c.version, g):
+        t.do(GoLive(c.version, f"{p.version} passed its gate against it; {why}{_checked(g)}"), Prune())
         _start_canary(t, now)
+
+
+def _cleared(t: _Tick, version: str, g) -> bool:
+    """With `gate.live_after_guard` a canary goes live only once the guard has checked it no worse than the base;
+    until then it stays the canary, whatever its ratings and its time say (a `below` verdict rolls it back)."""
+    return not g.live_after_guard or t.book.checks.get(version) == "not_below"
+
+
+def _checked(g) -> str:
+    return "; the guard checked it no worse than the base" if g.live_after_guard else ""
 
 
 def _watch(t: _Tick, g) -> bool:

@@ -32,6 +32,7 @@ NOW = 100_000.0
 GATE = SimpleNamespace(
     canary_share=0.25, canary_min_s=60.0, canary_max_s=900.0, canary_min_feedback=3, rollback_margin=0.3, watch_feedback=4
 )
+GATE.live_after_guard = False  # test_live_after_guard.py: on
 OK = GateScore(nll=1.0, success=0.5, envs={"code": 0.5})
 
 
