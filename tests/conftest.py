@@ -47,6 +47,7 @@ def settings(tmp_path, nats_server):
     s.nats.url, s.nats.password = nats_server.url, nats_server.password
     s.telemetry.strict_events = True
     s.guard.enabled = False  # its background scoring of the base takes minutes; tests/integration/test_guard_rollback.py runs it
+    s.gate.live_after_guard = False  # with no guard no check would let a canary go live; test_live_after_guard.py: on
     s.nats.max_bytes = 64 * 1024 * 1024  # JetStream reserves it on disk per stream; tests make many streams
     return s
 

@@ -174,11 +174,17 @@ def main():
         metavar=("A", "B"),
         help="B's newest served version against A's, paired; given more than once, also all the pairs pooled",
     )
-    ap.add_argument("--json", default="", help="also write the rows and correlations here")
+    ap.add_argument(
+        "--json", default="", help="also write what it printed here as JSON (the pairs and their pool, the rows and correlations)"
+    )
     ap.add_argument("--against", default="gain", help="the figure the others are ranked with (gain, guard_after15)")
     a = ap.parse_args()
+    doc: dict = {}
     if a.pair:
         hours = [tuple(json.loads(Path(f).read_text()) for f in pair) for pair in a.pair]
+        doc["pairs"] = [
+            {"a": Path(fa).stem, "b": Path(fb).stem, **head_to_head(ha, hb)} for (fa, fb), (ha, hb) in zip(a.pair, hours)
+        ]
         for (fa, fb), (ha, hb) in zip(a.pair, hours):
             for env, r in head_to_head(ha, hb).items():
                 print(
@@ -187,12 +193,15 @@ def main():
                     f"+{r['wins']}/-{r['losses']} on {r['n']} entries"
                 )
         if len(hours) > 1:
-            for env, r in pooled(hours).items():
+            doc["pooled"] = pooled(hours)
+            for env, r in doc["pooled"].items():
                 print(
                     f"{env}: the {len(hours)} pairs pooled, B {r['b']:.1f}% vs A {r['a']:.1f}%: {r['delta']:+.1f} points, "
                     f"p = {r['p_value']:.3g}, +{r['wins']}/-{r['losses']} on {r['n']} entry pairs"
                 )
         if not a.files:
+            if a.json:
+                Path(a.json).write_text(json.dumps(doc, indent=1))
             return
     rows = [figures(Path(f)) for f in a.files]
     keys = [k for k in rows[0] if k != "hour"] + sorted({k for r in rows for k in r} - set(rows[0]))
@@ -205,7 +214,7 @@ def main():
     rho = {k: spearman([r.get(k) for r in rows], [r.get(a.against) for r in rows]) for k in keys if k not in (a.against, "p")}
     print(f"Spearman rho with {a.against}: " + ", ".join(f"{k} {v:+.2f}" for k, v in rho.items() if v is not None))
     if a.json:
-        Path(a.json).write_text(json.dumps({"rows": rows, "against": a.against, "spearman": rho}, indent=1))
+        Path(a.json).write_text(json.dumps({**doc, "rows": rows, "against": a.against, "spearman": rho}, indent=1))
 
 
 if __name__ == "__main__":

@@ -112,3 +112,24 @@ def test_two_hours_head_to_head_pairs_their_newest_versions_on_the_entries_both_
     # (4, |sum| 1.0), or all four point one way (2, |sum| 1.5)
     assert r["p_value"] == pytest.approx(6 / 16)
     assert m.pooled([(a, b)]) == m.head_to_head(a, b)  # one pair pooled is that pair
+
+
+def test_pairs_and_their_pool_are_written_as_json(tmp_path, monkeypatch, capsys):
+    m = _mod()
+
+    def hour(name, per_entry):
+        f = tmp_path / f"{name}.json"
+        scores = {"w-000003": {"bfcl_single": {"per_entry": per_entry}}}
+        f.write_text(json.dumps({"suite": {"bfcl_single": ["e1", "e2"]}, "newest_served": "w-000003", "scores": scores}))
+        return str(f)
+
+    a1, b1, a2, b2 = hour("a1", [0.0, 0.5]), hour("b1", [0.5, 0.5]), hour("a2", [0.5, 0.0]), hour("b2", [0.5, 1.0])
+    out = tmp_path / "pairs.json"
+    monkeypatch.setattr("sys.argv", ["compare_hours", "--pair", a1, b1, "--pair", a2, b2, "--json", str(out)])
+    m.main()
+    doc = json.loads(out.read_text())
+    assert [(p["a"], p["b"]) for p in doc["pairs"]] == [("a1", "b1"), ("a2", "b2")]
+    assert doc["pairs"][0]["bfcl_single"]["delta"] == pytest.approx(25.0)  # (+0.5 + 0) / 2 entries
+    # pooled: differences +0.5, 0 (pair 1) and 0, +1.0 (pair 2) over 4 entry pairs
+    assert doc["pooled"]["bfcl_single"]["n"] == 4 and doc["pooled"]["bfcl_single"]["delta"] == pytest.approx(37.5)
+    assert "pooled" in capsys.readouterr().out  # what it wrote, it also printed

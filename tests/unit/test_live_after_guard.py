@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 from test_promotion_plan import GATE, NOW, OK, V, book, brief, lineage
 
+from config.checks import GateSettings
 from config.settings import load_settings
 from policies.promotion.models import GateOutcome
 from policies.promotion.plan import gated, plan
@@ -60,7 +61,8 @@ def test_worse_ratings_still_roll_an_unchecked_canary_back():
 
 
 def test_it_needs_the_guard():
-    assert load_settings(**{"gate.live_after_guard": True}).gate.live_after_guard
-    assert not load_settings().gate.live_after_guard  # off by default
+    assert load_settings().gate.live_after_guard  # on in the CPU preset
+    assert not GateSettings().live_after_guard  # off by default elsewhere (the GPU presets have never run it)
+    assert not load_settings(**{"gate.live_after_guard": False}).gate.live_after_guard
     with pytest.raises(ValidationError, match="gate.live_after_guard needs guard.enabled"):
         load_settings(**{"gate.live_after_guard": True, "guard.enabled": False})
