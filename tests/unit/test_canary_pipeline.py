@@ -31,6 +31,7 @@ def _broadcaster(tmp_path, min_s=60.0):
 
     p = _policy(tmp_path)
     p.settings.gate.canary_share, p.settings.gate.canary_min_s, p.settings.gate.canary_max_s = 0.25, min_s, 900
+    p.settings.gate.live_after_guard = False  # the pipeline without the hold (the preset's): test_live_after_guard.py
     b = Broadcaster(p.settings, bus=FakeBus())
     b.policy, b.store, b.base_path, b._dirty = p, p.store, p.base, False
     b.book = PromotionBook(tmp_path / "book.json", {"w-000000": S.LIVE}, ["w-000000"])
