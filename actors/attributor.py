@@ -25,6 +25,7 @@ confidence as its outcome, and, where the signal says what was wrong, the next t
 (`policies/learning/hindsight.py`). With `conversations.alternatives` and declared tools it goes to the explorer to be
 re-sampled (an `evo.live_step`, while fewer than `conversations.max_in_flight` wait there); the group comes back as a
 rollout and becomes one live judgement. Otherwise it is a one-step live judgement (`policies/judge/live_steps.py`).
+With `conversations.teach: confirmed` only steps the next turn took well (outcome > 0) go on; the others train nothing.
 Ids derive from the step's interaction, so a redelivery publishes nothing twice. Rated steps keep their rating.
 """
 
@@ -50,7 +51,7 @@ from actors.task_events import LiveStep, Rollout
 from envs.live import trajectory
 from policies.hygiene import scrub, scrub_arguments
 from policies.judge.conversations import ConversationBook
-from policies.judge.judge import Agreement, Budget, Verdict, env_labels, make_judge
+from policies.judge.judge import Agreement, Budget, Verdict, choose_labels, env_labels, make_judge
 from policies.judge.live_steps import live_judgement, live_task, resamplable, step_judgement, step_sample
 
 STEP_SHAPING = 0.1  # weight of the mean step signal added to the environment outcome
@@ -69,13 +70,6 @@ def score_rollout(sample: Sample) -> tuple[float, list[str]]:
 
 def live_sample(it: Interaction, fb: Feedback) -> Sample:
     return trajectory(it, fb.score, scrub, scrub_arguments)
-
-
-def choose_labels(mode: str, verified: list[str] | None, judged: list[str] | None) -> list[str] | None:
-    """The labels the learner trains on (see module docstring)."""
-    if mode == "judge" and judged is not None:
-        return judged
-    return verified if verified else judged
 
 
 class Attributor(EventActor):
@@ -259,6 +253,9 @@ class Attributor(EventActor):
             it = st.interaction
             rated = st.rated or f"rated:{it.interaction_id}" in self.applied  # also rated before a restart
             if rated or not st.signal or not st.outcome or it.mixed_weights:
+                continue
+            if c.teach == "confirmed" and st.outcome < 0:  # only what the next turn took well trains
+                self.signalled[st.signal] = self.signalled.get(st.signal, 0) + 1
                 continue
             sample = step_sample(it, st.outcome, st.hint)
             if await self._resampled(it, sample, c):

@@ -38,7 +38,7 @@ from actors.events import (
 )
 from actors.task_events import LiveStep, Rollout, Task
 from envs.client_tools import CLIENT_TOOLS, ClientToolsEnvironment
-from envs.live import alternatives
+from envs.live import alternatives, confirmed_alternatives
 from envs.registry import make_envs
 from envs.tool_calls import CallError, parse_python_call
 from policies.alternatives import resample_step
@@ -192,7 +192,8 @@ class Explorer(EventActor):
             except ValueError as exc:  # a tool_choice that names no declared function: the step trains alone
                 self.log.warning("live_step.not_resampled", task_id=task.task_id, error=str(exc)[:200])
                 answers, tokens = [], 0
-        samples = alternatives(step, answers, task.tool_choice)
+        confirmed = self.settings.conversations.teach == "confirmed" and step.outcome > 0
+        samples = (confirmed and confirmed_alternatives(step, answers)) or alternatives(step, answers, task.tool_choice)
         event = Rollout(
             event_id=derived_id("rollout", task.event_id),
             task=task.model_copy(update={"step": None}),  # the step travels once: as the first sample

@@ -164,6 +164,13 @@ class ConversationSettings(_Section):
         "happened next (policies/judge/conversations.py); the attributor holds a conversation's "
         "interactions unacked until it closes",
     )
+    teach: Literal["all", "confirmed"] = Field(
+        "all",
+        description="Which unrated live steps train. 'all': every step with a signal (envs/live.py's table scores its "
+        "alternatives). 'confirmed': only a step its next turn took well (outcome > 0: thanks, tool_ok, moved_on); its "
+        "served call is then the group's reference and every answer of the group is checked against it by BFCL's AST "
+        "checker on the request's own schema, as practice on the clients' tools is (envs/live.py)",
+    )
     idle_s: float = Field(120.0, description="A conversation with no request for this long closes")
     max_open: int = Field(50, description="Open conversations kept (the least recent closes first)")
     max_steps: int = Field(12, description="A conversation closes after this many answers")

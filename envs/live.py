@@ -18,6 +18,14 @@ a user, by what is certain about it:
 
 So within the group a call that cannot be right ranks below what the user was served, and what the user turned
 down ranks below a fitting answer they have not seen; an answer they took well (`thanks`, `tool_ok`) ranks above it.
+
+With `conversations.teach: confirmed` only steps their next turn took well arrive here, and such a step's one call
+is the group's reference (`confirmed_alternatives`): every answer of the group, the served one included, is checked
+against it by BFCL's AST checker on the request's own schema (`envs/client_check.py`) and scored as practice on the
+clients' tools is: accepted 1.0 (step +1), rejected 0.0 (step -0.5, with the checker's reason), no call 0.0 (step
+-1). What the user took is then the answer to learn, and a fitting call that differs from it is not; a step of
+several calls, a call that does not fit the declared schema, or a function whose schema the checker cannot read is
+scored by the table above instead.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import json
 
 from actors.events import DEFAULT_SYSTEM, ChatMessage, Interaction, Sample, ToolSpec
+from envs.client_check import Unjudgeable, check
 from envs.tool_fit import misfit
 
 MISFIT = -0.9  # an alternative that cannot be right: as a served step the `invalid_call` rule gives (-1.0 x 0.9)
@@ -108,3 +117,37 @@ def alternatives(step: Sample, answers: list[ChatMessage], tool_choice=None) -> 
             )
         )
     return out
+
+
+def _checked(sample_id: str, context: list[ChatMessage], answer: ChatMessage, step: Sample, reference) -> Sample:
+    if not answer.tool_calls:
+        ok, why, signal = False, "no function call", -1.0
+    else:
+        ok, why = check(answer.tool_calls, step.tools, reference)
+        signal = 1.0 if ok else -0.5
+    return Sample(
+        sample_id=sample_id,
+        messages=[*context, answer],
+        tools=step.tools,
+        step_indices=[len(context)],
+        step_signals=[signal],
+        outcome=1.0 if ok else 0.0,
+        error=None if ok else why,
+    )
+
+
+def confirmed_alternatives(step: Sample, answers: list[ChatMessage]) -> list[Sample] | None:
+    """A confirmed step's group (the module docstring): the served step and each answer checked against the served
+    call, or None where that call cannot be the reference (several calls, or a schema the checker cannot read)."""
+    i = step.step_indices[-1]
+    context, served = step.messages[:i], step.messages[i]
+    if len(served.tool_calls) != 1 or misfit(served.tool_calls, step.tools) is not None:
+        return None  # a call the declared schema refuses is taught to nobody, whatever its next turn said
+    reference = served.tool_calls[0]
+    try:
+        if not check(served.tool_calls, step.tools, reference)[0]:  # refused against itself: nobody's reference
+            return None
+        rest = [_checked(f"{step.sample_id}:alt{k}", context, a, step, reference) for k, a in enumerate(answers)]
+    except Unjudgeable:
+        return None
+    return [step.model_copy(update={"outcome": 1.0, "step_signals": [1.0], "error": None}), *rest]

@@ -41,6 +41,14 @@ def env_labels(sample: Sample) -> list[str]:
     return ["GOOD" if s > 0 else "BAD" for s in sample.step_signals]
 
 
+def choose_labels(mode: str, verified: list[str] | None, judged: list[str] | None) -> list[str] | None:
+    """The labels the learner trains on (`judge.step_labels`): the judge's in `judge` mode when it answered, else the
+    environment's verified labels where it has them, else the judge's."""
+    if mode == "judge" and judged is not None:
+        return judged
+    return verified if verified else judged
+
+
 @dataclass
 class Agreement:
     """Judge vs environment step labels, accumulated (confusion counts)."""

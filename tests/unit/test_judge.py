@@ -4,7 +4,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from actors.attributor import choose_labels
 from actors.events import ChatMessage, Sample, ToolCall
 from policies.judge.judge import (
     Agreement,
@@ -13,6 +12,7 @@ from policies.judge.judge import (
     MalformedVerdict,
     PolicyJudge,
     band_score,
+    choose_labels,
     hollow_reason,
     parse_verdict,
 )
