@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 
 from actors.events import DEFAULT_SYSTEM, ChatMessage, Interaction, Sample, ToolSpec
+from envs.bfcl_single import OneCallEpisode
 from envs.client_check import Unjudgeable, check
 from envs.tool_fit import misfit
 
@@ -119,20 +120,29 @@ def alternatives(step: Sample, answers: list[ChatMessage], tool_choice=None) -> 
     return out
 
 
+class _AgainstServed(OneCallEpisode):
+    """One answer of a confirmed step's group, scored as practice on the clients' tools is (`OneCallEpisode.step`),
+    against the served call."""
+
+    def __init__(self, tools: list[ToolSpec], reference):
+        super().__init__("", "", tools)
+        self.reference = reference
+
+    def judge(self, calls):
+        return check(calls, self.tools, self.reference)
+
+
 def _checked(sample_id: str, context: list[ChatMessage], answer: ChatMessage, step: Sample, reference) -> Sample:
-    if not answer.tool_calls:
-        ok, why, signal = False, "no function call", -1.0
-    else:
-        ok, why = check(answer.tool_calls, step.tools, reference)
-        signal = 1.0 if ok else -0.5
+    episode = _AgainstServed(step.tools, reference)
+    r = episode.step(answer)
     return Sample(
         sample_id=sample_id,
         messages=[*context, answer],
         tools=step.tools,
         step_indices=[len(context)],
-        step_signals=[signal],
-        outcome=1.0 if ok else 0.0,
-        error=None if ok else why,
+        step_signals=[r.signal],
+        outcome=episode.outcome(),
+        error=episode.error or None,
     )
 
 
