@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from learner_harness import Msg  # tests/ is on sys.path
 from live_doubles import FakeEngine, answer, interaction, tool
-from test_live_steps import Bus, _attributor, _close_all
+from test_live_steps import Bus, _attributor, _close_all, _explorer
 
 from actors.events import ChatMessage
 from actors.task_events import LiveStep, Rollout
@@ -73,20 +73,10 @@ def test_with_teach_confirmed_only_a_step_the_next_turn_took_well_goes_on(tmp_pa
 
 
 def test_the_explorer_checks_a_confirmed_steps_alternatives_against_the_served_call(tmp_path):
-    from actors.explorer import Explorer
-    from config.settings import load_settings
     from policies.judge.live_steps import live_task, step_sample
 
-    s = load_settings(None, **{"conversations.guided_alternatives": 0, "conversations.teach": "confirmed"})
-    s.state_dir = str(tmp_path)
-    x = Explorer(s, bus=Bus())
-    x.engine = FakeEngine(['Oslo", "days": 3}}]</tool_call>', 'Bergen", "days": 3}}]</tool_call>', "x"])
-    x.groups = 0
-
-    async def follow():
-        pass
-
-    x._follow = follow
+    answers = ['Oslo", "days": 3}}]</tool_call>', 'Bergen", "days": 3}}]</tool_call>', "x"]
+    x = _explorer(tmp_path, answers, **{"conversations.teach": "confirmed"})
     it = interaction(response=RIGHT)
     task = live_task(it, "tool_ok", step_sample(it, 0.08, ""))
     task.weights_version = it.weights_version
@@ -96,6 +86,6 @@ def test_the_explorer_checks_a_confirmed_steps_alternatives_against_the_served_c
     assert r.samples[0].messages == task.step.messages and r.behaviour_versions == ["w-000003"] + ["w-000005"] * 3
     # the same step in `teach: all`: the table's scores
     x.settings.conversations.teach = "all"
-    x.engine = FakeEngine(['Oslo", "days": 3}}]</tool_call>', 'Bergen", "days": 3}}]</tool_call>', "x"])
+    x.engine = FakeEngine(answers)
     asyncio.run(x.handle_live_step(task.model_copy(update={"event_id": "t2"}), Msg()))
     assert [s.outcome for s in x.bus.events[-1].samples][:3] == [pytest.approx(0.08), pytest.approx(0.08), UNSEEN]

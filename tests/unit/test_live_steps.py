@@ -146,22 +146,28 @@ def test_a_step_keeps_the_route_it_was_given_when_its_close_is_tried_again(tmp_p
     assert not asyncio.run(_attributor(tmp_path / "b", Bus())._resampled(big, step_sample(big, -0.9, ""), c))
 
 
-def test_the_explorer_re_samples_a_live_step_with_its_newest_weights(tmp_path):
-    from actors.bus import Poison
+def _explorer(tmp_path, outputs: list[str], **overrides):
+    """An explorer on a test bus whose engine answers `outputs`, with free (unguided) alternatives."""
     from actors.explorer import Explorer
     from config.settings import load_settings
-    from policies.judge.live_steps import live_task, step_sample
 
-    s = load_settings(None, **{"conversations.guided_alternatives": 0})  # free alternatives here; guided ones below
+    s = load_settings(None, **{"conversations.guided_alternatives": 0, **overrides})
     s.state_dir = str(tmp_path)
     x = Explorer(s, bus=Bus())
-    x.engine = FakeEngine(['Oslo", "days": 3}}]</tool_call>', 'Oslo", "days": "3"}}]</tool_call>', "3}}]</tool_call>"])
-    x.groups = 0
+    x.engine, x.groups = FakeEngine(outputs), 0
 
     async def follow():
         pass
 
     x._follow = follow
+    return x
+
+
+def test_the_explorer_re_samples_a_live_step_with_its_newest_weights(tmp_path):
+    from actors.bus import Poison
+    from policies.judge.live_steps import live_task, step_sample
+
+    x = _explorer(tmp_path, ['Oslo", "days": 3}}]</tool_call>', 'Oslo", "days": "3"}}]</tool_call>', "3}}]</tool_call>"])
     it = interaction()
     task = live_task(it, "correction", step_sample(it, -0.8, "user: No."))
     task.weights_version = it.weights_version
