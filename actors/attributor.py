@@ -25,7 +25,7 @@ confidence as its outcome, and, where the signal says what was wrong, the next t
 (`policies/learning/hindsight.py`). With `conversations.alternatives` and declared tools it goes to the explorer to be
 re-sampled (an `evo.live_step`, while fewer than `conversations.max_in_flight` wait there); the group comes back as a
 rollout and becomes one live judgement. Otherwise it is a one-step live judgement (`policies/judge/live_steps.py`).
-With `conversations.teach: confirmed` only steps the next turn took well (outcome > 0) go on; the others train nothing.
+With `conversations.teach: confirmed` only steps the next turn took well (outcome > 0) go on (the others: no judgement).
 Ids derive from the step's interaction, so a redelivery publishes nothing twice. Rated steps keep their rating.
 """
 

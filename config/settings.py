@@ -169,7 +169,8 @@ class ConversationSettings(_Section):
         description="Which unrated live steps train. 'all': every step with a signal (envs/live.py's table scores its "
         "alternatives). 'confirmed': only a step its next turn took well (outcome > 0: thanks, tool_ok, moved_on); its "
         "served call is then the group's reference and every answer of the group is checked against it by BFCL's AST "
-        "checker on the request's own schema, as practice on the clients' tools is (envs/live.py)",
+        "checker on the request's own schema, as practice on the clients' tools is (envs/live.py). The other steps give "
+        "no judgement, so neither the learner nor the memory sees them",
     )
     idle_s: float = Field(120.0, description="A conversation with no request for this long closes")
     max_open: int = Field(50, description="Open conversations kept (the least recent closes first)")
