@@ -193,7 +193,8 @@ class Explorer(EventActor):
                 self.log.warning("live_step.not_resampled", task_id=task.task_id, error=str(exc)[:200])
                 answers, tokens = [], 0
         confirmed = self.settings.conversations.teach == "confirmed" and step.outcome > 0
-        samples = (confirmed and confirmed_alternatives(step, answers)) or alternatives(step, answers, task.tool_choice)
+        checked = confirmed_alternatives(step, answers) if confirmed else None
+        samples = checked or alternatives(step, answers, task.tool_choice)
         event = Rollout(
             event_id=derived_id("rollout", task.event_id),
             task=task.model_copy(update={"step": None}),  # the step travels once: as the first sample
@@ -202,6 +203,7 @@ class Explorer(EventActor):
             duration_s=time.monotonic() - t0,
             trace_id=task.trace_id,
             behaviour_versions=[task.weights_version] + [version] * len(answers),
+            scored_by="served-call" if checked else "tool-fit",
         )
         await self.bus.publish(event, weights_version=version)
         self.groups += 1

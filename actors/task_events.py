@@ -72,3 +72,8 @@ class Rollout(Event):
     behaviour_versions: list[str] = Field(
         [], description="the weights version that generated each sample, when they differ (a live step and its re-samples)"
     )
+    scored_by: Literal["tool-fit", "served-call"] = Field(
+        "tool-fit",
+        description="how a live step's group was scored: against the request's schema (envs/tool_fit.py) or, for a "
+        "step its next turn confirmed, against the served call (envs/live.confirmed_alternatives)",
+    )

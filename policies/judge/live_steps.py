@@ -95,7 +95,7 @@ def live_judgement(ev: Rollout) -> Judgement:
         samples=ev.samples,
         outcomes=outcomes,
         step_labels=_labels(outcomes),
-        judge=f"next-turn:{t.signal}+tool-fit",
+        judge=f"next-turn:{t.signal}+{ev.scored_by}",
         source_event_ids=[*t.source_event_ids, ev.event_id],
         trace_id=ev.trace_id,
         origin="live",

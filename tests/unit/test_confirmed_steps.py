@@ -73,7 +73,7 @@ def test_with_teach_confirmed_only_a_step_the_next_turn_took_well_goes_on(tmp_pa
 
 
 def test_the_explorer_checks_a_confirmed_steps_alternatives_against_the_served_call(tmp_path):
-    from policies.judge.live_steps import live_task, step_sample
+    from policies.judge.live_steps import live_judgement, live_task, step_sample
 
     answers = ['Oslo", "days": 3}}]</tool_call>', 'Bergen", "days": 3}}]</tool_call>', "x"]
     x = _explorer(tmp_path, answers, **{"conversations.teach": "confirmed"})
@@ -84,8 +84,10 @@ def test_the_explorer_checks_a_confirmed_steps_alternatives_against_the_served_c
     (r,) = x.bus.events
     assert isinstance(r, Rollout) and [s.outcome for s in r.samples] == [1.0, 1.0, 0.0, 0.0]
     assert r.samples[0].messages == task.step.messages and r.behaviour_versions == ["w-000003"] + ["w-000005"] * 3
+    assert r.scored_by == "served-call" and live_judgement(r).judge == "next-turn:tool_ok+served-call"
     # the same step in `teach: all`: the table's scores
     x.settings.conversations.teach = "all"
     x.engine = FakeEngine(answers)
     asyncio.run(x.handle_live_step(task.model_copy(update={"event_id": "t2"}), Msg()))
     assert [s.outcome for s in x.bus.events[-1].samples][:3] == [pytest.approx(0.08), pytest.approx(0.08), UNSEEN]
+    assert x.bus.events[-1].scored_by == "tool-fit"
