@@ -6,7 +6,12 @@ else the first suite scored, e.g. bfcl_single), learner steps, rollout groups th
 counts, versions served / rejected / rolled back, the gate's reference NLL at the first and the last decision (its
 drift), and the gate's p50 (`gate_p50_s`: a fixed amount of work per candidate, so it also tells a slow or busy
 host). Files written since `host_forward_s` give the host's own speed (seconds a forward pass, measured alone before
-scoring). Files written since `learner_detail` also give, per hour: the share of learner steps with no environment
+scoring); `host_forward_s` has missed a host that was slow under the hour's sustained load (1.05 s on a host whose
+guard took twice the seconds per entry of a 1.55 s one), so `guard_s_per_entry` (the guard's checks' seconds over the
+entries they scored: the same work all hour, beside everything else the loop runs) gives the loop's own speed, and
+`score_ms_per_sample` (the final scoring's seconds over the samples it drew: versions x entries x k, run alone after
+`up` stops) the host's speed at that work.
+Files written since `learner_detail` also give, per hour: the share of learner steps with no environment
 group (live ratings only), the live ratings' positive share, the mean KL to the base over the last ten steps and the
 mean grad norm; and, from the first ten learner steps, the summed step size (`lr_sum10`, units of 1e-5) and the
 smoothed drift after them (`drift_at10`).
@@ -63,6 +68,8 @@ def figures(path: Path) -> dict:
         "served_p50_s": (d.get("cycle_p50_s") or {}).get("served_after_s"),
         "gate_p50_s": (d.get("cycle_p50_s") or {}).get("gate_s"),
         "host_forward_s": (d.get("host_forward_s") or {}).get("before_scoring"),
+        "guard_s_per_entry": guard_speed(d.get("guard_checks") or []),
+        "score_ms_per_sample": scoring_speed(d),
     }
     if steps:
         out.update(
@@ -75,6 +82,18 @@ def figures(path: Path) -> dict:
         )
     out.update(guard_level(d.get("guard_checks") or [], d.get("minutes") or 60))
     return out
+
+
+def guard_speed(checks: list[dict]) -> float | None:
+    """Seconds of the guard's checks per entry they scored (None without checks that say both)."""
+    timed = [c for c in checks if c.get("duration_s") and c.get("entries")]
+    return sum(c["duration_s"] for c in timed) / sum(c["entries"] for c in timed) if timed else None
+
+
+def scoring_speed(d: dict) -> float | None:
+    """Milliseconds of the final scoring per sample drawn (None where the file does not say all three)."""
+    samples = len(d.get("scores") or {}) * sum(map(len, (d.get("suite") or {}).values())) * (d.get("k") or 0)
+    return 1000 * d["score_s"] / samples if d.get("score_s") and samples else None
 
 
 def guard_level(checks: list[dict], minutes: float = 60) -> dict:

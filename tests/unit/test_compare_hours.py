@@ -46,9 +46,13 @@ def test_a_live_traffic_hour_reads_its_suite_and_its_first_ten_steps(tmp_path):
         "learner_steps": 12,
         "users": {"requests": 10, "right": 3},
         "steps": steps,
-        "guard_checks": [_check(20, 0.04)],
+        "guard_checks": [_check(20, 0.04) | {"duration_s": 120, "entries": 24}],
         "cycle_p50_s": {"gate_s": 18.1},
         "host_forward_s": {"before_up": 0.21, "before_scoring": 0.23},
+        "score_s": 96,
+        "k": 16,
+        "suite": {"bfcl_single": ["e1", "e2", "e3"]},
+        "scores": {"w-000001": {}, "w-000012": {}},
     }
     f = tmp_path / "live_traffic_cpu_simple_x_r1.json"
     f.write_text(json.dumps(d))
@@ -59,6 +63,11 @@ def test_a_live_traffic_hour_reads_its_suite_and_its_first_ten_steps(tmp_path):
     assert row["drift_at10"] == pytest.approx(0.10)  # after the tenth step, not the last
     assert row["guard_after15"] == pytest.approx(4.0)
     assert (row["gate_p50_s"], row["host_forward_s"]) == (18.1, 0.23)  # the host's speed beside the hour's figures
+    assert row["guard_s_per_entry"] == pytest.approx(120 / 24)  # the loop's own speed, under the hour's load
+    assert row["score_ms_per_sample"] == pytest.approx(1000 * 96 / (2 * 3 * 16))  # the host's, alone after the hour
+    assert m.scoring_speed({"score_s": 96}) is None
+    assert m.guard_speed([]) is None and m.guard_speed([{"minute": 3, "delta": 0.0}]) is None
+    assert m.guard_speed([_check(5, 0.0) | {"duration_s": 100, "entries": 48}, _check(9, 0.0)]) == pytest.approx(100 / 48)
 
 
 def test_spearman_ranks_with_ties_and_skips_missing():
