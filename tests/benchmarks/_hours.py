@@ -256,6 +256,29 @@ def host_forward_s(model_dir: Path, repeats: int = 5) -> float:
         torch.set_num_threads(threads)
 
 
+def committed_hosts(results: Path | None = None) -> list[float]:
+    """`host_forward_s` before `up` of every committed hour that has one (results/*.json), sorted."""
+    results = results or Path(__file__).resolve().parent / "results"
+    out = []
+    for f in results.glob("*.json"):
+        host = json.loads(f.read_text()).get("host_forward_s") if f.stat().st_size < 5_000_000 else None
+        if isinstance(host, dict) and isinstance(host.get("before_up"), (int, float)):
+            out.append(float(host["before_up"]))
+    return sorted(out)
+
+
+def check_host(seconds: float, limit: float | None, results: Path | None = None) -> None:
+    """Say how this host compares with the committed hours' hosts; stop (SystemExit, nothing run yet) above `limit`."""
+    seen = committed_hosts(results)
+    span = f"{seen[0]:.2f}-{seen[-1]:.2f} s over {len(seen)} committed hours" if seen else "no committed hour to compare"
+    print(f"host_forward_s {seconds:.2f} s ({span})", flush=True)
+    if limit is not None and seconds > limit:
+        raise SystemExit(
+            f"host_forward_s {seconds:.2f} s is above --max-host-forward-s {limit:.2f} ({span}): "
+            "an hour here would make fewer learner steps than the hours it is to be compared with; run it on a faster host"
+        )
+
+
 def host_cpu() -> str:
     """The CPU's model name, its widest vector extension and its cores (from /proc/cpuinfo where there is one)."""
     import os

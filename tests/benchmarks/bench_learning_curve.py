@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
-from _hours import host_forward_s, repeats, seed_base  # noqa: E402
+from _hours import check_host, host_forward_s, repeats, seed_base  # noqa: E402
 from _report import report  # noqa: E402
 from _users import users  # noqa: E402
 
@@ -86,6 +86,13 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--repeats", type=int, default=1, help="fresh hours back to back; writes <out>_summary.json")
     ap.add_argument(
+        "--max-host-forward-s",
+        type=float,
+        default=None,
+        help="stop before anything else runs when the host's forward pass (host_forward_s) is slower than this: "
+        "an hour on a much slower host makes fewer steps and is no replicate of the committed ones",
+    )
+    ap.add_argument(
         "--keep-weights",
         action="store_true",
         help="keep every version's weights file after scoring (by default only the scored ones stay: an hour writes ~50 files)",
@@ -120,9 +127,10 @@ def one_hour(a, out_path: str) -> dict:
     (root / "config.yaml").write_text(yaml.safe_dump(cfg))
     if (ROOT / ".kaizen" / "model").exists():  # reuse the one-time conversion
         shutil.copytree(ROOT / ".kaizen" / "model", state / "model")
-    seed_base(a, root / "config.yaml", state)  # scored once on this machine: the guard and the report find it
     m = load_settings(root / "config.yaml").model
     host = {"before_up": host_forward_s(ensure_base_model(state, m.source, m.path, progress=False))}  # alone
+    check_host(host["before_up"], a.max_host_forward_s)  # before the base's scoring, the longest wait alone
+    seed_base(a, root / "config.yaml", state)  # scored once on this machine: the guard and the report find it
     env = {**os.environ, "KAIZEN_STATE_DIR": str(state), "KAIZEN_SERVE_PORT": str(free_port())}
     t_start = time.time()
     up = subprocess.run(
