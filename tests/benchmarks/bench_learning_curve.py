@@ -129,7 +129,11 @@ def one_hour(a, out_path: str) -> dict:
         shutil.copytree(ROOT / ".kaizen" / "model", state / "model")
     m = load_settings(root / "config.yaml").model
     host = {"before_up": host_forward_s(ensure_base_model(state, m.source, m.path, progress=False))}  # alone
-    check_host(host["before_up"], a.max_host_forward_s)  # before the base's scoring, the longest wait alone
+    try:
+        check_host(host["before_up"], a.max_host_forward_s)  # before the base's scoring, the longest wait alone
+    except SystemExit:
+        shutil.rmtree(root, ignore_errors=True)  # nothing ran: no state to keep
+        raise
     seed_base(a, root / "config.yaml", state)  # scored once on this machine: the guard and the report find it
     env = {**os.environ, "KAIZEN_STATE_DIR": str(state), "KAIZEN_SERVE_PORT": str(free_port())}
     t_start = time.time()
