@@ -29,7 +29,9 @@ def test_each_step_trains_its_new_group_and_the_previous_one_again(tmp_path, tin
     # g1 again: sampled with the base model, one step behind the weights that trained it
     assert (two.groups, two.source_event_ids, two.reused_event_ids) == (2, ["j-2"], ["j-1"])
     assert two.metrics["groups_again"] == 1 and two.metrics["stale_samples"] == 2 and two.metrics["staleness_max"] == 1
-    assert abs(two.metrics["is_mean"] - 1.0) > 1e-4  # the importance ratio against the base model is not 1
+    # the importance ratio against the base model is not 1 token by token (its mean can land within 1e-4 of 1:
+    # 0.9999 on one host, between 0.9717 and 1.044)
+    assert two.metrics["is_max"] - two.metrics["is_min"] > 1e-3
     three, _ = _step(ln, 3)
     assert (three.source_event_ids, three.reused_event_ids) == (["j-3"], ["j-2"])  # a group is trained twice at most
     assert (m1.acks, m2.acks) == (1, 1)  # acked after its first step, never again
