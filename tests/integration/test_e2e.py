@@ -23,6 +23,7 @@ from deploy.nats import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMOTION_BUDGET_S = 15 * 60
+JUDGE_BACKLOG = 8  # events (a request and its rating are two) the client lets the judge fall behind by
 SELF_QUESTIONING_BUDGET_S = 8 * 60  # after the promotion
 pytestmark = pytest.mark.e2e
 # These tests check what the edge answers, not how fast: on a 2-core host a learner step or a gate beside them can hold
@@ -59,6 +60,18 @@ def _status(state) -> dict:
     r = _cli(state, "status", "--json", timeout=180)
     assert r.returncode == 0 and r.stdout.strip(), f"status failed ({r.returncode}): {r.stderr[-3000:]}"
     return json.loads(r.stdout)
+
+
+def _pace(state, until: float) -> None:
+    """Wait while the judge is more than JUDGE_BACKLOG events behind (or until `until`). On a slow host an unpaced client
+    left it minutes of rated traffic to work off after the promotion (CI, 2026-12-01: 111 requests in 491 s); the live
+    steps it passes on meanwhile go to the explorer ahead of its tasks, and a verified synthetic task then waited past its
+    deadline, and so did the judgement the next test asks for. A paced client makes both independent of host speed."""
+    while time.monotonic() < until:
+        c = _status(state)["consumers"].get("attributor") or {}
+        if c.get("pending", 0) + c.get("unacked", 0) <= JUDGE_BACKLOG:
+            return
+        time.sleep(5)
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +130,8 @@ def test_promoted_version_is_served_with_no_failed_request(system):
     while time.monotonic() - started < PROMOTION_BUDGET_S:
         q, a = qa[i % len(qa)]
         i += 1
+        if i % len(qa) == 0:
+            _pace(system["state"], started + PROMOTION_BUDGET_S)
         try:
             r = c.chat.completions.create(model=system["model"], messages=[{"role": "user", "content": q}], max_tokens=20)
             sent += 1
@@ -236,9 +251,14 @@ def test_users_first_priorities(system):
                 pass
         return out
 
-    st = _status(system["state"])
-    for name, want in (("navigator", 0), ("learner", 5), ("explorer", 10), ("questioner", 15)):
-        assert nices(st["actors"][name]["pid"]) == {want}, (name, st["actors"][name])
+    names = ("navigator", "learner", "explorer", "questioner")
+    for _ in range(10):  # a loaded machine may leave an actor's answer out of one status read (CI: KeyError navigator)
+        if all((st := _status(system["state"]))["actors"].get(n, {}).get("pid") for n in names):
+            break
+        time.sleep(3)
+    for name, want in zip(names, (0, 5, 10, 15)):
+        assert (a := st["actors"].get(name, {})).get("pid"), (name, st["actors"])
+        assert nices(a["pid"]) == {want}, (name, a)
     replicas = [p for p in descendants(system["pid"]) if _comm(p).startswith("ray::ServeRepli")]
     assert replicas and all(nices(p) == {0} for p in replicas)
 
