@@ -267,6 +267,22 @@ def committed_hosts(results: Path | None = None) -> list[float]:
     return sorted(out)
 
 
+HOST_SLACK = 1.25  # how much slower than the hour it is paired with a host may be
+
+
+def host_limit(limit: float | None, like: Path | None) -> float | None:
+    """The tighter of `limit` and HOST_SLACK x the `host_forward_s.before_up` of the hour in `like` (the hour this one
+    is to be paired with): LOG.md 2026-12-02, a 2.5 s limit let a 2.34 s host through, above every committed hour's,
+    and the hour made 16 steps against its pair's 46."""
+    if like is None:
+        return limit
+    host = json.loads(like.read_text()).get("host_forward_s")
+    if not (isinstance(host, dict) and isinstance(host.get("before_up"), (int, float))):
+        raise SystemExit(f"--host-like {like}: it records no host_forward_s.before_up to pair with")
+    paired = HOST_SLACK * float(host["before_up"])
+    return paired if limit is None else min(limit, paired)
+
+
 def check_host(seconds: float, limit: float | None, results: Path | None = None) -> None:
     """Say how this host compares with the committed hours' hosts; stop (SystemExit, nothing run yet) above `limit`."""
     seen = committed_hosts(results)
@@ -274,7 +290,7 @@ def check_host(seconds: float, limit: float | None, results: Path | None = None)
     print(f"host_forward_s {seconds:.2f} s ({span})", flush=True)
     if limit is not None and seconds > limit:
         raise SystemExit(
-            f"host_forward_s {seconds:.2f} s is above --max-host-forward-s {limit:.2f} ({span}): "
+            f"host_forward_s {seconds:.2f} s is above the limit {limit:.2f} s (--max-host-forward-s, --host-like) ({span}): "
             "an hour here would make fewer learner steps than the hours it is to be compared with; run it on a faster host"
         )
 

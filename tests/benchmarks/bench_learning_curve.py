@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
-from _hours import check_host, host_forward_s, repeats, seed_base  # noqa: E402
+from _hours import check_host, host_forward_s, host_limit, repeats, seed_base  # noqa: E402
 from _report import report  # noqa: E402
 from _users import users  # noqa: E402
 
@@ -93,6 +93,13 @@ def parser() -> argparse.ArgumentParser:
         "an hour on a much slower host makes fewer steps and is no replicate of the committed ones",
     )
     ap.add_argument(
+        "--host-like",
+        type=Path,
+        default=None,
+        help="a committed hour's results JSON this hour is to be paired with: stop, as --max-host-forward-s does, on "
+        "a host more than 1.25x slower than that hour's (the tighter of the two limits applies)",
+    )
+    ap.add_argument(
         "--keep-weights",
         action="store_true",
         help="keep every version's weights file after scoring (by default only the scored ones stay: an hour writes ~50 files)",
@@ -130,7 +137,7 @@ def one_hour(a, out_path: str) -> dict:
     m = load_settings(root / "config.yaml").model
     host = {"before_up": host_forward_s(ensure_base_model(state, m.source, m.path, progress=False))}  # alone
     try:
-        check_host(host["before_up"], a.max_host_forward_s)  # before the base's scoring, the longest wait alone
+        check_host(host["before_up"], host_limit(a.max_host_forward_s, a.host_like))  # before the base is scored
     except SystemExit:
         shutil.rmtree(root, ignore_errors=True)  # nothing ran: no state to keep
         raise

@@ -27,7 +27,7 @@ def test_slow_host_stops_with_the_figures(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         _hours.check_host(5.46, 2.5, _results(tmp_path))
     msg = str(stop.value)
-    assert "5.46 s is above --max-host-forward-s 2.50" in msg
+    assert "5.46 s is above the limit 2.50 s" in msg
     assert "1.55-2.25 s over 2 committed hours" in msg
 
 
@@ -44,3 +44,16 @@ def test_no_limit_or_within_it_only_reports(tmp_path, capsys):
 def test_no_committed_hour(tmp_path, capsys):
     _hours.check_host(1.2, 2.5, tmp_path)
     assert "no committed hour to compare" in capsys.readouterr().out
+
+
+def test_host_like_pairs_the_limit_with_that_hours_host(tmp_path):
+    res = _results(tmp_path)
+    assert _hours.host_limit(None, None) is None
+    assert _hours.host_limit(2.5, None) == 2.5
+    assert _hours.host_limit(None, res / "a.json") == pytest.approx(1.25 * 1.55)  # 1.9375
+    assert _hours.host_limit(2.5, res / "a.json") == pytest.approx(1.9375)  # the tighter one
+    assert _hours.host_limit(1.5, res / "a.json") == 1.5
+    with pytest.raises(SystemExit, match="records no host_forward_s.before_up"):
+        _hours.host_limit(2.5, res / "old.json")
+    with pytest.raises(SystemExit, match="2.34 s is above the limit 1.94 s"):  # the 2026-12-02 hour's host vs lag_r1's
+        _hours.check_host(2.34, _hours.host_limit(2.5, res / "a.json"), res)
