@@ -267,20 +267,13 @@ def committed_hosts(results: Path | None = None) -> list[float]:
     return sorted(out)
 
 
-HOST_SLACK = 1.25  # how much slower than the hour it is paired with a host may be
-
-
-def host_limit(limit: float | None, like: Path | None) -> float | None:
-    """The tighter of `limit` and HOST_SLACK x the `host_forward_s.before_up` of the hour in `like` (the hour this one
-    is to be paired with): LOG.md 2026-12-02, a 2.5 s limit let a 2.34 s host through, above every committed hour's,
-    and the hour made 16 steps against its pair's 46."""
-    if like is None:
-        return limit
-    host = json.loads(like.read_text()).get("host_forward_s")
-    if not (isinstance(host, dict) and isinstance(host.get("before_up"), (int, float))):
+def host_limit(limit: float | None, like: Path | None, slack: float = 1.25) -> float | None:
+    """The tighter of `limit` and `slack` x the host of the hour in `like`, the one this hour is paired with (LOG.md
+    2026-12-02: a 2.5 s limit let a 2.34 s host through, and the hour made 16 steps against its pair's 46)."""
+    host = json.loads(like.read_text()).get("host_forward_s") if like else None
+    if like and not (isinstance(host, dict) and isinstance(host.get("before_up"), (int, float))):
         raise SystemExit(f"--host-like {like}: it records no host_forward_s.before_up to pair with")
-    paired = HOST_SLACK * float(host["before_up"])
-    return paired if limit is None else min(limit, paired)
+    return limit if not like else min(x for x in (limit, slack * float(host["before_up"])) if x is not None)
 
 
 def check_host(seconds: float, limit: float | None, results: Path | None = None) -> None:

@@ -63,10 +63,8 @@ def _status(state) -> dict:
 
 
 def _pace(state, until: float) -> None:
-    """Wait while the judge is more than JUDGE_BACKLOG events behind (or until `until`). On a slow host an unpaced client
-    left it minutes of rated traffic to work off after the promotion (CI, 2026-12-01: 111 requests in 491 s); the live
-    steps it passes on meanwhile go to the explorer ahead of its tasks, and a verified synthetic task then waited past its
-    deadline, and so did the judgement the next test asks for. A paced client makes both independent of host speed."""
+    """Wait while the judge is over JUDGE_BACKLOG events behind (or until `until`): on a slow CI host an unpaced client
+    left it minutes of rated traffic, whose live steps went to the explorer ahead of its tasks (CI 2026-12-01)."""
     while time.monotonic() < until:
         c = _status(state)["consumers"].get("attributor") or {}
         if c.get("pending", 0) + c.get("unacked", 0) <= JUDGE_BACKLOG:
@@ -257,8 +255,7 @@ def test_users_first_priorities(system):
             break
         time.sleep(3)
     for name, want in zip(names, (0, 5, 10, 15)):
-        assert (a := st["actors"].get(name, {})).get("pid"), (name, st["actors"])
-        assert nices(a["pid"]) == {want}, (name, a)
+        assert (a := st["actors"].get(name, {})).get("pid") and nices(a["pid"]) == {want}, (name, st["actors"])
     replicas = [p for p in descendants(system["pid"]) if _comm(p).startswith("ray::ServeRepli")]
     assert replicas and all(nices(p) == {0} for p in replicas)
 
