@@ -11,7 +11,8 @@ both a training signal and ground truth for the judge: agreement is accumulated 
 reported in each judgement and in `health()`. `judge.step_labels` picks what the learner sees:
 `verified` (default) uses the environment's labels where they exist and the judge's elsewhere;
 `judge` uses the judge's wherever it answered. Outcomes are the environment-verified outcome
-shaped by 0.1 x the mean step signal; a live interaction's outcome is its user feedback (the feedback names the
+shaped by 0.1 x the mean step signal (plus `rollout.fit_credit` for a rejected call that fits the declared tools, in
+one-call environments); a live interaction's outcome is its user feedback (the feedback names the
 interaction, which is read from the stream by id: `Bus.interaction`).
 When the judge is over budget, fails or answers malformed text, the environment's (or the
 feedback's) labels are used and the judgement says so; the actor never crashes on it.
@@ -49,6 +50,8 @@ from actors.events import (
 from actors.messages import event_time
 from actors.task_events import LiveStep, Rollout
 from envs.live import trajectory
+from envs.registry import ONE_CALL
+from envs.tool_fit import calls_fit
 from policies.hygiene import scrub, scrub_arguments
 from policies.judge.conversations import ConversationBook
 from policies.judge.judge import Agreement, Budget, Verdict, choose_labels, env_labels, make_judge
@@ -61,10 +64,14 @@ def judgement_id(source_event_id: str) -> str:
     return derived_id("judgement", source_event_id)
 
 
-def score_rollout(sample: Sample) -> tuple[float, list[str]]:
-    """(outcome, step labels) for one rollout from its environment signals."""
+def score_rollout(sample: Sample, fit_credit: float = 0.0) -> tuple[float, list[str]]:
+    """(outcome, step labels) for one rollout from its environment signals. With `fit_credit` (one-call environments,
+    `rollout.fit_credit`), a sample the environment did not accept whose calls fit the declared tools gains that much:
+    a fitting call ranks between an accepted one and one that misses a required parameter or a type."""
     sig = sample.step_signals
     shaped = sample.outcome + STEP_SHAPING * (sum(sig) / len(sig) if sig else 0.0)
+    if fit_credit and sample.outcome < 1.0 and calls_fit(sample):
+        shaped += fit_credit
     return round(shaped, 6), env_labels(sample)
 
 
@@ -139,7 +146,8 @@ class Attributor(EventActor):
             return
         refs = [ev.task.reference or None] * len(ev.samples)
         verdicts = await self.run_judge(ev.samples, refs)
-        scored = [score_rollout(s) for s in ev.samples]
+        credit = self.settings.rollout.fit_credit if ev.task.env in ONE_CALL else 0.0
+        scored = [score_rollout(s, credit) for s in ev.samples]
         group_agree = Agreement()
         labels = []
         for s, v, (_, verified) in zip(ev.samples, verdicts, scored):

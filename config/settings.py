@@ -96,6 +96,15 @@ class RolloutSettings(_Section):
         "environment's verified reference trajectory as an off-policy sample "
         "(mixed-policy GRPO, LUFFY), so groups at the floor still teach",
     )
+    fit_credit: float = Field(
+        0.0,
+        ge=0.0,
+        lt=0.5,
+        description="Training credit, in one-call environments (bfcl_single, client_tools), for a call the checker "
+        "rejected whose calls fit the declared tools (envs/tool_fit.py: declared names, required parameters, types, "
+        "enums): it ranks between an accepted call (1) and a misfit (0). On SmolLM2-135M half of the base's calls "
+        "that fit were accepted, none of those that did not. Under 0.5, so ADPO counts it a failure. 0 = off",
+    )
     weights: Literal["published", "live"] = Field(
         "published",
         description="Weights the explorer samples training rollouts with: the learner's newest "

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from envs.base import Environment
 
+# environments whose episode is one call a client forced, checked against a reference (BFCL's AST checker): there a
+# call that fits the declared tools has what every accepted call has (`rollout.fit_credit`)
+ONE_CALL = ("bfcl_single", "client_tools")
+
 
 def make_env(name: str, env_settings) -> Environment:
     if name == "bfcl":

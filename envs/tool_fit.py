@@ -58,3 +58,10 @@ def misfit(calls: list[ToolCall], tools: list[ToolSpec]) -> str | None:
             where = "/".join(map(str, error.absolute_path))
             return f"{call.name}: {error.message}" + (f" (at {where})" if where else "")
     return None
+
+
+def calls_fit(sample) -> bool:
+    """Every step of a rollout sample called declared functions with arguments that fit their schemas (`misfit`):
+    what a call must get right before its values can be right. A step without a call does not fit."""
+    steps = [sample.messages[i] for i in sample.step_indices if i < len(sample.messages)]
+    return bool(steps) and all(m.tool_calls and misfit(m.tool_calls, sample.tools) is None for m in steps)
