@@ -10,10 +10,10 @@ Where the environment can verify a step (BFCL state progress, code execution) it
 both a training signal and ground truth for the judge: agreement is accumulated per step and
 reported in each judgement and in `health()`. `judge.step_labels` picks what the learner sees:
 `verified` (default) uses the environment's labels where they exist and the judge's elsewhere;
-`judge` uses the judge's wherever it answered. Outcomes are the environment-verified outcome
-shaped by 0.1 x the mean step signal (plus `rollout.fit_credit` for a rejected call that fits the declared tools, in
-one-call environments); a live interaction's outcome is its user feedback (the feedback names the
-interaction, which is read from the stream by id: `Bus.interaction`).
+`judge` uses the judge's wherever it answered. With `verified`, the judge's verdict on a group whose every step the
+environment labels trains nothing, so only `judge.audit_share` of those (by group id) are judged, for the agreement.
+A rollout's outcome is `policies.judge.stats.score_rollout`'s (the environment's, shaped); a live interaction's is
+its user feedback (the feedback names the interaction, which is read from the stream by id: `Bus.interaction`).
 When the judge is over budget, fails or answers malformed text, the environment's (or the
 feedback's) labels are used and the judgement says so; the actor never crashes on it.
 
@@ -51,28 +51,15 @@ from actors.messages import event_time
 from actors.task_events import LiveStep, Rollout
 from envs.live import trajectory
 from envs.registry import ONE_CALL
-from envs.tool_fit import calls_fit
 from policies.hygiene import scrub, scrub_arguments
 from policies.judge.conversations import ConversationBook
-from policies.judge.judge import Agreement, Budget, Verdict, choose_labels, env_labels, make_judge
+from policies.judge.judge import Agreement, Budget, Verdict, audited, choose_labels, make_judge
 from policies.judge.live_steps import live_judgement, live_task, resamplable, step_judgement, step_sample
-
-STEP_SHAPING = 0.1  # weight of the mean step signal added to the environment outcome
+from policies.judge.stats import score_rollout
 
 
 def judgement_id(source_event_id: str) -> str:
     return derived_id("judgement", source_event_id)
-
-
-def score_rollout(sample: Sample, fit_credit: float = 0.0) -> tuple[float, list[str]]:
-    """(outcome, step labels) for one rollout from its environment signals. With `fit_credit` (one-call environments,
-    `rollout.fit_credit`), a sample the environment did not accept whose calls fit the declared tools gains that much:
-    a fitting call ranks between an accepted one and one that misses a required parameter or a type."""
-    sig = sample.step_signals
-    shaped = sample.outcome + STEP_SHAPING * (sum(sig) / len(sig) if sig else 0.0)
-    if fit_credit and sample.outcome < 1.0 and calls_fit(sample):
-        shaped += fit_credit
-    return round(shaped, 6), env_labels(sample)
 
 
 def live_sample(it: Interaction, fb: Feedback) -> Sample:
@@ -98,7 +85,8 @@ class Attributor(EventActor):
         self.judge = make_judge(s, self.engine)
         self.budget = Budget(s.judge.calls_per_minute)
         self.agreement = Agreement()
-        self.stats = {"judged": 0, "fallback_budget": 0, "fallback_error": 0, "fallback_malformed": 0, "screened": 0}
+        self.stats = dict.fromkeys(("judged", "fallback_budget", "fallback_error", "fallback_malformed", "screened"), 0)
+        self.stats["unaudited"] = 0  # samples of groups the environment labels alone (judge.audit_share)
         c = s.conversations
         if c.enabled:
             self.book = ConversationBook(c.idle_s, c.max_open, c.max_steps)
@@ -145,7 +133,12 @@ class Attributor(EventActor):
             self.log.info("judged.live_group", group_id=ev.group_id, outcomes=out.outcomes, signal=ev.task.signal)
             return
         refs = [ev.task.reference or None] * len(ev.samples)
-        verdicts = await self.run_judge(ev.samples, refs)
+        j = self.settings.judge
+        if j.step_labels == "verified" and all(s.step_signals for s in ev.samples) and not audited(ev.group_id, j.audit_share):
+            verdicts = [None] * len(ev.samples)  # the environment labels every step: the judge would only be audited
+            self.stats["unaudited"] += len(ev.samples)
+        else:
+            verdicts = await self.run_judge(ev.samples, refs)
         credit = self.settings.rollout.fit_credit if ev.task.env in ONE_CALL else 0.0
         scored = [score_rollout(s, credit) for s in ev.samples]
         group_agree = Agreement()

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 
 from actors.events import ChatMessage, Sample
-from policies.judge.stats import Agreement, Budget, choose_labels, env_labels  # noqa: F401  (part of the judge's interface)
+from policies.judge.stats import Agreement, Budget, audited, choose_labels, env_labels  # noqa: F401  (part of the judge's interface)
 
 MASTER_KEYS = (
     "thought process:",

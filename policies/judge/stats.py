@@ -1,14 +1,19 @@
-"""Bookkeeping around the judge: its call budget (a token bucket) and how often it agrees with the
-environment's verifiable step labels (confusion counts, accuracy, Cohen's kappa).
+"""Bookkeeping around the judge: its call budget (a token bucket), which groups the environment labels alone are
+audited by it, and how often it agrees with the environment's verifiable step labels (confusion counts, accuracy,
+Cohen's kappa).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
 
 from actors.events import Sample
+from envs.tool_fit import calls_fit
+
+STEP_SHAPING = 0.1  # weight of the mean step signal added to the environment outcome
 
 # ----------------------------------------------------------------------------- budget
 
@@ -33,12 +38,35 @@ class Budget:
         return False
 
 
+def audited(group_id: str, share: float) -> bool:
+    """Whether the judge also labels a group whose every step the environment labels (`judge.audit_share`): only to
+    measure their agreement, since the learner trains on the environment's labels there. Decided by the group id, so a
+    redelivered group is decided the same way."""
+    if share >= 1.0:
+        return True
+    if share <= 0.0:
+        return False
+    return int(hashlib.sha256(group_id.encode()).hexdigest()[:8], 16) / 2**32 < share
+
+
 # ----------------------------------------------------------------------------- agreement
 
 
 def env_labels(sample: Sample) -> list[str]:
     """Verifiable step labels: GOOD when the environment's step signal is positive."""
     return ["GOOD" if s > 0 else "BAD" for s in sample.step_signals]
+
+
+def score_rollout(sample: Sample, fit_credit: float = 0.0) -> tuple[float, list[str]]:
+    """(outcome, step labels) for one rollout from its environment signals: the outcome + 0.1 x the mean step signal.
+    With `fit_credit` (one-call environments, `rollout.fit_credit`), a sample the environment did not accept whose
+    calls fit the declared tools gains that much: it ranks between an accepted call and one that misses a required
+    parameter or a type."""
+    sig = sample.step_signals
+    shaped = sample.outcome + STEP_SHAPING * (sum(sig) / len(sig) if sig else 0.0)
+    if fit_credit and sample.outcome < 1.0 and calls_fit(sample):
+        shaped += fit_credit
+    return round(shaped, 6), env_labels(sample)
 
 
 def choose_labels(mode: str, verified: list[str] | None, judged: list[str] | None) -> list[str] | None:

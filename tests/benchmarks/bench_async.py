@@ -51,10 +51,10 @@ def rollout_worker(state, a, mode, out: mp.Queue, stop: mp.Event):
     sys.path.insert(0, str(ROOT))
     import random
 
-    from actors.attributor import score_rollout
     from actors.events import Judgement
     from envs.bfcl import BfclEnvironment
     from policies.engines.engine import TransformersEngine
+    from policies.judge.stats import score_rollout
     from policies.rollout import run_group
 
     s = _settings(state, a)

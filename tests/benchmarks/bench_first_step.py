@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
-from actors.attributor import score_rollout  # noqa: E402
 from actors.events import Judgement  # noqa: E402
 from config.settings import load_settings  # noqa: E402
 from envs.registry import make_env  # noqa: E402
 from policies.engines.engine import TransformersEngine  # noqa: E402
+from policies.judge.stats import score_rollout  # noqa: E402
 from policies.learning.groups import at_floor, informative  # noqa: E402
 from policies.learning.trainer import Trainer  # noqa: E402
 from policies.promotion.gate import reference_nll, reference_pairs  # noqa: E402

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
-from actors.attributor import score_rollout  # noqa: E402
 from actors.events import Judgement  # noqa: E402
 from config.settings import load_settings  # noqa: E402
 from envs.registry import make_env  # noqa: E402
+from policies.judge.stats import score_rollout  # noqa: E402
 from policies.learning.trainer import Trainer  # noqa: E402
 from policies.rollout import reference_sample  # noqa: E402
 from policies.weights.model_store import WeightsStore, ensure_base_model  # noqa: E402

@@ -21,11 +21,11 @@ from collections import Counter
 from pathlib import Path
 
 from _common import ROOT  # noqa: F401  (puts the repository on sys.path)
-from actors.attributor import score_rollout  # noqa: E402
 from actors.events import Judgement  # noqa: E402
 from config.settings import load_settings  # noqa: E402
 from envs.registry import make_env  # noqa: E402
 from policies.engines.engine import TransformersEngine  # noqa: E402
+from policies.judge.stats import score_rollout  # noqa: E402
 from policies.learning.trainer import Trainer  # noqa: E402
 from policies.rollout import evaluate, run_group  # noqa: E402
 from policies.tasks import synthesis as syn  # noqa: E402

@@ -1,8 +1,8 @@
 """Pure pieces of the actors, without Ray or NATS."""
 
-from actors.attributor import score_rollout
 from actors.events import ChatMessage, Judgement, Sample
 from actors.questioner import task_event_id
+from policies.judge.stats import score_rollout
 from policies.memory.experience import distil
 from policies.tasks.curriculum import ordered_pool
 

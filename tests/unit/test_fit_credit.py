@@ -9,11 +9,11 @@ import pytest
 from learner_harness import Msg  # tests/ is on sys.path
 from live_doubles import ASK, WEATHER, answer
 
-from actors.attributor import score_rollout
 from actors.events import ChatMessage, Judgement, Sample
 from actors.task_events import Rollout, Task
 from envs.bfcl_single import OneCallEpisode
 from envs.tool_fit import calls_fit
+from policies.judge.stats import score_rollout
 from policies.learning import adca
 
 
