@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from policies.engines.batching import Batcher, Request, RowBudget, RowStreamer
-from policies.engines.generation import Generation, LockedTokenizer, shared_prefix_logprobs, trie_step
+from policies.engines.generation import Generation, KeptPrefill, LockedTokenizer, shared_prefix_logprobs, walk_choice
 
 
 class TransformersEngine:
@@ -63,7 +63,8 @@ class TransformersEngine:
         self._paused = threading.Event()
         self._paused.set()  # set = running
         self.generated_tokens = 0
-        self.share_prefill = share_prefill  # batches via policies/engines/shared_decode.py (the held-out scorers' engine)
+        self.share_prefill = share_prefill  # batches via policies/engines/shared_decode.py (the scorers' and the explorer's)
+        self.kept = KeptPrefill()  # `choose`'s last prompt, for the next choice on it and the generation after it
         self.im_end = self.tok.convert_tokens_to_ids("<|im_end|>")
         # concurrent single-prompt calls (serving threads) are answered in batches of up to max_batch
         self.batcher = Batcher(self._run_batch, max_batch, batch_window_ms / 1000) if max_batch > 1 else None
@@ -132,6 +133,8 @@ class TransformersEngine:
                 kwargs["stopping_criteria"] = StoppingCriteriaList([RowBudget(torch, n_prompt, max_new, self.device)])
             if stream_cbs is not None:
                 kwargs["streamer"] = RowStreamer(self.tok, stream_cbs, max_new, stops)
+            if len(prompts) == 1 and (kept := self.kept.take(model, version, enc["input_ids"][0].tolist())) is not None:
+                kwargs["past_key_values"] = kept  # a forced call's prompt: its name was just chosen from most of it
             out = model.generate(**enc, **kwargs)
         return [
             self._finish(out[i, n_prompt : n_prompt + max_new[i]].tolist(), int(enc["attention_mask"][i].sum()), stops, version)
@@ -178,29 +181,19 @@ class TransformersEngine:
     def choose(self, prompt: str, options: list[str], temperature: float = 0.0) -> str:
         """Constrained decoding: continue `prompt` with exactly one of `options` (token by token over a
         trie of the options' tokenisations, KV cache reused), greedy or sampled. Used to force a
-        declared function name (tool_choice="required"), as JSON-schema-guided decoding does."""
+        declared function name (tool_choice="required"), as JSON-schema-guided decoding does. The prompt's
+        prefill is kept (`KeptPrefill`) for the next choice on it, and for the generation that follows."""
         torch = self.torch
         seqs = {o: self.tok(o, add_special_tokens=False)["input_ids"] for o in dict.fromkeys(options)}
         if not seqs:
             raise ValueError("no options to choose from")
-        with self._using() as (model, _), torch.inference_mode():
-            ids = self.tok(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(self.device)
-            out = model(input_ids=ids, use_cache=True)
-            past, chosen = out.past_key_values, []
-            logits = out.logits[0, -1].float()
-            while True:
-                done, nxt = trie_step(seqs, chosen)
-                if done and not nxt:
-                    return done[0]
-                allowed = torch.tensor(nxt, device=logits.device)
-                sub = logits[allowed]
-                if temperature and temperature > 0:
-                    t = int(allowed[torch.multinomial(torch.softmax(sub / temperature, -1), 1)])
-                else:
-                    t = int(allowed[int(torch.argmax(sub))])
-                chosen.append(t)
-                out = model(input_ids=torch.tensor([[t]], device=self.device), past_key_values=past, use_cache=True)
-                past, logits = out.past_key_values, out.logits[0, -1].float()
+        with self._using() as (model, version), torch.inference_mode():
+            ids = self.tok(prompt, add_special_tokens=False)["input_ids"]
+            past, logits = self.kept.get(model, version, ids, lambda: model(input_ids=torch.tensor([ids], device=self.device)))
+            try:
+                return walk_choice(torch, model, past, logits, seqs, temperature, self.device)
+            finally:
+                past.crop(len(ids))  # the prompt's cache again, without this choice's tokens
 
     def load_state_dict(self, sd: dict, version: str) -> None:
         self._load(lambda model: self._copy_into(model, sd), version)

@@ -56,6 +56,59 @@ def trie_step(seqs: dict[str, list[int]], chosen: list[int]) -> tuple[list[str],
     return done, sorted({s[len(chosen)] for s in live.values() if len(s) > len(chosen)})
 
 
+def walk_choice(torch, model, past, logits, seqs: dict[str, list[int]], temperature: float, device) -> str:
+    """One of the options `seqs` (option -> its token ids), decoded token by token from a prompt's last-position
+    `logits` and cache `past` (which the choice's tokens extend): greedy, or sampled at `temperature`."""
+    chosen: list[int] = []
+    while True:
+        done, nxt = trie_step(seqs, chosen)
+        if done and not nxt:
+            return done[0]
+        allowed = torch.tensor(nxt, device=logits.device)
+        sub = logits[allowed]
+        if temperature and temperature > 0:
+            t = int(allowed[torch.multinomial(torch.softmax(sub / temperature, -1), 1)])
+        else:
+            t = int(allowed[int(torch.argmax(sub))])
+        chosen.append(t)
+        out = model(input_ids=torch.tensor([[t]], device=device), past_key_values=past, use_cache=True)
+        past, logits = out.past_key_values, out.logits[0, -1].float()
+
+
+class KeptPrefill:
+    """One prompt's prefill (key-value cache and last-position logits), kept by an engine under its lock: a forced
+    call's name is chosen from a prompt (`choose`), a group's samples each choose from the same one, and the generation
+    that follows a choice starts with it. `get` returns it for the same tokens on the same weights (else runs
+    `prefill()` and keeps that); `take` hands it to a generation whose tokens start with part of it, cut to the part
+    they share, and forgets it (the generation extends it). `enabled = False` keeps nothing."""
+
+    def __init__(self):
+        self.enabled, self.key, self.cache, self.logits = True, None, None, None
+
+    def get(self, model, version: str, ids: list[int], prefill):
+        key = (id(model), version, tuple(ids))
+        if not (self.enabled and self.key == key):
+            out = prefill()
+            self.key, self.cache, self.logits = key, out.past_key_values, out.logits[0, -1].float()
+        cache, logits = self.cache, self.logits
+        if not self.enabled:
+            self.key = self.cache = self.logits = None
+        return cache, logits
+
+    def take(self, model, version: str, ids: list[int]):
+        if not (self.enabled and self.key and self.key[:2] == (id(model), version)):
+            return None
+        kept, cache = self.key[2], self.cache
+        n = 0
+        while n < min(len(kept), len(ids) - 1) and kept[n] == ids[n]:
+            n += 1
+        self.key = self.cache = self.logits = None
+        if n == 0:
+            return None
+        cache.crop(n)
+        return cache
+
+
 class LockedTokenizer:
     """A tokenizer shared by threads: a fast (Rust) tokenizer raises "Already borrowed" when two threads
     use it at once, so every call goes through one lock; attributes pass through."""

@@ -2,8 +2,8 @@
 
 vLLM for the roles in `model.vllm_roles` when `model.engine` is vllm (each vLLM engine reserves GPU memory, so only
 the high-throughput roles get one; imported only here, so the CPU path never imports vllm), else transformers
-(`policies/engines/engine.py`): serving roles batch concurrent requests, the held-out scorers' `eval` engine shares
-prefills (`policies/engines/shared_decode.py`). Every engine starts under the device's start-up lock
+(`policies/engines/engine.py`): serving roles batch concurrent requests, the held-out scorers' `eval` engine and the
+explorer's share prefills (`policies/engines/shared_decode.py`). Every engine starts under the device's start-up lock
 (`policies/device_lock.py`).
 """
 
@@ -20,6 +20,10 @@ ROLES = ("serve", "canary", "explorer", "gate", "judge", "questioner", "eval")
 # such a check's time (16.6 ms a call, against 1.6 ms for a matrix product); the eager attention's two small products
 # make the whole check faster (tests/benchmarks/bench_guard_check.py, LOG.md). Other roles keep transformers' default.
 EVAL_ATTENTION_CPU = "eager"
+# Roles whose batches repeat one context: the held-out scorers' k samples of an entry, and the explorer's group of a
+# task (its samples differ only in the forced call's name and, for half of them, the experiences). Their prompts are
+# prefilled once each, after the prefix all of them share (`policies/engines/shared_decode.py`).
+SHARED_PREFILL = ("eval", "explorer")
 
 
 def make_engine(settings, model_dir: str | Path, version: str = "w-000000", role: str = "serve") -> Engine:
@@ -51,6 +55,6 @@ def make_engine(settings, model_dir: str | Path, version: str = "w-000000", role
             standby=serving,
             max_batch=settings.serve.max_batch if serving else 1,
             batch_window_ms=settings.serve.batch_window_ms,
-            share_prefill=role == "eval",
+            share_prefill=role in SHARED_PREFILL,
             attention=EVAL_ATTENTION_CPU if role == "eval" and m.device == "cpu" else None,
         )

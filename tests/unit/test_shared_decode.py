@@ -88,10 +88,10 @@ def test_a_draw_samples_the_nucleus_generate_samples():
             assert (freq - want).abs().max() < 0.015
 
 
-def test_only_the_held_out_scorers_engine_shares_prefills(tmp_path, tiny_dir):
+def test_only_the_scorers_and_the_explorers_engines_share_prefills(tmp_path, tiny_dir):
     """The guard, `main.py report` and the benchmarks' scoring make their engine with role "eval" (shared prefills,
-    eager attention on CPU); serving (its streaming and batcher), the explorer, the gate and the judge keep
-    `model.generate` and transformers' default attention."""
+    eager attention on CPU); the explorer's shares prefills with the default attention; serving (its streaming and
+    batcher), the gate and the judge keep `model.generate` and transformers' default attention."""
     from config.settings import load_settings
     from policies.engines.roles import make_engine
 
@@ -99,6 +99,8 @@ def test_only_the_held_out_scorers_engine_shares_prefills(tmp_path, tiny_dir):
     s.state_dir = str(tmp_path / "state")
     scorer = make_engine(s, tiny_dir, role="eval")
     assert scorer.share_prefill and scorer.model.config._attn_implementation == "eager"
-    others = [make_engine(s, tiny_dir, role=r) for r in ("serve", "explorer", "gate", "judge")]
+    explorer = make_engine(s, tiny_dir, role="explorer")
+    assert explorer.share_prefill and explorer.model.config._attn_implementation == "sdpa"
+    others = [make_engine(s, tiny_dir, role=r) for r in ("serve", "gate", "judge")]
     assert not any(e.share_prefill for e in others)
     assert {e.model.config._attn_implementation for e in others} == {"sdpa"}
