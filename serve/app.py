@@ -41,7 +41,7 @@ from serve.page import Page
 from serve.page import router as page_router
 from serve.streaming import stream_chat
 from serve.weights import ReplicaWeights
-from serve.wire import BadRequest, answer_errors, completion, error, model_card, no_such_model, parse_chat
+from serve.wire import BadRequest, answer_errors, completion, model_card, no_such_model, parse_chat, too_long
 
 app = FastAPI(title="Kaizen", docs_url=None, redoc_url=None, openapi_url=None)
 app.include_router(page_router)  # the page's shell: public, it holds no data
@@ -222,20 +222,18 @@ class KaizenServer:
             mem = await self._retrieve(query) if req.memory else RetrieveReply()
             exps = [e.text for e in mem.experiences]
             prompt = render(messages, tools, exps)
-            if forced == CALL_PREFIX:  # required: one of the declared names
+            if forced == CALL_PREFIX:  # required: one of the declared names, chosen only from a prompt that fits
+                n_head = await asyncio.to_thread(engine.count_tokens, prompt + CALL_PREFIX)
+                if err := too_long(n_head, self.s.serve.max_prompt_tokens):
+                    return err
                 name = await asyncio.to_thread(
                     engine.choose, prompt + CALL_PREFIX, [t.function.name + '"' for t in tools], req.temperature
                 )
                 forced = call_opening(next(t for t in tools if t.function.name + '"' == name))
             prompt += forced
             n_prompt = await asyncio.to_thread(engine.count_tokens, prompt)
-            if n_prompt > self.s.serve.max_prompt_tokens:
-                return error(
-                    400,
-                    f"prompt is {n_prompt} tokens; this model's context takes at most {self.s.serve.max_prompt_tokens}",
-                    param="messages",
-                    code="context_length_exceeded",
-                )
+            if err := too_long(n_prompt, self.s.serve.max_prompt_tokens):
+                return err
             max_new = req.max_completion_tokens or req.max_tokens or self.s.serve.max_new_tokens
             span.set_attribute("kaizen.interaction_id", iid)
             trace_id = telemetry.current_trace_id()

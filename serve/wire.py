@@ -39,6 +39,18 @@ def error(
     return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}}, status_code=status)
 
 
+def too_long(n_prompt: int, limit: int) -> JSONResponse | None:
+    """The reference's 400 for a prompt longer than the model's context (`serve.max_prompt_tokens`), else None."""
+    if n_prompt <= limit:
+        return None
+    return error(
+        400,
+        f"prompt is {n_prompt} tokens; this model's context takes at most {limit}",
+        param="messages",
+        code="context_length_exceeded",
+    )
+
+
 def answer_errors(app) -> None:
     """The reference's error object outside the routes too: unknown routes and methods (not FastAPI's {"detail"}),
     and uncaught errors (never a plain-text 500)."""

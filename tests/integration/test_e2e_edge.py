@@ -16,8 +16,12 @@ def test_auth_and_bad_input_are_4xx(system):  # noqa: F811
     assert {HTTP.get(base + "/models", headers=hd).status_code for hd in ({}, {"Authorization": "Bearer x"})} == {401}
     assert HTTP.post(base + "/chat/completions", headers=h, content=b"{nope").status_code == 400
     hi = [{"role": "user", "content": "hi"}]
+    long = [{"role": "user", "content": "word " * 4000}]  # over serve.max_prompt_tokens (3072)
+    ls = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}]
     for body, status, param, code in [
         ({"messages": []}, 400, "messages", None),
+        ({"messages": long}, 400, "messages", "context_length_exceeded"),
+        ({"messages": long, "tools": ls, "tool_choice": "required"}, 400, "messages", "context_length_exceeded"),
         ({"model": system["model"], "n": 2, "messages": hi}, 400, "n", None),
         ({"model": "gpt-4o", "messages": hi}, 404, "model", "model_not_found"),
     ]:
