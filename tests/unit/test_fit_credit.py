@@ -109,7 +109,7 @@ def test_the_attributor_gives_the_credit_in_one_call_environments_only(tmp_path,
     s.state_dir, s.rollout.fit_credit = str(tmp_path), 0.3
     bus = _Bus()
     a = Attributor(s, bus=bus)
-    a.agreement = Agreement()
+    a.agreement, a.stats = Agreement(), {"unaudited": 0}  # as start() sets them
 
     async def no_judge(samples, references):
         return [None] * len(samples)
