@@ -26,7 +26,10 @@ error at k = 4 on 48 entries). `--against guard_after15` ranks the figures with 
 entry (avg@k), with the same paired test as against the base (`policies.stats.paired_test`), so that two settings
 run on the same seed are compared directly and not only through their gains over the base. Given more than once
 (`--pair A1 B1 --pair A2 B2`), it also pools the pairs into one paired test, each pair's entries a unit of their own
-(`pooled`): two settings over several seeds.
+(`pooled`): two settings over several seeds. With `--gains`, each newest version's gain over its own hour's base
+is compared instead of its score: the base's avg@16 on the same 48 entries and sampling seeds was 16.8% on the
+avx512f hosts and 18.1% on the AVX2 one (the sampling's floating point), a shift a plain pair across those hosts
+carries into its delta.
 
     .venv/bin/python tests/benchmarks/compare_hours.py tests/benchmarks/results/learning_curve_cpu_avx2_60*.json
 """
@@ -116,9 +119,21 @@ def newest_per_entry(d: dict) -> dict[str, dict[str, float]]:
     return {env: dict(zip(d["suite"][env], s["per_entry"])) for env, s in scores.items() if env in (d.get("suite") or {})}
 
 
-def _shared(a: dict, b: dict) -> dict[str, tuple[list[float], list[float]]]:
-    """env -> (a's, b's) newest served avg@k on the entries both scored, in a's order."""
-    pa, pb = newest_per_entry(a), newest_per_entry(b)
+def gains_per_entry(d: dict) -> dict[str, dict[str, float]]:
+    """env -> {entry id: the newest served version's avg@k minus the base's}, both from the hour's own scoring."""
+    suite = d.get("suite") or {}
+    base = {env: dict(zip(suite[env], b["per_entry"])) for env, b in (d.get("base") or {}).items() if env in suite}
+    return {
+        env: {e: x - base[env][e] for e, x in got.items() if e in base[env]}
+        for env, got in newest_per_entry(d).items()
+        if env in base
+    }
+
+
+def _shared(a: dict, b: dict, gains: bool = False) -> dict[str, tuple[list[float], list[float]]]:
+    """env -> (a's, b's) newest served avg@k on the entries both scored, in a's order; with `gains`, each over its
+    own hour's base on that entry."""
+    pa, pb = (gains_per_entry(a), gains_per_entry(b)) if gains else (newest_per_entry(a), newest_per_entry(b))
     out = {}
     for env in sorted(set(pa) & set(pb)):
         shared = [e for e in pa[env] if e in pb[env]]
@@ -140,19 +155,22 @@ def _compared(x: list[float], y: list[float]) -> dict:
     }
 
 
-def head_to_head(a: dict, b: dict) -> dict[str, dict]:
+def head_to_head(a: dict, b: dict, gains: bool = False) -> dict[str, dict]:
     """env -> b's newest served version against a's on the entries both scored: {"a", "b", "delta", "p_value",
-    "wins", "losses", "n"} (points for the averages and the delta; wins are entries where b scored higher)."""
-    return {env: _compared(x, y) for env, (x, y) in _shared(a, b).items()}
+    "wins", "losses", "n"} (points for the averages and the delta; wins are entries where b scored higher). With
+    `gains`, each version's gain over its own hour's base instead ("a" and "b" are then the gains): two hours on
+    hosts whose bases score differently on the same entries (the sampling's floating point) are compared without
+    that shift."""
+    return {env: _compared(x, y) for env, (x, y) in _shared(a, b, gains).items()}
 
 
-def pooled(pairs: list[tuple[dict, dict]]) -> dict[str, dict]:
+def pooled(pairs: list[tuple[dict, dict]], gains: bool = False) -> dict[str, dict]:
     """Several (a, b) hour pairs (e.g. two settings on the same seeds) as one paired test: every shared entry of
     every pair is one unit (so the same entry on two seeds counts twice); the figures as `head_to_head`'s."""
     xs: dict[str, list[float]] = {}
     ys: dict[str, list[float]] = {}
     for a, b in pairs:
-        for env, (x, y) in _shared(a, b).items():
+        for env, (x, y) in _shared(a, b, gains).items():
             xs.setdefault(env, []).extend(x)
             ys.setdefault(env, []).extend(y)
     return {env: _compared(xs[env], ys[env]) for env in sorted(xs)}
@@ -196,27 +214,35 @@ def main():
     ap.add_argument(
         "--json", default="", help="also write what it printed here as JSON (the pairs and their pool, the rows and correlations)"
     )
+    ap.add_argument(
+        "--gains",
+        action="store_true",
+        help="with --pair: each newest version's gain over its own hour's base, not its score (hosts whose bases differ)",
+    )
     ap.add_argument("--against", default="gain", help="the figure the others are ranked with (gain, guard_after15)")
     a = ap.parse_args()
     doc: dict = {}
     if a.pair:
         hours = [tuple(json.loads(Path(f).read_text()) for f in pair) for pair in a.pair]
         doc["pairs"] = [
-            {"a": Path(fa).stem, "b": Path(fb).stem, **head_to_head(ha, hb)} for (fa, fb), (ha, hb) in zip(a.pair, hours)
+            {"a": Path(fa).stem, "b": Path(fb).stem, "gains": a.gains, **head_to_head(ha, hb, a.gains)}
+            for (fa, fb), (ha, hb) in zip(a.pair, hours)
         ]
         for (fa, fb), (ha, hb) in zip(a.pair, hours):
-            for env, r in head_to_head(ha, hb).items():
+            for env, r in head_to_head(ha, hb, a.gains).items():
+                unit = " points over its base" if a.gains else "%"
                 print(
-                    f"{env}: {Path(fb).stem} {hb.get('newest_served')} {r['b']:.1f}% vs {Path(fa).stem} "
-                    f"{ha.get('newest_served')} {r['a']:.1f}%: {r['delta']:+.1f} points, p = {r['p_value']:.3g}, "
+                    f"{env}: {Path(fb).stem} {hb.get('newest_served')} {r['b']:.1f}{unit} vs {Path(fa).stem} "
+                    f"{ha.get('newest_served')} {r['a']:.1f}{unit}: {r['delta']:+.1f} points, p = {r['p_value']:.3g}, "
                     f"+{r['wins']}/-{r['losses']} on {r['n']} entries"
                 )
         if len(hours) > 1:
-            doc["pooled"] = pooled(hours)
+            doc["pooled"] = pooled(hours, a.gains)
+            unit = " points over its base" if a.gains else "%"
             for env, r in doc["pooled"].items():
                 print(
-                    f"{env}: the {len(hours)} pairs pooled, B {r['b']:.1f}% vs A {r['a']:.1f}%: {r['delta']:+.1f} points, "
-                    f"p = {r['p_value']:.3g}, +{r['wins']}/-{r['losses']} on {r['n']} entry pairs"
+                    f"{env}: the {len(hours)} pairs pooled, B {r['b']:.1f}{unit} vs A {r['a']:.1f}{unit}: "
+                    f"{r['delta']:+.1f} points, p = {r['p_value']:.3g}, +{r['wins']}/-{r['losses']} on {r['n']} entry pairs"
                 )
         if not a.files:
             if a.json:

@@ -142,3 +142,28 @@ def test_pairs_and_their_pool_are_written_as_json(tmp_path, monkeypatch, capsys)
     # pooled: differences +0.5, 0 (pair 1) and 0, +1.0 (pair 2) over 4 entry pairs
     assert doc["pooled"]["bfcl_single"]["n"] == 4 and doc["pooled"]["bfcl_single"]["delta"] == pytest.approx(37.5)
     assert "pooled" in capsys.readouterr().out  # what it wrote, it also printed
+
+
+def test_gains_pair_each_version_over_its_own_hours_base_so_a_host_shift_in_the_base_cancels():
+    m = _mod()
+
+    def hour(base, newest):
+        return {
+            "suite": {"bfcl_single": ["e1", "e2", "e3"]},
+            "base": {"bfcl_single": {"per_entry": base}},
+            "newest_served": "w-000002",
+            "scores": {"w-000002": {"bfcl_single": {"per_entry": newest}}},
+        }
+
+    a = hour([0.25, 0.5, 0.0], [0.5, 0.5, 0.25])  # gains +0.25, 0, +0.25
+    b = hour([0.5, 0.75, 0.25], [0.75, 0.75, 0.25])  # its host's base a quarter higher everywhere; gains +0.25, 0, 0
+    assert m.gains_per_entry(b) == {"bfcl_single": {"e1": 0.25, "e2": 0.0, "e3": 0.0}}
+    plain = m.head_to_head(a, b)["bfcl_single"]
+    assert plain["delta"] == pytest.approx(100 * 0.5 / 3) and (plain["wins"], plain["losses"]) == (2, 0)
+    g = m.head_to_head(a, b, gains=True)["bfcl_single"]
+    # per entry b's gain minus a's: 0, 0, -0.25 -> one loss; both sign flips of (-0.25) reach |0.25|
+    assert g["a"] == pytest.approx(100 * 0.5 / 3) and g["b"] == pytest.approx(100 * 0.25 / 3)
+    assert g["delta"] == pytest.approx(-100 * 0.25 / 3) and (g["wins"], g["losses"]) == (0, 1)
+    assert g["p_value"] == pytest.approx(1.0)
+    assert m.pooled([(a, b)], gains=True) == m.head_to_head(a, b, gains=True)
+    assert m.head_to_head(a, {**b, "base": {}}, gains=True) == {}  # an hour without its base scores pairs nothing
