@@ -27,9 +27,9 @@ entry (avg@k), with the same paired test as against the base (`policies.stats.pa
 run on the same seed are compared directly and not only through their gains over the base. Given more than once
 (`--pair A1 B1 --pair A2 B2`), it also pools the pairs into one paired test, each pair's entries a unit of their own
 (`pooled`): two settings over several seeds. With `--gains`, each newest version's gain over its own hour's base
-is compared instead of its score: the base's avg@16 on the same 48 entries and sampling seeds was 16.8% on the
-avx512f hosts and 18.1% on the AVX2 one (the sampling's floating point), a shift a plain pair across those hosts
-carries into its delta.
+is compared instead of its score: the base's avg@16 on the same 48 entries and sampling seeds was 16.8% in every
+hour on AMD avx512f hosts, 16.1% on Intel avx512f ones and 18.1% on AMD AVX2 ones (the sampling's floating point),
+a shift that a plain pair across those hosts carries into its delta.
 
     .venv/bin/python tests/benchmarks/compare_hours.py tests/benchmarks/results/learning_curve_cpu_avx2_60*.json
 """
