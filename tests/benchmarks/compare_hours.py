@@ -224,13 +224,12 @@ def main():
     doc: dict = {}
     if a.pair:
         hours = [tuple(json.loads(Path(f).read_text()) for f in pair) for pair in a.pair]
-        doc["pairs"] = [
-            {"a": Path(fa).stem, "b": Path(fb).stem, "gains": a.gains, **head_to_head(ha, hb, a.gains)}
-            for (fa, fb), (ha, hb) in zip(a.pair, hours)
-        ]
+        unit = " points over its base" if a.gains else "%"
+        doc["pairs"] = []
         for (fa, fb), (ha, hb) in zip(a.pair, hours):
-            for env, r in head_to_head(ha, hb, a.gains).items():
-                unit = " points over its base" if a.gains else "%"
+            got = head_to_head(ha, hb, a.gains)
+            doc["pairs"].append({"a": Path(fa).stem, "b": Path(fb).stem, "gains": a.gains, **got})
+            for env, r in got.items():
                 print(
                     f"{env}: {Path(fb).stem} {hb.get('newest_served')} {r['b']:.1f}{unit} vs {Path(fa).stem} "
                     f"{ha.get('newest_served')} {r['a']:.1f}{unit}: {r['delta']:+.1f} points, p = {r['p_value']:.3g}, "
@@ -238,7 +237,6 @@ def main():
                 )
         if len(hours) > 1:
             doc["pooled"] = pooled(hours, a.gains)
-            unit = " points over its base" if a.gains else "%"
             for env, r in doc["pooled"].items():
                 print(
                     f"{env}: the {len(hours)} pairs pooled, B {r['b']:.1f}{unit} vs A {r['a']:.1f}{unit}: "
