@@ -76,7 +76,7 @@ def call_key(m: ChatMessage):
     for c in m.tool_calls:
         try:
             calls.append([c.name, json.dumps(json.loads(c.arguments or "{}"), sort_keys=True)])
-        except ValueError:
+        except (ValueError, RecursionError):
             calls.append([c.name, (c.arguments or "").strip()])
     return calls or " ".join((m.content or "").split())
 

@@ -127,8 +127,17 @@ def assistant_text(m: ChatMessage) -> str:
 def _json_or_text(s: str):
     try:
         return json.loads(s)
-    except (json.JSONDecodeError, TypeError):
+    except (json.JSONDecodeError, TypeError, RecursionError):
         return s
+
+
+_MARKER = re.compile(r"<\|([A-Za-z_]{1,32})\|>")
+
+
+def plain(text: str) -> str:
+    """Text from a client, a tool or the model as data: a chat-template marker in it (`<|im_start|>`, `<|im_end|>`)
+    is broken up so that the tokenizer reads it as text, never as the start or end of a turn of another role."""
+    return _MARKER.sub(r"< |\1| >", text) if "<|" in text else text
 
 
 def render(
@@ -150,8 +159,8 @@ def render(
         elif m.role == "assistant":
             content = assistant_text(m)
         elif m.role == "tool":
-            content = f"<tool_response>{m.content}</tool_response>"
-        parts.append(f"<|im_start|>{m.role}\n{content}<|im_end|>\n")
+            content = "<tool_response>" + m.content.replace("</tool_response>", "</ tool_response>") + "</tool_response>"
+        parts.append(f"<|im_start|>{m.role}\n{plain(content)}<|im_end|>\n")
     if add_generation_prompt:
         parts.append("<|im_start|>assistant\n")
     return "".join(parts)
@@ -234,11 +243,15 @@ def _loads_lenient(block: str):
             return json.loads(text)
         except json.JSONDecodeError:
             pass
+        except RecursionError:  # nested deeper than the parser goes: no call
+            return None
         for start in (0, 1) if text.startswith("[") else (0,):
             try:
                 return dec.raw_decode(text[start:])[0]  # the longest valid JSON value at the start
             except json.JSONDecodeError:
                 continue
+            except RecursionError:
+                return None
     return None
 
 
@@ -269,7 +282,7 @@ def json_object(text: str) -> dict | None:
     """The JSON object `text` holds, or None."""
     try:
         v = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return v if isinstance(v, dict) else None
 

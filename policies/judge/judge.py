@@ -230,13 +230,15 @@ class EndpointJudge:
         return len(samples)
 
     def _one(self, sample: Sample, reference: list[str] | None) -> Verdict | None:
+        from policies.chat import plain
+
         prompt = text_prompt(sample, reference)
         n = len(sample.step_indices)
         for attempt in range(self.retries + 1):
             try:
                 r = self.client.chat.completions.create(
                     model=self.model,
-                    messages=[{"role": "user", "content": prompt}],
+                    messages=[{"role": "user", "content": plain(prompt)}],  # a served text cannot open turns there either
                     temperature=0.0 if attempt == 0 else 0.7,
                     max_tokens=16 + 8 * n,
                 )

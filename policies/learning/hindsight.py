@@ -42,7 +42,7 @@ def next_turn(after: list[ChatMessage]) -> str:
         elif m.role == "user":
             parts.append(f"user: {m.content or ''}")
             break  # the user's next message ends the next turn
-    return "\n".join(parts)[:HINT_CHARS]
+    return "\n".join(parts)[:HINT_CHARS].replace("</next_turn>", "</ next_turn>")  # the quote cannot be closed early
 
 
 def teacher_messages(messages: list[ChatMessage], step: int, hint: str) -> list[ChatMessage]:
