@@ -121,7 +121,7 @@ def assistant_text(m: ChatMessage) -> str:
         return m.content
     calls = [{"name": c.name, "arguments": _json_or_text(c.arguments)} for c in m.tool_calls]
     prefix = (m.content + "\n") if m.content else ""
-    return prefix + "<tool_call>" + json.dumps(calls) + "</tool_call>"
+    return prefix + "<tool_call>" + json.dumps(calls, ensure_ascii=False) + "</tool_call>"  # as written: München
 
 
 def _json_or_text(s: str):

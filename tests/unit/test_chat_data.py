@@ -61,3 +61,10 @@ def test_the_hindsight_quote_cannot_be_closed_by_its_content():
     )
     teacher = teacher_sample(sample)
     assert _turns(render(teacher.messages, add_generation_prompt=False)) == ["system", "user", "assistant", "user"]
+
+
+def test_a_call_is_trained_as_written_not_escaped():
+    from policies.chat import assistant_text
+
+    msg = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c1", name="weather", arguments='{"city": "München"}')])
+    assert assistant_text(msg) == '<tool_call>[{"name": "weather", "arguments": {"city": "München"}}]</tool_call>'

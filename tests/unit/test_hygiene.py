@@ -17,6 +17,27 @@ def test_scrub_replaces_personal_data():
     assert scrub("move report.pdf to temp in 2 steps") == "move report.pdf to temp in 2 steps"
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "book a table for 2024-01-15 at 19:30",
+        "the meeting is on 15.01.2024",
+        "event at unix time 1796477803 (ms 1796477803123)",
+        "order 123456789012 shipped",
+        "pi is about 3.14159265358",
+        "a 4111 1111 1111 1112 run that fails the Luhn check",
+    ],
+)
+def test_dates_ids_and_numbers_a_call_must_copy_are_kept(text):
+    assert scrub(text) == text
+
+
+def test_phone_numbers_in_national_and_international_form_are_scrubbed():
+    assert scrub("call me on (415) 555-2671 or 415-555-2671") == "call me on [PHONE] or [PHONE]"
+    assert scrub("whatsapp +44 20 7946 0958") == "whatsapp [PHONE]"
+    assert scrub("card 4111-1111-1111-1111 and 378282246310005") == "card [CARD] and [CARD]"
+
+
 def test_tool_call_arguments_are_scrubbed_inside_their_json():
     import json
 
