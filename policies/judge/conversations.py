@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 
 from actors.events import ChatMessage, Interaction, ToolSpec
 from envs.live import call_key
 from envs.tool_fit import misfit
+from policies.judge.next_turn import next_turn_signal
 from policies.learning.hindsight import HINT_CHARS, HINTED, next_turn
 
 
@@ -61,42 +61,35 @@ SIGNALS: tuple[Rule, ...] = (
         "correction",
         -1.0,
         0.8,
-        'the user\'s next message says the answer was wrong ("no", "wrong", "that is not what I asked", "try again", ...)',
+        'the user\'s next message says the answer was wrong ("no", "wrong", "that is not what I asked", "try again", '
+        '"not great", "still fails", ...)',
     ),
     Rule(
-        "reask", -1.0, 0.7, "the user's next message asks the same thing again (>= 60% of its words repeat the previous request)"
+        "reask",
+        -1.0,
+        0.7,
+        "the user's next message asks the same thing again (>= 60% of its content words, at least 2, repeat the "
+        "previous request)",
     ),
     Rule(
         "tool_error",
         -0.6,
         0.7,
-        "a tool result answering the step's call reports a failure (error, exception, "
-        "traceback, not found, invalid, failed, denied)",
+        "a tool result answering the step's call reports a failure: in JSON a non-empty error, success or ok false, a "
+        "failing status; in text its first line (error, not found, invalid, failed, denied, ...) or a traceback",
     ),
-    Rule("thanks", 1.0, 0.6, 'the user\'s next message thanks or approves ("thanks", "great", "perfect", "that works", ...)'),
+    Rule(
+        "thanks",
+        1.0,
+        0.6,
+        'the user\'s next message thanks ("thanks", "that works", ...) or opens with approval ("great", "perfect", ...), '
+        'with no "but"',
+    ),
     Rule("tool_ok", 0.2, 0.4, "every tool result answering the step's calls came back without a failure"),
     Rule("moved_on", 0.3, 0.3, "the user's next message is a new request (none of the above)"),
     Rule("abandoned_call", -0.3, 0.3, "the conversation went idle with the step's tool call never answered"),
 )
 RULES = {r.name: r for r in SIGNALS}
-
-_CORRECTION = re.compile(
-    r"^\s*(no\b|nope\b|wrong\b|incorrect\b|that'?s not\b|that is not\b|not what i\b|try again\b|actually,?\s)"
-    r"|\b(not what i (asked|meant|wanted)|that'?s (wrong|incorrect)|you (misunderstood|got it wrong)|"
-    r"doesn'?t work|did not work|didn'?t work|is wrong|are wrong)\b",
-    re.I,
-)
-_THANKS = re.compile(
-    r"\b(thanks?|thank you|thx|great|perfect|awesome|excellent|that works|works now|exactly|"
-    r"well done|nice one)\b",
-    re.I,
-)
-_FAILURE = re.compile(
-    r"\b(error|exception|traceback|not found|invalid|failed|failure|denied|cannot|can'?t|"
-    r"unknown (function|command|tool)|no such)\b",
-    re.I,
-)
-_WORD = re.compile(r"[a-z0-9]+")
 
 
 def _canon(m: ChatMessage) -> list:
@@ -123,10 +116,6 @@ def parent_key(it: Interaction) -> str | None:
     return None if last is None else _key(scope_of(it), list(it.messages[: last + 1]))
 
 
-def _words(text: str) -> set[str]:
-    return set(_WORD.findall((text or "").lower()))
-
-
 POSITIVE = ("thanks", "tool_ok")  # what came next that outweighs the schema: the client ran the call and it worked
 
 
@@ -141,32 +130,11 @@ def signal_of(
     None when nothing came after it yet and the step itself is not wrong. `step` is the answer as the client sent it
     back (its tool call ids are the ones its tool results answer); `served`, when given, as it was served: that is
     what is checked against the declared `tools` (a client may drop or repair a call it cannot use)."""
-    nxt = _next_turn_signal(step, after, previous_user)
+    nxt = next_turn_signal(step, after, previous_user)
     calls = (served or step).tool_calls
     if nxt not in POSITIVE and calls and tools and misfit(calls, tools) is not None:
         return "invalid_call"
     return nxt
-
-
-def _next_turn_signal(step: ChatMessage, after: list[ChatMessage], previous_user: str | None) -> str | None:
-    ids = {tc.id for tc in step.tool_calls}
-    results = [m for m in after if m.role == "tool" and (m.tool_call_id in ids or not m.tool_call_id)]
-    user = next((m.content for m in after if m.role == "user"), None)
-    if user is not None and _CORRECTION.search(user):
-        return "correction"
-    if user is not None and previous_user:
-        a, b = _words(user), _words(previous_user)
-        if a and b and len(a & b) / len(a) >= 0.6:
-            return "reask"
-    if results and any(_FAILURE.search(m.content or "") for m in results):
-        return "tool_error"
-    if user is not None and _THANKS.search(user):
-        return "thanks"
-    if step.tool_calls and results:
-        return "tool_ok"
-    if user is not None:
-        return "moved_on"
-    return None
 
 
 def hint_of(signal: str | None, served: ChatMessage, after: list[ChatMessage], tools: list[ToolSpec]) -> str:

@@ -1,0 +1,101 @@
+"""What the next turn says about a served step, by fixed patterns: the user's next message (a correction, a re-ask,
+thanks, a new request) and the tool results that answer the step's calls. The rules' names, values and confidences
+are `policies/judge/conversations.SIGNALS`; this module decides which one fits.
+
+Text here is only matched, never followed: a tool result or a user turn is data.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from actors.events import ChatMessage
+
+_CORRECTION = re.compile(
+    r"^\s*(no|nope)\b(?!\s*[,.!]?\s*(problem|worries|need|rush|thanks|thank you|that'?s (all|it|fine)|all good)\b)"
+    r"|^\s*(wrong|incorrect|try again)\b|^\s*(that'?s|that is|this is|it'?s) not\b"
+    r"|^\s*actually,?\s+(i (meant|said|wanted|asked|need)|it'?s|it should|you should|that should)\b"
+    r"|\b(not (exactly |quite |really )?what i (asked|meant|wanted|needed|said)|that'?s (wrong|incorrect)|"
+    r"you (misunderstood|got it wrong)|doesn'?t work|does not work|did not work|didn'?t work|is wrong|are wrong|"
+    r"still (fails|failing|broken|wrong|not working|doesn'?t|does not))\b"
+    r"|(\bnot|n't|\bnever)\s+(so |that |very |really |quite )?(great|good|right|correct|helpful|working)\b",
+    re.I,
+)
+# thanks anywhere; approval only as the message's first word ("Find a great restaurant" is a request)
+_THANKS = re.compile(
+    r"\b(thanks|thank you|thx|that works|works now|works great|well done|nice one)\b"
+    r"|^\s*(great|perfect|awesome|excellent|exactly|nice|cool)\b",
+    re.I,
+)
+_BUT = re.compile(r"\b(but|however|although|though)\b", re.I)
+# a tool result in text: a failure when its first line says so, or it holds a traceback or a raised error
+_FAILURE = re.compile(
+    r"\b(error|exception|traceback|not found|invalid|failed|failure|denied|forbidden|unauthori[sz]ed|cannot|can'?t|"
+    r"could not|couldn'?t|unable to|timed out|unknown (function|command|tool)|no such)\b",
+    re.I,
+)
+_RAISED = re.compile(r"^Traceback \(most recent call last\)|\b[A-Z]\w*(Error|Exception): ", re.M)
+_FAILED_STATUS = {"error", "failed", "failure", "fail", "denied", "forbidden", "invalid", "not_found", "not found"}
+# words that say nothing about what is asked, left out when comparing a request with the one before it
+_STOP = frozenset(
+    "a an the is are was were be been to of in on at for from and or with what whats how do does did can could "
+    "would will should please about it this that there here me my you your i we our us".split()
+)
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def _words(text: str) -> set[str]:
+    """The request's content words: what a re-ask repeats."""
+    return {w for w in _WORD.findall((text or "").lower()) if len(w) > 1 and w not in _STOP}
+
+
+def tool_failed(content: str) -> bool:
+    """Does a tool result report a failure? JSON by its fields (a non-empty `error`, `success`/`ok` false,
+    `isError` true, a failing `status`); text by its first line, or a traceback or raised error anywhere in it.
+    A result that merely mentions an error in its data (`{"error": null}`, a page that says "not found" further
+    down) is not one."""
+    text = (content or "").strip()
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        data = None
+    else:
+        if not isinstance(data, dict):
+            return False
+        low = {str(k).lower(): v for k, v in data.items()}
+        status = low.get("status")
+        return bool(
+            low.get("error")
+            or low.get("errors")
+            or low.get("exception")
+            or low.get("success") is False
+            or low.get("ok") is False
+            or low.get("iserror") is True
+            or low.get("is_error") is True
+            or (isinstance(status, str) and status.lower() in _FAILED_STATUS)
+            or (isinstance(status, int) and not isinstance(status, bool) and status >= 400)
+        )
+    first = text.split("\n", 1)[0][:200]
+    return bool(_FAILURE.search(first) or _RAISED.search(text))
+
+
+def next_turn_signal(step: ChatMessage, after: list[ChatMessage], previous_user: str | None) -> str | None:
+    ids = {tc.id for tc in step.tool_calls}
+    results = [m for m in after if m.role == "tool" and (m.tool_call_id in ids or not m.tool_call_id)]
+    user = next((m.content for m in after if m.role == "user"), None)
+    if user is not None and _CORRECTION.search(user):
+        return "correction"
+    if user is not None and previous_user:
+        a, b = _words(user), _words(previous_user)
+        if len(a) >= 2 and b and len(a & b) / len(a) >= 0.6:
+            return "reask"
+    if results and any(tool_failed(m.content) for m in results):
+        return "tool_error"
+    if user is not None and _THANKS.search(user) and not _BUT.search(user):
+        return "thanks"
+    if step.tool_calls and results:
+        return "tool_ok"
+    if user is not None:
+        return "moved_on"
+    return None

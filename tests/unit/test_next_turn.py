@@ -1,0 +1,64 @@
+"""The next turn's rules on phrasings real users and tools produce, each read by hand: which signal a step gets."""
+
+import pytest
+
+from actors.events import ChatMessage, ToolCall
+from policies.judge.conversations import signal_of
+from policies.judge.next_turn import tool_failed
+
+WEATHER = "What's the weather in Paris today?"
+CALL = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c1", name="get_weather", arguments='{"city": "Paris"}')])
+TEXT = ChatMessage(role="assistant", content="It is sunny.")
+
+
+def _next(user: str, step: ChatMessage = TEXT) -> str | None:
+    return signal_of(step, [ChatMessage(role="user", content=user)], WEATHER)
+
+
+@pytest.mark.parametrize(
+    "user,signal",
+    [
+        ("No problem, thanks!", "thanks"),
+        ("Nope, all good", "moved_on"),
+        ("No, that's not what I asked.", "correction"),
+        ("Actually, could you also check Lyon?", "moved_on"),
+        ("Actually, I meant Paris, Texas.", "correction"),
+        ("That's not exactly what I wanted", "correction"),
+        ("Not great.", "correction"),
+        ("Great, but it still fails", "correction"),
+        ("Thanks, but can you also give me the humidity?", "moved_on"),
+        ("How do I thank my team for the launch?", "moved_on"),
+        ("Find a great restaurant near the Louvre", "moved_on"),
+        ("Perfect, now book me a table for two.", "thanks"),
+        ("What about the weather tomorrow?", "moved_on"),
+        ("What is the weather in Paris today??", "reask"),
+        ("weather paris?", "reask"),
+        ("Thanks, that is great!", "thanks"),
+    ],
+)
+def test_what_the_users_next_message_says(user, signal):
+    assert _next(user) == signal
+
+
+@pytest.mark.parametrize(
+    "result,failed",
+    [
+        ('{"status": "ok", "error": null}', False),
+        ('{"forecast": "sunny", "note": "station not found nearby, used the next one"}', False),
+        ('{"error": "city not found"}', True),
+        ('{"success": false, "message": "quota"}', True),
+        ('{"isError": true, "content": []}', True),
+        ('{"status": 404}', True),
+        ('{"status": "failed"}', True),
+        ("[1, 2, 3]", False),
+        ("Error: city 'Paris' not found", True),
+        ("Could not connect to the weather service", True),
+        ("Traceback (most recent call last):\n  File 'x.py'\nKeyError: 'city'", True),
+        ("Top 10 restaurants in Paris\n...\nPage 2 not found? Try the search.", False),
+        ("Sunny, 21 degrees; no rain expected", False),
+    ],
+)
+def test_which_tool_results_report_a_failure(result, failed):
+    assert tool_failed(result) is failed
+    after = [ChatMessage(role="tool", tool_call_id="c1", content=result)]
+    assert signal_of(CALL, after, WEATHER) == ("tool_error" if failed else "tool_ok")
