@@ -228,7 +228,7 @@ class Attributor(EventActor):
         at = max(event_time(ev.occurred_at), now - self.book.idle_s + self.settings.nats.ack_wait_s)
         _, over = self.book.add(ev, min(now, at))  # (the rest of what was held comes back within that wait)
         for cid in over:
-            await self._close(cid)
+            await self._close(cid, idle=False)
         return HOLD
 
     async def tick(self) -> None:
@@ -238,9 +238,9 @@ class Attributor(EventActor):
             await self._close(cid)
         await self.beat_held(min(15.0, self.settings.nats.ack_wait_s / 3))
 
-    async def _close(self, cid: str) -> None:
+    async def _close(self, cid: str, idle: bool = True) -> None:
         """Close one conversation; if that cannot be carried out, it goes back to the book (tried again later)."""
-        conv = self.book.close(cid)
+        conv = self.book.close(cid, idle)
         try:
             await self._closed(conv)
         except BaseException:

@@ -168,13 +168,19 @@ class Conversation:
     steps: list[Step] = field(default_factory=list)
     last_at: float = 0.0
 
+    @property
+    def user(self) -> str:
+        return self.scope.split("|", 1)[0]  # `scope_of`: the user's hash, then the explicit conversation key
+
 
 class ConversationBook:
     """Open conversations, bounded: at most `max_open`, each at most `max_steps` steps (the oldest close first);
-    a conversation idle for `idle_s` closes."""
+    a conversation idle for `idle_s` closes. One user keeps at most a quarter of `max_open` (at least 2) open, explicit
+    conversation keys or not: a burst of one user's conversations closes that user's own oldest, not anyone else's."""
 
     def __init__(self, idle_s: float = 300.0, max_open: int = 200, max_steps: int = 16):
         self.idle_s, self.max_open, self.max_steps = idle_s, max_open, max_steps
+        self.max_per_scope = max(2, max_open // 4)
         self.open: dict[str, Conversation] = {}  # conversation id -> conversation
         self.by_key: dict[str, str] = {}  # step key -> conversation id
         self.rated: dict[str, None] = {}  # interaction ids users rated (their feedback may come first), bounded
@@ -201,6 +207,10 @@ class ConversationBook:
         else:
             self.by_key[step_key(it)] = conv.conversation_id
         over = [conv.conversation_id] if len(conv.steps) >= self.max_steps else []
+        mine = sorted(
+            (c for c in self.open.values() if c.user == conv.user and c.conversation_id not in over), key=lambda c: c.last_at
+        )
+        over += [c.conversation_id for c in mine[: max(0, len(mine) - self.max_per_scope)]]
         rest = sorted((c for c in self.open.values() if c.conversation_id not in over), key=lambda c: c.last_at)
         over += [c.conversation_id for c in rest[: max(0, len(self.open) - len(over) - self.max_open)]]
         return conv, over
@@ -230,14 +240,17 @@ class ConversationBook:
         self.open[conv.conversation_id] = conv
         self.by_key[step_key(conv.steps[-1].interaction)] = conv.conversation_id
 
-    def close(self, conversation_id: str) -> Conversation:
+    def close(self, conversation_id: str, idle: bool = True) -> Conversation:
+        """Take a conversation out of the book, its last step signalled if it can be. `idle`: it went quiet, so a
+        call never answered was abandoned; closed to stay within bounds instead (`add`'s list), an unanswered call
+        gets no signal: its result may still be on its way."""
         conv = self.open.pop(conversation_id)
         self.by_key = {k: v for k, v in self.by_key.items() if v != conversation_id}
         self.orphans = {k: v for k, v in self.orphans.items() if v != conversation_id}
         last = conv.steps[-1]
         step, tools = last.interaction.response, last.interaction.tools
         if last.signal is None:  # nothing came after it: a call that does not fit, or one never answered
-            last.signal = signal_of(step, [], None, tools) or ("abandoned_call" if step.tool_calls else None)
+            last.signal = signal_of(step, [], None, tools) or ("abandoned_call" if step.tool_calls and idle else None)
             last.hint = hint_of(last.signal, step, [], tools)
         return conv
 

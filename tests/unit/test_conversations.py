@@ -114,8 +114,8 @@ def test_open_conversations_are_bounded_and_close_when_idle():
     b, _ = book.add(_it("b1", [_user("two")], ChatMessage(role="assistant", content="2")), 2.0)
     _, over = book.add(_it("c1", [_user("three")], ChatMessage(role="assistant", content="3")), 3.0)
     assert over == ["a1"]  # the least recent makes room
-    closed = book.close("a1")
-    assert closed.steps[0].signal == "abandoned_call"  # its tool call was never answered
+    closed = book.close("a1", idle=False)
+    assert closed.steps[0].signal is None  # closed for room, not abandoned: its tool's result may still come
     _, over = book.add(
         _it(
             "b2",
@@ -124,10 +124,25 @@ def test_open_conversations_are_bounded_and_close_when_idle():
         ),
         4.0,
     )
-    assert over == ["b1"] and book.close("b1").steps[0].signal == "thanks"  # max_steps
+    assert over == ["b1"] and book.close("b1", idle=False).steps[0].signal == "thanks"  # max_steps
     assert book.idle(3.0 + 60) == ["c1"]
     book.close("c1")
     assert not book.open
+    a, _ = book.add(_it("a2", [_user("one")], _call()), 70.0)
+    assert book.idle(70.0 + 60) == ["a2"] and book.close("a2").steps[0].signal == "abandoned_call"  # went quiet
+
+
+def test_one_users_burst_closes_that_users_own_oldest_conversations():
+    book = ConversationBook(idle_s=60, max_open=8, max_steps=12)  # at most 2 open per user
+    book.add(_it("other", [_user("mine")], _call(), user="u2"), 1.0)
+    overs = []
+    for i in range(6):
+        _, over = book.add(_it(f"b{i}", [_user(f"q{i}")], _call(), user="u1", conversation=f"thread-{i}"), 2.0 + i)
+        overs.append(over)
+        for cid in over:  # as the attributor does, at once
+            book.close(cid, idle=False)
+    assert overs == [[], [], ["b0"], ["b1"], ["b2"], ["b3"]]
+    assert sorted(book.open) == ["b4", "b5", "other"]
 
 
 def test_a_rating_overrides_the_signal_whichever_arrives_first():
