@@ -251,6 +251,7 @@ class KaizenServer:
                 trace_headers=trace_headers,
                 engine=engine,
                 n_prompt=n_prompt,
+                peer=request.client.host if request.client else "",
             )
             if req.stream:
                 return StreamingResponse(stream_chat(self, turn), media_type="text/event-stream")

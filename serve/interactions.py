@@ -33,6 +33,7 @@ class Turn:
     n_completion: int = 0
     stopped: bool = False  # the answer ended at one of the request's stop sequences
     t0: float = field(default_factory=time.perf_counter)
+    peer: str = ""  # the client's address: who a request without `user` comes from
 
     def answer(self, gen) -> ChatMessage:
         """The assistant message of a generation: cut at the first stop sequence; with tools, the whole text parsed
@@ -55,7 +56,9 @@ class Turn:
         return "length" if cut else "stop"
 
     def interaction(self, answer: ChatMessage, version: str, straddled: bool, replica: str, key: str) -> Interaction:
-        user = (self.req.user or "") + "|" + hashlib.sha256(key.encode()).hexdigest()[:8]
+        # a request without `user` is its connection's: one API key's anonymous clients are not one user to the
+        # per-user caps and to conversation stitching
+        user = (self.req.user or f"peer:{self.peer}") + "|" + hashlib.sha256(key.encode()).hexdigest()[:8]
         choice = self.req.tool_choice
         choice = choice.model_dump(exclude_none=True) if hasattr(choice, "model_dump") else choice
         ev = Interaction(

@@ -4,9 +4,9 @@ An agent client's conversation is several requests: the model calls the client's
 carries the tool's result (`role: tool`), then the user's next message. Nothing on the client marks them as
 one conversation, so they are stitched by content: an interaction registers the key of its messages plus its
 answer (`step_key`); a later request whose messages, up to their last assistant message, have that key
-(`parent_key`) extends it. Keys are per user (`Interaction.user_hash`, which includes the request's `user`
-field) and, when the client sent one, per explicit conversation key (`metadata.conversation_id`, `thread_id` or
-`session_id`), so two users asking the same thing never merge. Message ids, whitespace and argument key order
+(`parent_key`) extends it. Keys are per user (`Interaction.user_hash`: the request's `user` field, else the
+client's address) and, when the client sent one, per explicit conversation key (`metadata.conversation_id`,
+`thread_id` or `session_id`), so two users asking the same thing never merge. Message ids, whitespace and argument key order
 do not count (clients re-serialise what they were sent).
 
 Each assistant answer is a step, with the weights version that wrote it. When the next request of the

@@ -82,3 +82,16 @@ def test_no_parallel_calls_keeps_the_first_and_a_text_answer_cut_off_finishes_wi
     assert len(_answer(two)[0].tool_calls) == 2 and len(_answer(two, parallel=False)[0].tool_calls) == 1
     msg, finish = _answer("It is sunny in", finish="length")
     assert msg.content == "It is sunny in" and finish == "length"
+
+
+def test_the_user_of_an_interaction_is_its_user_field_else_its_connection():
+    from actors.events import ChatMessage
+
+    def user_of(peer, user=None, key="k1"):
+        body = {"messages": [{"role": "user", "content": "hi"}], **({"user": user} if user else {})}
+        turn = Turn(req=ChatRequest.model_validate(body), messages=[], tools=[], memory=RetrieveReply(), prompt="p", peer=peer)
+        return turn.interaction(ChatMessage(role="assistant", content="hello"), "w-1", False, "r0", key).user_hash
+
+    assert user_of("10.0.0.1") != user_of("10.0.0.2")  # two anonymous clients of one API key
+    assert user_of("10.0.0.1", "alice") == user_of("10.0.0.2", "alice")  # `user` names the user wherever they are
+    assert user_of("10.0.0.1", "alice") != user_of("10.0.0.1", "alice", key="k2")
