@@ -1,20 +1,18 @@
 """Attributor: step-level credit for rollout groups and rated live interactions.
 
-Each rollout group goes to the judge (`policies/judge/judge.py`: the served policy by default, an
-OpenAI-compatible endpoint when configured) in one batched call, off the event loop, within a
-per-minute prompt budget. The judge labels every step GOOD/BAD and scores the trajectory
-against the task's reference (synthetic tasks) on AgentEvolver's 60-100 / 0-40 bands; steps made
-only of master-key text are BAD whatever the judge says.
+Each rollout group goes to the judge (`policies/judge/judge.py`: the served policy by default, an OpenAI-compatible
+endpoint when configured) in one batched call, off the event loop, within a per-minute prompt budget. The judge labels
+every step GOOD/BAD and scores the trajectory against the task's reference (synthetic tasks) on AgentEvolver's 60-100 /
+0-40 bands; steps made only of master-key text are BAD whatever the judge says.
 
-Where the environment can verify a step (BFCL state progress, code execution) its signal is
-both a training signal and ground truth for the judge: agreement is accumulated per step and
-reported in each judgement and in `health()`. `judge.step_labels` picks what the learner sees:
-`verified` (default) uses the environment's labels where they exist and the judge's elsewhere;
-`judge` uses the judge's wherever it answered. With `verified`, the judge's verdict on a group whose every step the
-environment labels trains nothing, so only `judge.audit_share` of those (by group id) are judged, for the agreement.
-A rollout's outcome is `policies.judge.stats.score_rollout`'s (the environment's, shaped); a live interaction's is
-its user feedback (the feedback names the interaction, which is read from the stream by id: `Bus.interaction`).
-When the judge is over budget, fails or answers malformed text, the environment's (or the
+Where the environment can verify a step (BFCL state progress, code execution) its signal is both a training signal
+and ground truth for the judge: agreement is accumulated per step and reported in each judgement and in `health()`.
+`judge.step_labels` picks what the learner sees: `verified` (default) uses the environment's labels where they exist
+and the judge's elsewhere; `judge` uses the judge's wherever it answered. With `verified`, the judge's verdict on a
+group whose every step the environment labels trains nothing, so only `judge.audit_share` of those (by group id) are
+judged, for the agreement. A rollout's outcome is `policies.judge.stats.score_rollout`'s (the environment's, shaped);
+a live interaction's is its user feedback (the feedback names the interaction, which is read from the stream by id:
+`Bus.interaction`). When the judge is over budget, fails or answers malformed text, the environment's (or the
 feedback's) labels are used and the judgement says so; the actor never crashes on it.
 
 Unrated live traffic (`conversations.enabled`): every `evo.interaction` joins the conversation it extends
@@ -27,7 +25,8 @@ confidence as its outcome, and, where the signal says what was wrong, the next t
 re-sampled (an `evo.live_step`, while fewer than `conversations.max_in_flight` wait there); the group comes back as a
 rollout and becomes one live judgement. Otherwise it is a one-step live judgement (`policies/judge/live_steps.py`).
 With `conversations.teach: confirmed` only steps the next turn took well (outcome > 0) go on (the others: no judgement).
-Ids derive from the step's interaction, so a redelivery publishes nothing twice. Rated steps keep their rating.
+Ids derive from the step's interaction, so a redelivery publishes nothing twice. Rated steps keep their rating; a
+rating that comes after its step's signal was sent on is recorded, not trained: the step would train twice.
 """
 
 from __future__ import annotations
@@ -187,6 +186,9 @@ class Attributor(EventActor):
         if it is None:
             raise Poison(f"feedback {ev.event_id}: interaction {ev.interaction_id!r} is not on the stream")
         if self.book is not None:
+            if f"alone:{it.event_id}" in self.applied or f"resample:{it.event_id}" in self.applied:
+                self.signalled["feedback_after_signal"] = self.signalled.get("feedback_after_signal", 0) + 1
+                return self.log.info("feedback.after_signal", interaction_id=ev.interaction_id, score=ev.score)
             self.book.rate(ev.interaction_id)
             self.applied.add(f"rated:{ev.interaction_id}")  # durable: a restart must not judge the step by a signal
         sample = live_sample(it, ev)

@@ -222,6 +222,7 @@ def test_a_close_that_fails_puts_the_conversation_back_and_the_others_still_clos
 def test_the_attributor_judges_a_closed_conversations_unrated_steps_once(tmp_path):
     from actors.actor import HOLD
     from actors.attributor import Attributor
+    from actors.events import Feedback
     from config.settings import load_settings
 
     s = load_settings(None)
@@ -239,6 +240,8 @@ def test_the_attributor_judges_a_closed_conversations_unrated_steps_once(tmp_pat
         for c in a.book.open.values():
             c.last_at -= 31
         await a.tick()
+        # a rating of i1 after its signal was sent on: recorded, not trained a second time
+        assert await a.handle_feedback(Feedback(interaction_id="i1", score=1.0, interaction=its[0]), Msg()) is None
 
     asyncio.run(go())
     judged = [e for e in a.bus.events if isinstance(e, Judgement)]
@@ -250,7 +253,7 @@ def test_the_attributor_judges_a_closed_conversations_unrated_steps_once(tmp_pat
     assert step.tool_calls[0].name == "get_weather" and json.loads(step.tool_calls[0].arguments)["city"] == "Paris"
     assert j.samples[0].hint == "tool: Error: city not found"  # the hindsight teacher's context, scrubbed
     assert [m.acks for m in msgs] == [1, 1, 1] and not a.held and not a.book.open
-    assert a.health()["next_turn_signals"] == {"tool_error": 1}
+    assert a.health()["next_turn_signals"] == {"tool_error": 1, "feedback_after_signal": 1}
 
 
 def test_live_samples_are_scrubbed_of_personal_data():
