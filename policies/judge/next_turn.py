@@ -94,7 +94,8 @@ def next_turn_signal(step: ChatMessage, after: list[ChatMessage], previous_user:
         return "tool_error"
     if user is not None and _THANKS.search(user) and not _BUT.search(user):
         return "thanks"
-    if step.tool_calls and results:
+    answered = {m.tool_call_id for m in results} >= ids or len(results) >= len(ids)  # (results without ids: by count)
+    if step.tool_calls and results and answered:  # every call answered: one left unanswered says nothing yet
         return "tool_ok"
     if user is not None:
         return "moved_on"

@@ -62,3 +62,15 @@ def test_which_tool_results_report_a_failure(result, failed):
     assert tool_failed(result) is failed
     after = [ChatMessage(role="tool", tool_call_id="c1", content=result)]
     assert signal_of(CALL, after, WEATHER) == ("tool_error" if failed else "tool_ok")
+
+
+def test_tool_ok_needs_every_parallel_call_answered():
+    two = ChatMessage(
+        role="assistant",
+        tool_calls=[ToolCall(id="c1", name="get_weather", arguments="{}"), ToolCall(id="c2", name="get_time", arguments="{}")],
+    )
+    one = [ChatMessage(role="tool", tool_call_id="c1", content="sunny")]
+    both = one + [ChatMessage(role="tool", tool_call_id="c2", content="12:00")]
+    assert signal_of(two, one, WEATHER) is None
+    assert signal_of(two, both, WEATHER) == "tool_ok"
+    assert signal_of(two, [ChatMessage(role="tool", tool_call_id="c2", content="Error: no clock")], WEATHER) == "tool_error"
