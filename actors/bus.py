@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from actors.events import KINDS, DeadLetter, Interaction, kind_of, parse_event, subject_for, subjects_of
 from actors.messages import Event
 from config import telemetry
+from config.settings import MAX_ACK_PENDING
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -191,7 +192,7 @@ class Bus:
             ack_wait=ack_wait_s,
             max_deliver=max_deliver + 1,
             filter_subjects=subjects,
-            max_ack_pending=1000,
+            max_ack_pending=MAX_ACK_PENDING,
             deliver_policy=api.DeliverPolicy.NEW if deliver_new else api.DeliverPolicy.ALL,
         )
         try:

@@ -203,6 +203,9 @@ class ConversationSettings(_Section):
     )
 
 
+MAX_ACK_PENDING = 1000  # unacked messages a consumer may hold (actors/bus.py); open conversations are held unacked
+
+
 class JudgeSettings(_Section):
     base_url: str | None = Field(None, description="OpenAI-compatible judge endpoint; the served policy when unset")
     model: str | None = Field(None, description="Judge model name")
@@ -266,6 +269,16 @@ class Settings(_Section):
         self.embedding.dtype = resolve_dtype(self.embedding.dtype, "cpu")
         if self.learner.bf16 == "auto":
             self.learner.bf16 = fast_bf16(self.learner.device)
+        return self
+
+    @model_validator(mode="after")
+    def _held_conversations_fit_the_consumer(self):
+        c = self.conversations
+        if c.enabled and c.max_open * c.max_steps > MAX_ACK_PENDING:
+            raise ValueError(
+                f"conversations.max_open x conversations.max_steps ({c.max_open} x {c.max_steps}) is more interactions "
+                f"than the attributor may hold unacked ({MAX_ACK_PENDING}); lower either"
+            )
         return self
 
     @model_validator(mode="after")

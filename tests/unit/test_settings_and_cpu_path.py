@@ -25,6 +25,14 @@ def test_overrides():
     assert s.serve.port == 9123 and s.model.engine == "transformers"
 
 
+def test_open_conversations_must_fit_what_the_attributor_may_hold_unacked():
+    import pytest
+
+    with pytest.raises(ValueError, match="max_open x conversations.max_steps"):
+        load_settings(None, **{"conversations.max_open": 200, "conversations.max_steps": 16})
+    load_settings(None, **{"conversations.max_open": 200, "conversations.max_steps": 16, "conversations.enabled": False})
+
+
 def test_cpu_path_never_imports_vllm():
     code = (
         "import sys, builtins\n"
