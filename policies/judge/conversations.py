@@ -7,7 +7,7 @@ answer (`step_key`); a later request whose messages, up to their last assistant 
 (`parent_key`) extends it. Keys are per user (`Interaction.user_hash`: the request's `user` field, else the
 client's address) and, when the client sent one, per explicit conversation key (`metadata.conversation_id`,
 `thread_id` or `session_id`), so two users asking the same thing never merge. Message ids, whitespace and argument key order
-do not count (clients re-serialise what they were sent).
+do not count (clients re-serialise what they were sent), nor do system messages (clients put the time there).
 
 Each assistant answer is a step, with the weights version that wrote it. When the next request of the
 conversation arrives, what it adds after the step (tool results, the user's next message) gives the step a
@@ -97,7 +97,9 @@ def _canon(m: ChatMessage) -> list:
 
 
 def _key(scope: str, messages: list[ChatMessage]) -> str:
-    return hashlib.sha256(json.dumps([scope, [_canon(m) for m in messages]]).encode()).hexdigest()[:32]
+    """System messages do not count: clients put per-request state there (the time, a scratchpad)."""
+    canon = [_canon(m) for m in messages if m.role != "system"]
+    return hashlib.sha256(json.dumps([scope, canon]).encode()).hexdigest()[:32]
 
 
 def scope_of(it: Interaction) -> str:
@@ -218,7 +220,7 @@ class ConversationBook:
     @staticmethod
     def _signal(prev: Step, it: Interaction) -> None:
         """`prev`'s signal from the request `it` that extends it."""
-        n = len(prev.interaction.messages) + 1  # the request repeats the earlier messages and the answer
+        n = max(i for i, m in enumerate(it.messages) if m.role == "assistant") + 1  # the step, as `parent_key` found it
         user = next((m.content for m in reversed(prev.interaction.messages) if m.role == "user"), None)
         # the answer as the client sent it back (its tool call ids are the ones its tool results answer)
         step, after, served, tools = it.messages[n - 1], list(it.messages[n:]), prev.interaction.response, prev.interaction.tools

@@ -1,9 +1,10 @@
 """The next turn's rules on phrasings real users and tools produce, each read by hand: which signal a step gets."""
 
 import pytest
+from test_conversations import _agent_conversation, _it  # tests/unit is on sys.path
 
 from actors.events import ChatMessage, ToolCall
-from policies.judge.conversations import signal_of
+from policies.judge.conversations import ConversationBook, signal_of
 from policies.judge.next_turn import tool_failed
 
 WEATHER = "What's the weather in Paris today?"
@@ -74,3 +75,15 @@ def test_tool_ok_needs_every_parallel_call_answered():
     assert signal_of(two, one, WEATHER) is None
     assert signal_of(two, both, WEATHER) == "tool_ok"
     assert signal_of(two, [ChatMessage(role="tool", tool_call_id="c2", content="Error: no clock")], WEATHER) == "tool_error"
+
+
+def test_a_system_message_that_changes_each_request_does_not_split_the_conversation():
+    def sys(t):
+        return ChatMessage(role="system", content=f"You are a helpful agent. Current time: 10:0{t}.")
+
+    its = _agent_conversation('{"forecast": "sunny"}', "Thanks!")
+    its = [_it(it.interaction_id, [sys(i), *it.messages], it.response) for i, it in enumerate(its)]
+    book = ConversationBook()
+    convs = [book.add(it, float(i))[0] for i, it in enumerate(its)]
+    assert convs[0] is convs[1] is convs[2]
+    assert [s.signal for s in convs[0].steps] == ["tool_ok", "thanks", None]
