@@ -6,7 +6,8 @@ one conversation, so they are stitched by content: an interaction registers the 
 answer (`step_key`); a later request whose messages, up to their last assistant message, have that key
 (`parent_key`) extends it. Keys are per user (`Interaction.user_hash`: the request's `user` field, else the
 client's address) and, when the client sent one, per explicit conversation key (`metadata.conversation_id`,
-`thread_id` or `session_id`), so two users asking the same thing never merge. Message ids, whitespace and argument key order
+`thread_id` or `session_id`), so two users asking the same thing never merge. With an explicit key, a request whose history the
+client edited or cut (so no key matches) joins that key's open conversation. Message ids, whitespace and argument key order
 do not count (clients re-serialise what they were sent), nor do system messages (clients put the time there).
 
 Each assistant answer is a step, with the weights version that wrote it. When the next request of the
@@ -187,11 +188,14 @@ class ConversationBook:
         self.by_key: dict[str, str] = {}  # step key -> conversation id
         self.rated: dict[str, None] = {}  # interaction ids users rated (their feedback may come first), bounded
         self.orphans: dict[str, str] = {}  # parent key -> an open conversation that began with a later request
+        self.threads: dict[str, str] = {}  # scope with an explicit conversation key -> its open conversation
 
     def add(self, it: Interaction, now: float) -> tuple[Conversation, list[str]]:
         """Join the interaction to the conversation it extends (giving that conversation's last step its signal)
         or start one. Returns it, and the ids of the conversations to close to stay within bounds (`close`)."""
         conv = self.open.get(self.by_key.pop(parent_key(it) or "", ""))
+        if conv is None and (conv := self._thread(it)) is not None:
+            self.by_key = {k: v for k, v in self.by_key.items() if v != conv.conversation_id}  # its stale step key
         if conv is not None:
             self._signal(conv.steps[-1], it)
         else:
@@ -208,6 +212,8 @@ class ConversationBook:
             self.by_key.update({k: conv.conversation_id for k, v in self.by_key.items() if v == later.conversation_id})
         else:
             self.by_key[step_key(it)] = conv.conversation_id
+        if it.conversation:
+            self.threads[conv.scope] = conv.conversation_id
         over = [conv.conversation_id] if len(conv.steps) >= self.max_steps else []
         mine = sorted(
             (c for c in self.open.values() if c.user == conv.user and c.conversation_id not in over), key=lambda c: c.last_at
@@ -216,6 +222,14 @@ class ConversationBook:
         rest = sorted((c for c in self.open.values() if c.conversation_id not in over), key=lambda c: c.last_at)
         over += [c.conversation_id for c in rest[: max(0, len(self.open) - len(over) - self.max_open)]]
         return conv, over
+
+    def _thread(self, it: Interaction) -> Conversation | None:
+        """The open conversation of the request's explicit key, when its messages do not extend it as sent: the client
+        edited or cut the history. Not for a request that carries more answers than that conversation has steps:
+        that is a later request come first (an orphan), not an edit."""
+        conv = self.open.get(self.threads.get(scope_of(it), "")) if it.conversation else None
+        answers = sum(m.role == "assistant" for m in it.messages)
+        return conv if conv is not None and 0 < answers <= len(conv.steps) else None
 
     @staticmethod
     def _signal(prev: Step, it: Interaction) -> None:
@@ -241,6 +255,8 @@ class ConversationBook:
         """Put back a conversation whose close could not be carried out (the bus was down, say)."""
         self.open[conv.conversation_id] = conv
         self.by_key[step_key(conv.steps[-1].interaction)] = conv.conversation_id
+        if conv.steps[-1].interaction.conversation:
+            self.threads[conv.scope] = conv.conversation_id
 
     def close(self, conversation_id: str, idle: bool = True) -> Conversation:
         """Take a conversation out of the book, its last step signalled if it can be. `idle`: it went quiet, so a
@@ -249,6 +265,8 @@ class ConversationBook:
         conv = self.open.pop(conversation_id)
         self.by_key = {k: v for k, v in self.by_key.items() if v != conversation_id}
         self.orphans = {k: v for k, v in self.orphans.items() if v != conversation_id}
+        if self.threads.get(conv.scope) == conversation_id:
+            del self.threads[conv.scope]
         last = conv.steps[-1]
         step, tools = last.interaction.response, last.interaction.tools
         if last.signal is None:  # nothing came after it: a call that does not fit, or one never answered

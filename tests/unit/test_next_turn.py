@@ -87,3 +87,25 @@ def test_a_system_message_that_changes_each_request_does_not_split_the_conversat
     convs = [book.add(it, float(i))[0] for i, it in enumerate(its)]
     assert convs[0] is convs[1] is convs[2]
     assert [s.signal for s in convs[0].steps] == ["tool_ok", "thanks", None]
+
+
+def test_an_explicit_conversation_key_joins_a_history_the_client_edited():
+    m1 = [ChatMessage(role="user", content=WEATHER)]
+    edited = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c9", name="get_weather", arguments='{"city": "Paris, FR"}')])
+    m2 = [*m1, edited, ChatMessage(role="tool", tool_call_id="c9", content='{"forecast": "sunny"}')]
+    for key, joined in (("thread-7", True), ("", False)):
+        book = ConversationBook()
+        a, _ = book.add(_it("i1", m1, CALL, conversation=key), 1.0)
+        b, _ = book.add(_it("i2", m2, TEXT, conversation=key), 2.0)
+        assert (a is b) is joined
+        assert a.steps[0].signal == ("tool_ok" if joined else None)
+
+
+def test_with_an_explicit_key_a_later_request_that_comes_first_still_waits_for_its_earlier_one():
+    its = [_it(it.interaction_id, it.messages, it.response, conversation="t1") for it in _agent_conversation("ok", "Thanks!")]
+    book = ConversationBook()
+    for it in (its[0], its[2], its[1]):  # redelivered out of order after a restart
+        book.add(it, 1.0)
+    (conv,) = book.open.values()
+    assert [s.interaction.interaction_id for s in conv.steps] == ["i1", "i2", "i3"]
+    assert [s.signal for s in conv.steps] == ["tool_ok", "thanks", None]
