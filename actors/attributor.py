@@ -12,21 +12,20 @@ and the judge's elsewhere; `judge` uses the judge's wherever it answered. With `
 group whose every step the environment labels trains nothing, so only `judge.audit_share` of those (by group id) are
 judged, for the agreement. A rollout's outcome is `policies.judge.stats.score_rollout`'s (the environment's, shaped);
 a live interaction's is its user feedback (the feedback names the interaction, which is read from the stream by id:
-`Bus.interaction`). When the judge is over budget, fails or answers malformed text, the environment's (or the
-feedback's) labels are used and the judgement says so; the actor never crashes on it.
+`Bus.interaction`). A judge over budget, failing or malformed: the environment's (or the feedback's) labels, said so.
 
 Unrated live traffic (`conversations.enabled`): every `evo.interaction` joins the conversation it extends
 (`policies/judge/conversations.py`: requests stitched by content, per user), and its interaction message is held,
-unacked, until that conversation closes (idle for `conversations.idle_s`, or past its bounds): after a restart
-the stream hands the open conversations back. On close, each step that no user rated and that got a signal (a call
-that does not fit the declared tools, a correction, a re-ask, a tool error, thanks, ...) has the rule's value x
-confidence as its outcome, and, where the signal says what was wrong, the next turn as its hindsight hint
-(`policies/learning/hindsight.py`). With `conversations.alternatives` and declared tools it goes to the explorer to be
-re-sampled (an `evo.live_step`, while fewer than `conversations.max_in_flight` wait there); the group comes back as a
-rollout and becomes one live judgement. Otherwise it is a one-step live judgement (`policies/judge/live_steps.py`).
-With `conversations.teach: confirmed` only steps the next turn took well (outcome > 0) go on (the others: no judgement).
-Ids derive from the step's interaction, so a redelivery publishes nothing twice. Rated steps keep their rating; a
-rating that comes after its step's signal was sent on is recorded, not trained: the step would train twice.
+unacked, until that conversation closes (idle for `conversations.idle_s`, or past its bounds): after a restart the
+stream hands the open conversations back. On close, each step that no user rated and that got a signal (a call that does
+not fit the declared tools, a correction, a re-ask, a tool error, thanks, ...) has value x confidence as outcome, and,
+where the signal says what was wrong, the next turn as its hindsight hint (`policies/learning/hindsight.py`). With
+`conversations.alternatives` and declared tools it goes to the explorer to be re-sampled (an `evo.live_step`, while
+fewer than `conversations.max_in_flight` wait there); the group comes back as a rollout and becomes one live judgement.
+Otherwise it is a one-step live judgement (`policies/judge/live_steps.py`). With `conversations.teach: confirmed` only
+steps the next turn took well (outcome > 0) go on (the others: no judgement). Ids derive from the step's interaction, so
+a redelivery publishes nothing twice. Rated steps keep their rating; one that comes after its step's signal was sent on
+is recorded, not trained (the step would train twice).
 """
 
 from __future__ import annotations
@@ -186,7 +185,8 @@ class Attributor(EventActor):
         if it is None:
             raise Poison(f"feedback {ev.event_id}: interaction {ev.interaction_id!r} is not on the stream")
         if self.book is not None:
-            if f"alone:{it.event_id}" in self.applied or f"resample:{it.event_id}" in self.applied:
+            sent = f"alone:{it.event_id}" in self.applied or f"resample:{it.event_id}" in self.applied
+            if sent and not self.book.holds(ev.interaction_id):  # (held: a close that failed will be tried again)
                 self.signalled["feedback_after_signal"] = self.signalled.get("feedback_after_signal", 0) + 1
                 return self.log.info("feedback.after_signal", interaction_id=ev.interaction_id, score=ev.score)
             self.book.rate(ev.interaction_id)

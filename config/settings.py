@@ -274,10 +274,10 @@ class Settings(_Section):
     @model_validator(mode="after")
     def _held_conversations_fit_the_consumer(self):
         c = self.conversations
-        if c.enabled and c.max_open * c.max_steps > MAX_ACK_PENDING:
+        if c.enabled and c.max_open * c.max_steps > 0.8 * MAX_ACK_PENDING:  # room for the feedback and rollouts
             raise ValueError(
                 f"conversations.max_open x conversations.max_steps ({c.max_open} x {c.max_steps}) is more interactions "
-                f"than the attributor may hold unacked ({MAX_ACK_PENDING}); lower either"
+                f"than the attributor may hold unacked (80% of {MAX_ACK_PENDING}); lower either"
             )
         return self
 

@@ -122,7 +122,10 @@ def assistant_text(m: ChatMessage) -> str:
         return m.content
     calls = [{"name": c.name, "arguments": _json_or_text(c.arguments)} for c in m.tool_calls]
     prefix = (m.content + "\n") if m.content else ""
-    return prefix + "<tool_call>" + json.dumps(calls, ensure_ascii=False) + "</tool_call>"  # as written: München
+    text = json.dumps(calls, ensure_ascii=False)  # as written: München
+    if any("\ud800" <= ch <= "\udfff" for ch in text):  # half a surrogate pair no tokenizer takes: kept escaped
+        text = json.dumps(calls)
+    return prefix + "<tool_call>" + text + "</tool_call>"
 
 
 def _json_or_text(s: str):

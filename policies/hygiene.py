@@ -1,9 +1,10 @@
 """Memory hygiene: scrub personal data before storage; quarantine text that instructs the model.
 
-`scrub()` replaces e-mail addresses, phone numbers, card numbers, IP addresses and API-key-like tokens
-with typed placeholders (`scrub_arguments()` does it inside a tool call's JSON arguments). Phone numbers are
-what Google's libphonenumber (`phonenumbers`) finds valid for `PHONE_REGION`, or any number written with a
-leading `+`; a card number is a 13-19 digit run that passes the Luhn check. Dates, timestamps, order numbers
+`scrub()` replaces e-mail addresses, phone numbers, card numbers, IP addresses, SSNs and API-key-like tokens
+with typed placeholders (`scrub_arguments()` does it inside a tool call's JSON arguments). A phone number is one
+written with a leading `+`, or a phone-shaped run that Google's libphonenumber (`phonenumbers`) finds valid for
+`PHONE_REGION` (or, written with a trunk 0, for one of `TRUNK_REGIONS`); a card number is a 13-19 digit run in a
+card's grouping that passes the Luhn check; a US social security number is written 123-45-6789. Dates, timestamps, order numbers
 and decimals stay as written: a live sample keeps the values a call must copy. `looks_like_injection()` flags
 text that tries to give the model instructions (override the system prompt, change role, exfiltrate secrets);
 such experiences are stored quarantined and never retrieved until reviewed.
@@ -15,6 +16,8 @@ import json
 import re
 
 PHONE_REGION = "US"  # how a number written without a country code is read
+# a number written with a trunk 0 (a national form outside North America) is a phone number if valid in one of these
+TRUNK_REGIONS = ("GB", "DE", "FR", "IT", "ES", "NL", "AU", "IN", "JP", "BR", "ZA", "TR")
 
 
 def _luhn(digits: str) -> bool:
@@ -29,39 +32,42 @@ def _cards(text: str) -> str:
     def one(m: re.Match) -> str:
         return "[CARD]" if _luhn(re.sub(r"\D", "", m.group(0))) else m.group(0)
 
-    return _CARD.sub(one, text)
-
-
-def _glued(text: str, start: int, end: int) -> bool:
-    """A match that is part of a longer number or word (3.14159265358, v2.0415555..., ab4155552671)."""
-    before = text[start - 1] if start else ""
-    after = text[end] if end < len(text) else ""
-    return (
-        before.isalnum()
-        or after.isalnum()
-        or (before in ".," and start > 1 and text[start - 2].isdigit())
-        or (after in ".," and end + 1 < len(text) and text[end + 1].isdigit())
-    )
-
-
-def _phones(text: str) -> str:
-    import phonenumbers
-
-    text = _PLUS_PHONE.sub("[PHONE]", text)
-    if not any(ch.isdigit() for ch in text):
-        return text
-    spans = [(m.start, m.end) for m in phonenumbers.PhoneNumberMatcher(text, PHONE_REGION) if not _glued(text, m.start, m.end)]
-    for start, end in reversed(spans):
-        text = text[:start] + "[PHONE]" + text[end:]
+    for pattern in _CARDS:
+        text = pattern.sub(one, text)
     return text
 
 
-_CARD = re.compile(r"\b(?:\d[ -]?){12,18}\d\b")
+def _phone(m: re.Match) -> str:
+    import phonenumbers
+
+    cand = m.group(0)
+    if _DATE.fullmatch(cand.strip("()")):
+        return cand
+    regions = (PHONE_REGION, *TRUNK_REGIONS) if cand.lstrip("(").startswith("0") else (PHONE_REGION,)
+    for region in regions:
+        try:
+            if phonenumbers.is_valid_number(phonenumbers.parse(cand, region)):
+                return "[PHONE]"
+        except phonenumbers.NumberParseException:
+            continue
+    return cand
+
+
+# card numbers: 4-digit groups (16-19 digits), Amex's 4-6-5, or one run; issuers' first digits 2-6; then Luhn
+_CARDS = (
+    re.compile(r"(?<![\d.])[2-6]\d{3}([ -]?)\d{4}\1\d{4}\1\d{1,7}(?![\d]|\.\d)"),
+    re.compile(r"(?<![\d.])3[47]\d{2}([ -]?)\d{6}\1\d{5}(?![\d]|\.\d)"),
+    re.compile(r"(?<![\d.])[2-6]\d{12,18}(?![\d]|\.\d)"),
+)
 _PLUS_PHONE = re.compile(r"(?<![\w+])\+\d[\d ().-]{6,}\d(?!\w)")
+# a phone-shaped run (not part of a decimal or a word), checked by libphonenumber (`_phone`)
+_PHONE_LIKE = re.compile(r"(?<![\w.(])\(?\d[\d ().-]{7,}\d(?!\w|\.\d)")
+_DATE = re.compile(r"\d{4}[./-]\d{1,2}[./-]\d{1,2}|\d{1,2}[./-]\d{1,2}[./-]\d{2,4}")
 _PATTERNS = [
     ("[EMAIL]", re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")),
     ("[KEY]", re.compile(r"\b(?:sk|pk|ghp|xox[bap])[-_][A-Za-z0-9_-]{12,}\b")),
     ("[IP]", re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}\b")),
+    ("[SSN]", re.compile(r"\b\d{3}-\d{2}-\d{4}\b")),
 ]
 
 _INJECTION = re.compile(
@@ -77,7 +83,7 @@ _INJECTION = re.compile(
 def scrub(text: str) -> str:
     for placeholder, pattern in _PATTERNS:
         text = pattern.sub(placeholder, text)
-    return _phones(_cards(text))
+    return _PHONE_LIKE.sub(_phone, _PLUS_PHONE.sub("[PHONE]", _cards(text)))
 
 
 def scrub_arguments(text: str) -> str:

@@ -15,7 +15,8 @@ conversation arrives, what it adds after the step (tool results, the user's next
 signal by `SIGNALS` below; a conversation idle for `idle_s` closes, and its last step gets its signal then. A call
 that does not fit the tools the request declared (`envs/tool_fit.py`) is wrong whatever comes next: that needs no
 next turn.
-Explicit feedback, when a step has some, overrides all of these (the rated path trains on it).
+Explicit feedback, when a step has some before its conversation closes, overrides all of these (the rated path trains
+on it); after, the step has trained on its signal and the rating is only recorded.
 
 Text in a tool result or a user turn is only ever matched against fixed patterns here: it is data, never an
 instruction to the system, and nothing in it is executed or followed.
@@ -178,8 +179,8 @@ class Conversation:
 
 class ConversationBook:
     """Open conversations, bounded: at most `max_open`, each at most `max_steps` steps (the oldest close first);
-    a conversation idle for `idle_s` closes. One user keeps at most a quarter of `max_open` (at least 2) open, explicit
-    conversation keys or not: a burst of one user's conversations closes that user's own oldest, not anyone else's."""
+    a conversation idle for `idle_s` closes. When the book is full, a user with more than a quarter of `max_open` (at
+    least 2) open, explicit keys or not, loses their own oldest first: one user's burst does not close everyone else's."""
 
     def __init__(self, idle_s: float = 300.0, max_open: int = 200, max_steps: int = 16):
         self.idle_s, self.max_open, self.max_steps = idle_s, max_open, max_steps
@@ -215,12 +216,11 @@ class ConversationBook:
         if it.conversation:
             self.threads[conv.scope] = conv.conversation_id
         over = [conv.conversation_id] if len(conv.steps) >= self.max_steps else []
-        mine = sorted(
-            (c for c in self.open.values() if c.user == conv.user and c.conversation_id not in over), key=lambda c: c.last_at
-        )
-        over += [c.conversation_id for c in mine[: max(0, len(mine) - self.max_per_scope)]]
-        rest = sorted((c for c in self.open.values() if c.conversation_id not in over), key=lambda c: c.last_at)
-        over += [c.conversation_id for c in rest[: max(0, len(self.open) - len(over) - self.max_open)]]
+        if (excess := len(self.open) - len(over) - self.max_open) > 0:  # full: this user's own oldest first, if many
+            oldest = sorted((c for c in self.open.values() if c.conversation_id not in over), key=lambda c: c.last_at)
+            mine = [c for c in oldest if c.user == conv.user]
+            own = [c.conversation_id for c in mine[: max(0, min(excess, len(mine) - self.max_per_scope))]]
+            over += own + [c.conversation_id for c in oldest if c.conversation_id not in own][: excess - len(own)]
         return conv, over
 
     def _thread(self, it: Interaction) -> Conversation | None:
@@ -228,8 +228,11 @@ class ConversationBook:
         edited or cut the history. Not for a request that carries more answers than that conversation has steps:
         that is a later request come first (an orphan), not an edit."""
         conv = self.open.get(self.threads.get(scope_of(it), "")) if it.conversation else None
-        answers = sum(m.role == "assistant" for m in it.messages)
-        return conv if conv is not None and 0 < answers <= len(conv.steps) else None
+        answers = [m for m in it.messages if m.role == "assistant"]
+        if conv is None or not 0 < len(answers) <= len(conv.steps):
+            return None
+        # a retry of an earlier request carries an earlier answer last: it is not the next turn of the newest step
+        return conv if _canon(answers[-1]) == _canon(conv.steps[-1].interaction.response) else None
 
     @staticmethod
     def _signal(prev: Step, it: Interaction) -> None:
@@ -250,6 +253,9 @@ class ConversationBook:
             for st in conv.steps:
                 if st.interaction.interaction_id == interaction_id:
                     st.rated = True
+
+    def holds(self, interaction_id: str) -> bool:
+        return any(st.interaction.interaction_id == interaction_id for c in self.open.values() for st in c.steps)
 
     def reopen(self, conv: Conversation) -> None:
         """Put back a conversation whose close could not be carried out (the bus was down, say)."""

@@ -12,16 +12,20 @@ import re
 
 from actors.events import ChatMessage
 
+_OK_AFTER_NO = r"(problem|worries|need|rush|thanks|thank you|that'?s (all|it|fine|perfect|great|good|right|correct)|all good)"
+# a leading "no" corrects, unless it answers a question the step asked ("Anything else?" "No, just the flight.")
+_LEADING_NO = re.compile(r"^\s*(no|nope)\b(?!\s*(?:[,.!]\s*)?" + _OK_AFTER_NO + r"\b)", re.I)
+_ADJ = r"(?:so |that |very |really |quite )?(great|good|right(?! (now|away))|correct|helpful|working)\b"
 _CORRECTION = re.compile(
-    r"^\s*(no|nope)\b(?!\s*[,.!]?\s*(problem|worries|need|rush|thanks|thank you|that'?s (all|it|fine)|all good)\b)"
-    r"|^\s*(wrong|incorrect|try again)\b|^\s*(that'?s|that is|this is|it'?s) not\b"
+    r"^\s*(wrong|incorrect|try again)\b|^\s*(that'?s|that is|this is|it'?s) not\b(?! (bad|a problem|an issue))"
     r"|^\s*actually,?\s+(i (meant|said|wanted|asked|need)|it'?s|it should|you should|that should)\b"
     r"|\b(not (exactly |quite |really )?what i (asked|meant|wanted|needed|said)|that'?s (wrong|incorrect)|"
-    r"you (misunderstood|got it wrong)|doesn'?t work|does not work|did not work|didn'?t work|is wrong|are wrong|"
+    r"you (misunderstood|got it wrong)|(it|that|this) (doesn'?t|does not|did not|didn'?t) work|is wrong|are wrong|"
     r"still (fails|failing|broken|wrong|not working|doesn'?t|does not))\b"
-    r"|(\bnot|n't|\bnever)\s+(so |that |very |really |quite )?(great|good|right|correct|helpful|working)\b",
+    r"|^\s*not " + _ADJ + r"|\b(it|that|this|which)\s*(?:'s|is|was)?\s*(?:n't|not|never)\s+" + _ADJ,
     re.I,
 )
+MAX_TEXT = 2000  # what is matched of a message or a tool result (patterns run on the event loop)
 # thanks anywhere; approval only as the message's first word ("Find a great restaurant" is a request)
 _THANKS = re.compile(
     r"\b(thanks|thank you|thx|that works|works now|works great|well done|nice one)\b"
@@ -55,12 +59,16 @@ def tool_failed(content: str) -> bool:
     `isError` true, a failing `status`); text by its first line, or a traceback or raised error anywhere in it.
     A result that merely mentions an error in its data (`{"error": null}`, a page that says "not found" further
     down) is not one."""
-    text = (content or "").strip()
+    text = (content or "").strip()[:MAX_TEXT]
     try:
         data = json.loads(text)
     except (ValueError, RecursionError):
         data = None
     else:
+        if isinstance(data, str):  # a client that JSON-encodes its tool's text
+            return tool_failed(data) if data.strip() != text else False
+        if isinstance(data, list):
+            return any(isinstance(x, dict) and tool_failed(json.dumps(x)) for x in data[:20])
         if not isinstance(data, dict):
             return False
         low = {str(k).lower(): v for k, v in data.items()}
@@ -77,14 +85,16 @@ def tool_failed(content: str) -> bool:
             or (isinstance(status, int) and not isinstance(status, bool) and status >= 400)
         )
     first = text.split("\n", 1)[0][:200]
-    return bool(_FAILURE.search(first) or _RAISED.search(text))
+    last = "\n".join(text.splitlines()[-5:])  # a raised error ends its output; one quoted earlier is data
+    return bool(_FAILURE.search(first) or _RAISED.search(last) or text.startswith("Traceback (most recent call last)"))
 
 
 def next_turn_signal(step: ChatMessage, after: list[ChatMessage], previous_user: str | None) -> str | None:
     ids = {tc.id for tc in step.tool_calls}
     results = [m for m in after if m.role == "tool" and (m.tool_call_id in ids or not m.tool_call_id)]
-    user = next((m.content for m in after if m.role == "user"), None)
-    if user is not None and _CORRECTION.search(user):
+    user = next(((m.content or "")[:MAX_TEXT] for m in after if m.role == "user"), None)
+    asked = (step.content or "").rstrip().endswith("?") and not step.tool_calls
+    if user is not None and (_CORRECTION.search(user) or (not asked and _LEADING_NO.search(user))):
         return "correction"
     if user is not None and previous_user:
         a, b = _words(user), _words(previous_user)

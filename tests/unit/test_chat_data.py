@@ -68,3 +68,5 @@ def test_a_call_is_trained_as_written_not_escaped():
 
     msg = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c1", name="weather", arguments='{"city": "München"}')])
     assert assistant_text(msg) == '<tool_call>[{"name": "weather", "arguments": {"city": "München"}}]</tool_call>'
+    half = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c1", name="q", arguments='{"q": "\\ud83d"}')])
+    assert assistant_text(half) == '<tool_call>[{"name": "q", "arguments": {"q": "\\ud83d"}}]</tool_call>'

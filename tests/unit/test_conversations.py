@@ -133,7 +133,7 @@ def test_open_conversations_are_bounded_and_close_when_idle():
 
 
 def test_one_users_burst_closes_that_users_own_oldest_conversations():
-    book = ConversationBook(idle_s=60, max_open=8, max_steps=12)  # at most 2 open per user
+    book = ConversationBook(idle_s=60, max_open=4, max_steps=12)  # full at 4; a user with over 2 loses their own
     book.add(_it("other", [_user("mine")], _call(), user="u2"), 1.0)
     overs = []
     for i in range(6):
@@ -141,8 +141,8 @@ def test_one_users_burst_closes_that_users_own_oldest_conversations():
         overs.append(over)
         for cid in over:  # as the attributor does, at once
             book.close(cid, idle=False)
-    assert overs == [[], [], ["b0"], ["b1"], ["b2"], ["b3"]]
-    assert sorted(book.open) == ["b4", "b5", "other"]
+    assert overs == [[], [], [], ["b0"], ["b1"], ["b2"]]  # nothing closes before the book is full
+    assert sorted(book.open) == ["b3", "b4", "b5", "other"]
 
 
 def test_a_rating_overrides_the_signal_whichever_arrives_first():

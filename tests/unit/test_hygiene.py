@@ -26,6 +26,8 @@ def test_scrub_replaces_personal_data():
         "order 123456789012 shipped",
         "pi is about 3.14159265358",
         "a 4111 1111 1111 1112 run that fails the Luhn check",
+        "at 1700000000004 ms (a timestamp that passes Luhn)",
+        "version 2.0.4155552671",
     ],
 )
 def test_dates_ids_and_numbers_a_call_must_copy_are_kept(text):
@@ -36,6 +38,9 @@ def test_phone_numbers_in_national_and_international_form_are_scrubbed():
     assert scrub("call me on (415) 555-2671 or 415-555-2671") == "call me on [PHONE] or [PHONE]"
     assert scrub("whatsapp +44 20 7946 0958") == "whatsapp [PHONE]"
     assert scrub("card 4111-1111-1111-1111 and 378282246310005") == "card [CARD] and [CARD]"
+    assert scrub("4111 1111 1111 1111 12/26") == "[CARD] 12/26"  # the expiry after it
+    assert scrub("London 020 7946 0958, Paris 06 12 34 56 78") == "London [PHONE], Paris [PHONE]"
+    assert scrub("SSN 078-05-1120") == "SSN [SSN]"
 
 
 def test_tool_call_arguments_are_scrubbed_inside_their_json():

@@ -35,10 +35,23 @@ def _next(user: str, step: ChatMessage = TEXT) -> str | None:
         ("What is the weather in Paris today??", "reask"),
         ("weather paris?", "reask"),
         ("Thanks, that is great!", "thanks"),
+        ("Not right now, thanks.", "thanks"),
+        ("That's not bad at all!", "moved_on"),
+        ("No, that's perfect", "moved_on"),
+        ("My VPN is not working, can you help?", "moved_on"),
+        ("It's not working.", "correction"),
+        ("this isn't right", "correction"),
+        ("no" + " " * 50_000 + "x", "correction"),  # matched in linear time, cut to MAX_TEXT
     ],
 )
 def test_what_the_users_next_message_says(user, signal):
     assert _next(user) == signal
+
+
+def test_a_no_that_answers_the_steps_own_question_is_not_a_correction():
+    asked = ChatMessage(role="assistant", content="I found two flights and a hotel. Anything else?")
+    assert _next("No, just the flight.", asked) == "moved_on"
+    assert _next("No, just the flight.") == "correction"
 
 
 @pytest.mark.parametrize(
@@ -57,6 +70,9 @@ def test_what_the_users_next_message_says(user, signal):
         ("Traceback (most recent call last):\n  File 'x.py'\nKeyError: 'city'", True),
         ("Top 10 restaurants in Paris\n...\nPage 2 not found? Try the search.", False),
         ("Sunny, 21 degrees; no rain expected", False),
+        ('"Error: city not found"', True),  # a client that JSON-encodes its tool's text
+        ('[{"error": "city not found"}]', True),
+        ("line 1: import json\nline 2: except KeyError: pass\n" + "line\n" * 10 + "end of file", False),
     ],
 )
 def test_which_tool_results_report_a_failure(result, failed):
@@ -89,16 +105,21 @@ def test_a_system_message_that_changes_each_request_does_not_split_the_conversat
     assert [s.signal for s in convs[0].steps] == ["tool_ok", "thanks", None]
 
 
-def test_an_explicit_conversation_key_joins_a_history_the_client_edited():
+def test_an_explicit_conversation_key_joins_a_history_the_client_cut():
     m1 = [ChatMessage(role="user", content=WEATHER)]
-    edited = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c9", name="get_weather", arguments='{"city": "Paris, FR"}')])
-    m2 = [*m1, edited, ChatMessage(role="tool", tool_call_id="c9", content='{"forecast": "sunny"}')]
+    m2 = [*m1, CALL, ChatMessage(role="tool", tool_call_id="c1", content='{"forecast": "sunny"}')]
+    cut = [
+        ChatMessage(role="user", content="(earlier turns summarised) Paris weather"),
+        TEXT,
+        ChatMessage(role="user", content="Thanks!"),
+    ]
     for key, joined in (("thread-7", True), ("", False)):
         book = ConversationBook()
         a, _ = book.add(_it("i1", m1, CALL, conversation=key), 1.0)
-        b, _ = book.add(_it("i2", m2, TEXT, conversation=key), 2.0)
-        assert (a is b) is joined
-        assert a.steps[0].signal == ("tool_ok" if joined else None)
+        book.add(_it("i2", m2, TEXT, conversation=key), 2.0)
+        c, _ = book.add(_it("i3", cut, TEXT, conversation=key), 3.0)
+        assert (a is c) is joined
+        assert [st.signal for st in a.steps] == (["tool_ok", "thanks", None] if joined else ["tool_ok", None])
 
 
 def test_with_an_explicit_key_a_later_request_that_comes_first_still_waits_for_its_earlier_one():
@@ -109,3 +130,13 @@ def test_with_an_explicit_key_a_later_request_that_comes_first_still_waits_for_i
     (conv,) = book.open.values()
     assert [s.interaction.interaction_id for s in conv.steps] == ["i1", "i2", "i3"]
     assert [s.signal for s in conv.steps] == ["tool_ok", "thanks", None]
+
+
+def test_a_retry_of_an_earlier_request_does_not_take_the_newest_steps_signal():
+    its = [_it(it.interaction_id, it.messages, it.response, conversation="t1") for it in _agent_conversation("ok", "No, wrong.")]
+    book = ConversationBook()
+    for it in its[:2]:
+        book.add(it, 1.0)
+    retry = _it("i2b", its[1].messages, ChatMessage(role="assistant", content="Sunny."), conversation="t1")
+    conv, _ = book.add(retry, 2.0)  # request 2 again (a timeout): a conversation of its own, no signal borrowed
+    assert conv.conversation_id == "i2b" and book.open["i1"].steps[-1].signal is None
