@@ -184,7 +184,7 @@ class ConversationBook:
 
     def __init__(self, idle_s: float = 300.0, max_open: int = 200, max_steps: int = 16):
         self.idle_s, self.max_open, self.max_steps = idle_s, max_open, max_steps
-        self.max_per_scope = max(2, max_open // 4)
+        self.max_per_user = max(2, max_open // 4)
         self.open: dict[str, Conversation] = {}  # conversation id -> conversation
         self.by_key: dict[str, str] = {}  # step key -> conversation id
         self.rated: dict[str, None] = {}  # interaction ids users rated (their feedback may come first), bounded
@@ -219,7 +219,7 @@ class ConversationBook:
         if (excess := len(self.open) - len(over) - self.max_open) > 0:  # full: this user's own oldest first, if many
             oldest = sorted((c for c in self.open.values() if c.conversation_id not in over), key=lambda c: c.last_at)
             mine = [c for c in oldest if c.user == conv.user]
-            own = [c.conversation_id for c in mine[: max(0, min(excess, len(mine) - self.max_per_scope))]]
+            own = [c.conversation_id for c in mine[: max(0, min(excess, len(mine) - self.max_per_user))]]
             over += own + [c.conversation_id for c in oldest if c.conversation_id not in own][: excess - len(own)]
         return conv, over
 
