@@ -33,7 +33,7 @@ from config.settings import Settings
 from policies.chat import CALL_PREFIX, call_opening, render
 from policies.engines.live_policy import LivePolicy
 from serve.feedback import take_feedback
-from serve.interactions import Turn
+from serve.interactions import Turn, user_salt
 from serve.metrics import CONTENT_TYPE, Metrics
 from serve.net import authorized, loopback_replica_grpc, read_body, unauthorized
 from serve.outbox import Outbox
@@ -64,6 +64,7 @@ class KaizenServer:
             stream=open(self.s.state / "logs" / "serve.log", "a", buffering=1),
         )
         self.key = api_key
+        self.salt = user_salt(self.s.state)
         try:
             self.replica = serve.get_replica_context().replica_tag
         except Exception:
@@ -262,7 +263,7 @@ class KaizenServer:
             return completion(iid, self.s.model.name, version, answer, gen, n_prompt, turn.finish(answer, gen))
 
     async def _record(self, turn: Turn, answer: ChatMessage, version: str, straddled: bool = False) -> None:
-        ev = turn.interaction(answer, version, straddled, self.replica, self.key)
+        ev = turn.interaction(answer, version, straddled, self.replica, self.key, self.salt)
         self.served += 1
         self.metrics.answered(bool(turn.req.stream), time.perf_counter() - turn.t0, turn.n_completion)
         try:

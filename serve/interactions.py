@@ -7,8 +7,12 @@ to the stream, where feedback finds it by id (`serve/feedback.py`).
 from __future__ import annotations
 
 import hashlib
+import hmac
+import os
+import secrets
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from actors.events import ChatMessage, Interaction, RetrieveReply, ToolSpec, derived_id
 from policies.chat import json_object, parse_forced, trusted_calls
@@ -55,16 +59,17 @@ class Turn:
             return "length" if cut and json_object(answer.tool_calls[-1].arguments) is None else "tool_calls"
         return "length" if cut else "stop"
 
-    def interaction(self, answer: ChatMessage, version: str, straddled: bool, replica: str, key: str) -> Interaction:
+    def interaction(self, answer: ChatMessage, version: str, straddled: bool, replica: str, key: str, salt: bytes) -> Interaction:
         # a request without `user` is its connection's: one API key's anonymous clients are not one user to the
-        # per-user caps and to conversation stitching
+        # per-user caps and to conversation stitching. Keyed by the deployment's secret salt (`user_salt`): an address
+        # or a `user` name cannot be found again from its hash by trying every candidate
         user = (self.req.user or f"peer:{self.peer}") + "|" + hashlib.sha256(key.encode()).hexdigest()[:8]
         choice = self.req.tool_choice
         choice = choice.model_dump(exclude_none=True) if hasattr(choice, "model_dump") else choice
         ev = Interaction(
             event_id=interaction_event_id(self.iid),
             interaction_id=self.iid,
-            user_hash=hashlib.sha256(user.encode()).hexdigest()[:16],
+            user_hash=hmac.new(salt, user.encode(), hashlib.sha256).hexdigest()[:16],
             messages=self.messages,
             tools=self.tools,
             response=answer,
@@ -86,6 +91,31 @@ class Turn:
         )
         ev.weights_version, ev.producer = version, f"serve:{replica}"
         return ev
+
+
+def user_salt(state: Path) -> bytes:
+    """The deployment's secret for user hashes: `secrets/user_salt` in the state dir, made once (32 random bytes),
+    owner-only, shared by every replica that mounts the dir (so a user is one hash whichever replica answers, and after
+    a restart). The first replica to make it wins; the others read it."""
+    path = Path(state) / "secrets" / "user_salt"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".user_salt.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # atomic, and refused when another replica made it first: theirs is kept
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    salt = path.read_text().strip()
+    if len(salt) < 32:
+        raise ValueError(f"{path} holds no usable salt (at least 32 hex characters); remove it to have a new one made")
+    return bytes.fromhex(salt)
 
 
 def interaction_event_id(interaction_id: str) -> str:

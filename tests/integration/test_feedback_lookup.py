@@ -38,7 +38,7 @@ def answered(iid: str | None = None) -> Interaction:
     turn = Turn(
         req=req, messages=[ChatMessage(role="user", content="2+2?")], tools=[], memory=RetrieveReply(), prompt="", iid=iid
     )
-    return turn.interaction(ChatMessage(role="assistant", content="4"), "w-000003", False, "replica-a", "key")
+    return turn.interaction(ChatMessage(role="assistant", content="4"), "w-000003", False, "replica-a", "key", b"s" * 32)
 
 
 class Replica:

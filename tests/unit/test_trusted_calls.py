@@ -87,11 +87,28 @@ def test_no_parallel_calls_keeps_the_first_and_a_text_answer_cut_off_finishes_wi
 def test_the_user_of_an_interaction_is_its_user_field_else_its_connection():
     from actors.events import ChatMessage
 
-    def user_of(peer, user=None, key="k1"):
+    def user_of(peer, user=None, key="k1", salt=b"s" * 32):
         body = {"messages": [{"role": "user", "content": "hi"}], **({"user": user} if user else {})}
         turn = Turn(req=ChatRequest.model_validate(body), messages=[], tools=[], memory=RetrieveReply(), prompt="p", peer=peer)
-        return turn.interaction(ChatMessage(role="assistant", content="hello"), "w-1", False, "r0", key).user_hash
+        return turn.interaction(ChatMessage(role="assistant", content="hello"), "w-1", False, "r0", key, salt).user_hash
 
     assert user_of("10.0.0.1") != user_of("10.0.0.2")  # two anonymous clients of one API key
     assert user_of("10.0.0.1", "alice") == user_of("10.0.0.2", "alice")  # `user` names the user wherever they are
     assert user_of("10.0.0.1", "alice") != user_of("10.0.0.1", "alice", key="k2")
+    # keyed by the deployment's salt: an address cannot be found again from its hash without it
+    assert user_of("10.0.0.1") != user_of("10.0.0.1", salt=b"t" * 32)
+
+
+def test_the_user_salt_is_made_once_and_shared(tmp_path):
+    import stat
+
+    from serve.interactions import user_salt
+
+    first = user_salt(tmp_path)
+    assert len(first) == 32 and user_salt(tmp_path) == first  # a second replica, or a restart, reads the same
+    path = tmp_path / "secrets" / "user_salt"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and [p.name for p in path.parent.iterdir()] == ["user_salt"]
+    assert user_salt(tmp_path / "other") != first  # another deployment, another salt
+    path.write_text("short")
+    with pytest.raises(ValueError, match="no usable salt"):
+        user_salt(tmp_path)
