@@ -186,7 +186,9 @@ class ConversationBook:
         self.idle_s, self.max_open, self.max_steps = idle_s, max_open, max_steps
         self.max_per_user = max(2, max_open // 4)
         self.open: dict[str, Conversation] = {}  # conversation id -> conversation
-        self.by_key: dict[str, str] = {}  # step key -> conversation id
+        # step key -> the open conversations whose newest step it is, oldest first: two identical sessions of one user
+        # (the same question, the same answer) are two conversations, and each next request joins one of them
+        self.by_key: dict[str, list[str]] = {}
         self.rated: dict[str, None] = {}  # interaction ids users rated (their feedback may come first), bounded
         self.orphans: dict[str, str] = {}  # parent key -> an open conversation that began with a later request
         self.threads: dict[str, str] = {}  # scope with an explicit conversation key -> its open conversation
@@ -194,9 +196,9 @@ class ConversationBook:
     def add(self, it: Interaction, now: float) -> tuple[Conversation, list[str]]:
         """Join the interaction to the conversation it extends (giving that conversation's last step its signal)
         or start one. Returns it, and the ids of the conversations to close to stay within bounds (`close`)."""
-        conv = self.open.get(self.by_key.pop(parent_key(it) or "", ""))
+        conv = self.open.get(self._take(parent_key(it) or ""))
         if conv is None and (conv := self._thread(it)) is not None:
-            self.by_key = {k: v for k, v in self.by_key.items() if v != conv.conversation_id}  # its stale step key
+            self._unkey(conv.conversation_id)  # its stale step key
         if conv is not None:
             self._signal(conv.steps[-1], it)
         else:
@@ -210,9 +212,9 @@ class ConversationBook:
             self._signal(conv.steps[-1], later.steps[0].interaction)
             conv.steps += later.steps
             conv.last_at = max(now, later.last_at)
-            self.by_key.update({k: conv.conversation_id for k, v in self.by_key.items() if v == later.conversation_id})
+            self._unkey(later.conversation_id, conv.conversation_id)
         else:
-            self.by_key[step_key(it)] = conv.conversation_id
+            self.by_key.setdefault(step_key(it), []).append(conv.conversation_id)
         if it.conversation:
             self.threads[conv.scope] = conv.conversation_id
         over = [conv.conversation_id] if len(conv.steps) >= self.max_steps else []
@@ -222,6 +224,20 @@ class ConversationBook:
             own = [c.conversation_id for c in mine[: max(0, min(excess, len(mine) - self.max_per_user))]]
             over += own + [c.conversation_id for c in oldest if c.conversation_id not in own][: excess - len(own)]
         return conv, over
+
+    def _take(self, key: str) -> str:
+        """The oldest open conversation whose newest step has this key, taken off it ("" when none)."""
+        cid = (ids := self.by_key.get(key) or [""]).pop(0)
+        if not ids:
+            self.by_key.pop(key, None)
+        return cid
+
+    def _unkey(self, conversation_id: str, to: str | None = None) -> None:
+        """Take a conversation's step keys off the book, or give them to conversation `to`."""
+        for key, ids in list(self.by_key.items()):
+            ids[:] = [to if c == conversation_id else c for c in ids if c != conversation_id or to]
+            if not ids:
+                del self.by_key[key]
 
     def _thread(self, it: Interaction) -> Conversation | None:
         """The open conversation of the request's explicit key, when its messages do not extend it as sent: the client
@@ -260,7 +276,7 @@ class ConversationBook:
     def reopen(self, conv: Conversation) -> None:
         """Put back a conversation whose close could not be carried out (the bus was down, say)."""
         self.open[conv.conversation_id] = conv
-        self.by_key[step_key(conv.steps[-1].interaction)] = conv.conversation_id
+        self.by_key.setdefault(step_key(conv.steps[-1].interaction), []).append(conv.conversation_id)
         if conv.steps[-1].interaction.conversation:
             self.threads[conv.scope] = conv.conversation_id
 
@@ -269,7 +285,7 @@ class ConversationBook:
         call never answered was abandoned; closed to stay within bounds instead (`add`'s list), an unanswered call
         gets no signal: its result may still be on its way."""
         conv = self.open.pop(conversation_id)
-        self.by_key = {k: v for k, v in self.by_key.items() if v != conversation_id}
+        self._unkey(conversation_id)
         self.orphans = {k: v for k, v in self.orphans.items() if v != conversation_id}
         if self.threads.get(conv.scope) == conversation_id:
             del self.threads[conv.scope]

@@ -1,0 +1,50 @@
+"""Two identical sessions of one user are two conversations: each next request joins one of them, and closing or
+joining one leaves the other's key in the book (`ConversationBook.by_key` holds every open conversation of a key)."""
+
+from actors.events import ChatMessage, Interaction, ToolCall
+from policies.judge.conversations import ConversationBook, step_key
+
+ASK = ChatMessage(role="user", content="What is the weather in Paris tomorrow?")
+CALL = ChatMessage(role="assistant", tool_calls=[ToolCall(id="call_1", name="get_weather", arguments='{"city": "Paris"}')])
+
+
+def _it(iid, messages, response, user="u1"):
+    ev = Interaction(interaction_id=iid, user_hash=user, messages=messages, response=response)
+    ev.weights_version = "w-000003"
+    return ev
+
+
+def _next(result, iid, answer="Sunny."):
+    """The request that carries the call's tool result."""
+    msgs = [ASK, CALL, ChatMessage(role="tool", content=result, tool_call_id="call_1")]
+    return _it(iid, msgs, ChatMessage(role="assistant", content=answer))
+
+
+def test_two_identical_sessions_each_get_their_own_next_turn():
+    book = ConversationBook()
+    a, _ = book.add(_it("a1", [ASK], CALL), 1.0)
+    b, _ = book.add(_it("b1", [ASK], CALL), 2.0)  # the same question, the same call: a second tab, say
+    assert a is not b and book.by_key[step_key(a.steps[0].interaction)] == ["a1", "b1"]
+    first, _ = book.add(_next('{"forecast": "sunny"}', "a2"), 3.0)
+    second, _ = book.add(_next("Error: city not found", "b2", "Sorry."), 4.0)
+    assert first is a and second is b  # the oldest open one first, then the other: neither is left without its turn
+    assert a.steps[0].signal == "tool_ok" and b.steps[0].signal == "tool_error"
+    assert [len(c.steps) for c in (a, b)] == [2, 2] and len(book.open) == 2
+    # a third identical result finds no open first step left: it starts its own (a retry, or a cut history)
+    third, _ = book.add(_next('{"forecast": "sunny"}', "c2"), 5.0)
+    assert third is not a and third is not b and len(book.open) == 3
+
+
+def test_closing_one_of_two_identical_sessions_keeps_the_others_key():
+    book = ConversationBook()
+    a, _ = book.add(_it("a1", [ASK], CALL), 1.0)
+    b, _ = book.add(_it("b1", [ASK], CALL), 2.0)
+    closed = book.close("a1")
+    assert closed is a and a.steps[0].signal == "abandoned_call"
+    joined, _ = book.add(_next('{"forecast": "sunny"}', "b2"), 3.0)
+    assert joined is b and b.steps[0].signal == "tool_ok"
+    book.close("b1")
+    assert not book.by_key and not book.open
+    # put back after a close that could not be carried out: findable again
+    book.reopen(b)
+    assert book.by_key == {step_key(b.steps[-1].interaction): ["b1"]}
