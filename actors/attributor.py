@@ -23,7 +23,8 @@ where the signal says what was wrong, the next turn as its hindsight hint (`poli
 `conversations.alternatives` and declared tools it goes to the explorer to be re-sampled (an `evo.live_step`, while
 fewer than `conversations.max_in_flight` wait there); the group comes back as a rollout and becomes one live judgement.
 Otherwise it is a one-step live judgement (`policies/judge/live_steps.py`). With `conversations.teach: confirmed` only
-steps the next turn took well (outcome > 0) go on (the others: no judgement). Ids derive from the step's interaction, so
+steps the next turn took well (outcome > 0) go on (the others: no judgement); with `consensus` also the others the
+explorer re-samples (their answers vote for a reference, `envs/live.py`). Ids derive from the step's interaction, so
 a redelivery publishes nothing twice. Rated steps keep their rating; one that comes after its step's signal was sent on
 is recorded, not trained (the step would train twice).
 """
@@ -257,14 +258,12 @@ class Attributor(EventActor):
             rated = st.rated or f"rated:{it.interaction_id}" in self.applied  # also rated before a restart
             if rated or not st.signal or not st.outcome or it.mixed_weights:
                 continue
-            if c.teach == "confirmed" and st.outcome < 0:  # only what the next turn took well trains
-                self.signalled[st.signal] = self.signalled.get(st.signal, 0) + 1
-                continue
             sample = step_sample(it, st.outcome, st.hint)
-            if await self._resampled(it, sample, c):
-                out = live_task(it, st.signal, sample)  # re-sampled by the explorer, judged in handle_rollout
-            else:
-                out = step_judgement(it, st.signal, sample)
+            resample = await self._resampled(it, sample, c)  # re-sampled by the explorer, judged in handle_rollout
+            if c.teach != "all" and st.outcome < 0 and not (resample and c.teach == "consensus"):
+                self.signalled[st.signal] = self.signalled.get(st.signal, 0) + 1  # only what the next turn took well
+                continue  # trains (`confirmed`), or a turned-down step its re-sampled answers can vote on (`consensus`)
+            out = live_task(it, st.signal, sample) if resample else step_judgement(it, st.signal, sample)
             await self.bus.publish(out, weights_version=it.weights_version)
             self.signalled[st.signal] = self.signalled.get(st.signal, 0) + 1
             self.log.info(

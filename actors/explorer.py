@@ -38,7 +38,7 @@ from actors.events import (
 )
 from actors.task_events import LiveStep, Rollout, Task
 from envs.client_tools import CLIENT_TOOLS, ClientToolsEnvironment
-from envs.live import alternatives, confirmed_alternatives
+from envs.live import alternatives, confirmed_alternatives, consensus_alternatives
 from envs.registry import make_envs
 from envs.tool_calls import CallError, parse_python_call
 from policies.alternatives import resample_step
@@ -192,8 +192,14 @@ class Explorer(EventActor):
             except ValueError as exc:  # a tool_choice that names no declared function: the step trains alone
                 self.log.warning("live_step.not_resampled", task_id=task.task_id, error=str(exc)[:200])
                 answers, tokens = [], 0
-        confirmed = self.settings.conversations.teach == "confirmed" and step.outcome > 0
-        checked = confirmed_alternatives(step, answers) if confirmed else None
+        teach, checked, by = self.settings.conversations.teach, None, "tool-fit"
+        if teach != "all" and step.outcome > 0:  # the next turn took it well: the served call is the reference
+            checked, by = confirmed_alternatives(step, answers), "served-call"
+        elif teach == "consensus":  # turned down: the call most answers give is, if there is one
+            if (checked := consensus_alternatives(step, answers)) is None:
+                self.log.info("live_step.no_consensus", task_id=task.task_id, answers=len(answers))
+                return
+            by = "consensus"
         samples = checked or alternatives(step, answers, task.tool_choice)
         event = Rollout(
             event_id=derived_id("rollout", task.event_id),
@@ -203,7 +209,7 @@ class Explorer(EventActor):
             duration_s=time.monotonic() - t0,
             trace_id=task.trace_id,
             behaviour_versions=[task.weights_version] + [version] * len(answers),
-            scored_by="served-call" if checked else "tool-fit",
+            scored_by=by if checked else "tool-fit",
         )
         await self.bus.publish(event, weights_version=version)
         self.groups += 1

@@ -72,8 +72,9 @@ class Rollout(Event):
     behaviour_versions: list[str] = Field(
         [], description="the weights version that generated each sample, when they differ (a live step and its re-samples)"
     )
-    scored_by: Literal["tool-fit", "served-call"] = Field(
+    scored_by: Literal["tool-fit", "served-call", "consensus"] = Field(
         "tool-fit",
-        description="how a live step's group was scored: against the request's schema (envs/tool_fit.py) or, for a "
-        "step its next turn confirmed, against the served call (envs/live.confirmed_alternatives)",
+        description="how a live step's group was scored: against the request's schema (envs/tool_fit.py), for a step "
+        "its next turn confirmed against the served call (envs/live.confirmed_alternatives), or for a step it turned "
+        "down against the call most re-sampled answers give (envs/live.consensus_alternatives)",
     )

@@ -173,13 +173,13 @@ class ConversationSettings(_Section):
         "happened next (policies/judge/conversations.py); the attributor holds a conversation's "
         "interactions unacked until it closes",
     )
-    teach: Literal["all", "confirmed"] = Field(
+    teach: Literal["all", "confirmed", "consensus"] = Field(
         "all",
         description="Which unrated live steps train. 'all': every step with a signal (envs/live.py's table scores its "
         "alternatives). 'confirmed': only a step its next turn took well (outcome > 0: thanks, tool_ok, moved_on); its "
-        "served call is then the group's reference and every answer of the group is checked against it by BFCL's AST "
-        "checker on the request's own schema, as practice on the clients' tools is (envs/live.py). The other steps give "
-        "no judgement, so neither the learner nor the memory sees them",
+        "served call is the group's reference, every answer checked against it by BFCL's AST checker on the request's "
+        "schema (envs/live.py); the other steps give no judgement. 'consensus': as 'confirmed', and a turned-down step "
+        "the explorer re-samples has as reference the call a strict majority of its answers give (none: no judgement)",
     )
     idle_s: float = Field(120.0, description="A conversation with no request for this long closes")
     max_open: int = Field(50, description="Open conversations kept (the least recent closes first)")

@@ -26,6 +26,14 @@ clients' tools is: accepted 1.0 (step +1), rejected 0.0 (step -0.5, with the che
 -1). What the user took is then the answer to learn, and a fitting call that differs from it is not; a step of
 several calls, a call that does not fit the declared schema, or a function whose schema the checker cannot read is
 scored by the table above instead.
+
+With `conversations.teach: consensus`, a step the next turn turned down (a correction, a re-ask, a tool's error, a
+call that does not fit) has no reference from its user, so its re-sampled answers vote (`consensus_alternatives`,
+majority-vote rewards as in TTRL and Agent0's self-consistency): the one call that a strict majority of them give
+(at least 2; BFCL's AST checker on the request's schema decides which answers give the same call) is the group's
+reference, and every answer, the served one included, is checked against it as above. No such majority, or a
+majority for the call the user turned down: the group trains nothing. A step the next turn took well is scored as
+with `confirmed`.
 """
 
 from __future__ import annotations
@@ -161,3 +169,25 @@ def confirmed_alternatives(step: Sample, answers: list[ChatMessage]) -> list[Sam
     except Unjudgeable:
         return None
     return [step.model_copy(update={"outcome": 1.0, "step_signals": [1.0], "error": None}), *rest]
+
+
+def consensus_alternatives(step: Sample, answers: list[ChatMessage]) -> list[Sample] | None:
+    """A turned-down step's group (the module docstring): the served step and each answer checked against the call a
+    strict majority of the answers give, or None where there is no such call, it is the one the user turned down, or the
+    checker cannot read the schema."""
+    i = step.step_indices[-1]
+    context, served = step.messages[:i], step.messages[i]
+    voters = [a.tool_calls for a in answers if len(a.tool_calls) == 1 and misfit(a.tool_calls, step.tools) is None]
+    try:
+        votes = [sum(check(v, step.tools, calls[0])[0] for v in voters) for calls in voters]
+        best = max(range(len(voters)), key=votes.__getitem__, default=None)
+        if best is None or votes[best] < 2 or 2 * votes[best] <= len(answers):
+            return None
+        reference = voters[best][0]
+        if served.tool_calls and check(served.tool_calls, step.tools, reference)[0]:
+            return None  # the majority gives what the user turned down
+        first = _checked(step.sample_id, context, served, step, reference)
+        rest = [_checked(f"{step.sample_id}:alt{k}", context, a, step, reference) for k, a in enumerate(answers)]
+    except Unjudgeable:
+        return None
+    return [step.model_copy(update={k: getattr(first, k) for k in ("outcome", "step_signals", "error")}), *rest]
