@@ -51,7 +51,7 @@ answer_errors(app)
 @serve.deployment(max_ongoing_requests=8, health_check_period_s=10, graceful_shutdown_timeout_s=20)
 @serve.ingress(app)
 class KaizenServer:
-    def __init__(self, settings_json: str, api_key: str):
+    def __init__(self, settings_json: str, api_key: str, salt: str):
         loopback_replica_grpc()
         self.s = Settings.model_validate_json(settings_json)
         if self.s.telemetry.strict_events:
@@ -64,7 +64,7 @@ class KaizenServer:
             stream=open(self.s.state / "logs" / "serve.log", "a", buffering=1),
         )
         self.key = api_key
-        self.salt = user_salt(self.s.state)
+        self.salt = bytes.fromhex(salt)  # `user_salt`: the deployment's, the same on every host
         try:
             self.replica = serve.get_replica_context().replica_tag
         except Exception:
@@ -280,7 +280,7 @@ def build_app(settings: Settings, api_key: str):
         max_ongoing_requests=s.max_ongoing_requests,
         ray_actor_options={"num_cpus": s.replica_cpus, "num_gpus": s.replica_gpus},
         **spread,
-    ).bind(settings.model_dump_json(), api_key)
+    ).bind(settings.model_dump_json(), api_key, user_salt(settings.state).hex())
 
 
 def app_builder(args: dict):

@@ -109,6 +109,32 @@ def test_the_user_salt_is_made_once_and_shared(tmp_path):
     path = tmp_path / "secrets" / "user_salt"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and [p.name for p in path.parent.iterdir()] == ["user_salt"]
     assert user_salt(tmp_path / "other") != first  # another deployment, another salt
-    path.write_text("short")
-    with pytest.raises(ValueError, match="no usable salt"):
-        user_salt(tmp_path)
+    for bad in ("short", "z" * 64):
+        path.write_text(bad)
+        with pytest.raises(ValueError, match="no usable salt"):
+            user_salt(tmp_path)
+
+
+def test_the_user_salt_is_made_where_the_filesystem_has_no_hard_links(tmp_path, monkeypatch):
+    import os
+
+    from serve.interactions import user_salt
+
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    salt = user_salt(tmp_path)
+    assert len(salt) == 32 and user_salt(tmp_path) == salt
+    assert [p.name for p in (tmp_path / "secrets").iterdir()] == ["user_salt"]  # no temporary file left
+
+
+def test_every_replica_gets_the_deployments_salt_from_where_the_app_is_built(tmp_path):
+    from config.settings import load_settings
+    from serve.app import build_app
+    from serve.interactions import user_salt
+
+    s = load_settings(None)
+    s.state_dir = str(tmp_path)
+    args = build_app(s, "k")._bound_deployment.init_args  # what Serve hands each replica, on whichever host
+    assert args[1:] == ("k", user_salt(tmp_path).hex())
