@@ -235,7 +235,7 @@ class ConversationBook:
     def _unkey(self, conversation_id: str, to: str | None = None) -> None:
         """Take a conversation's step keys off the book, or give them to conversation `to`."""
         for key, ids in list(self.by_key.items()):
-            ids[:] = [to if c == conversation_id else c for c in ids if c != conversation_id or to]
+            ids[:] = [to if c == conversation_id else c for c in ids if c != conversation_id or to is not None]
             if not ids:
                 del self.by_key[key]
 
@@ -276,7 +276,7 @@ class ConversationBook:
     def reopen(self, conv: Conversation) -> None:
         """Put back a conversation whose close could not be carried out (the bus was down, say)."""
         self.open[conv.conversation_id] = conv
-        self.by_key.setdefault(step_key(conv.steps[-1].interaction), []).append(conv.conversation_id)
+        self.by_key.setdefault(step_key(conv.steps[-1].interaction), []).insert(0, conv.conversation_id)  # the older
         if conv.steps[-1].interaction.conversation:
             self.threads[conv.scope] = conv.conversation_id
 

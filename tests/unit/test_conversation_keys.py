@@ -41,6 +41,9 @@ def test_closing_one_of_two_identical_sessions_keeps_the_others_key():
     b, _ = book.add(_it("b1", [ASK], CALL), 2.0)
     closed = book.close("a1")
     assert closed is a and a.steps[0].signal == "abandoned_call"
+    book.reopen(a)  # its close could not be carried out: back in the book, still the older of the two
+    assert book.by_key[step_key(a.steps[0].interaction)] == ["a1", "b1"]
+    book.close("a1")
     joined, _ = book.add(_next('{"forecast": "sunny"}', "b2"), 3.0)
     assert joined is b and b.steps[0].signal == "tool_ok"
     book.close("b1")
