@@ -22,11 +22,10 @@ not fit the declared tools, a correction, a re-ask, a tool error, thanks, ...) h
 where the signal says what was wrong, the next turn as its hindsight hint (`policies/learning/hindsight.py`). With
 `conversations.alternatives` and declared tools it goes to the explorer to be re-sampled (an `evo.live_step`, while
 fewer than `conversations.max_in_flight` wait there); the group comes back as a rollout and becomes one live judgement.
-Otherwise it is a one-step live judgement (`policies/judge/live_steps.py`). With `conversations.teach: confirmed` only
-steps the next turn took well (outcome > 0) go on (the others: no judgement); with `consensus` also the others the
-explorer re-samples (their answers vote for a reference, `envs/live.py`). Ids derive from the step's interaction, so
-a redelivery publishes nothing twice. Rated steps keep their rating; one that comes after its step's signal was sent on
-is recorded, not trained (the step would train twice).
+Otherwise it is a one-step live judgement (`policies/judge/live_steps.py`). `conversations.teach: confirmed`: only steps
+the next turn took well go on; `consensus`: also the others the explorer re-samples (their answers vote, `envs/live.py`).
+Ids derive from the step's interaction, so a redelivery publishes nothing twice. Rated steps keep their rating; one
+that comes after its step's signal was sent on is recorded, not trained (the step would train twice).
 """
 
 from __future__ import annotations
@@ -258,12 +257,13 @@ class Attributor(EventActor):
             rated = st.rated or f"rated:{it.interaction_id}" in self.applied  # also rated before a restart
             if rated or not st.signal or not st.outcome or it.mixed_weights:
                 continue
-            sample = step_sample(it, st.outcome, st.hint)
-            resample = await self._resampled(it, sample, c)  # re-sampled by the explorer, judged in handle_rollout
-            if c.teach != "all" and st.outcome < 0 and not (resample and c.teach == "consensus"):
-                self.signalled[st.signal] = self.signalled.get(st.signal, 0) + 1  # only what the next turn took well
-                continue  # trains (`confirmed`), or a turned-down step its re-sampled answers can vote on (`consensus`)
-            out = live_task(it, st.signal, sample) if resample else step_judgement(it, st.signal, sample)
+            sample, drop = step_sample(it, st.outcome, st.hint), c.teach != "all" and st.outcome < 0
+            # `confirmed`/`consensus` (above); a step that trains nothing is not marked sent: a later rating trains it
+            if drop and (c.teach == "confirmed" or not await self._resampled(it, sample, c, alone_trains=False)):
+                self.signalled[st.signal] = self.signalled.get(st.signal, 0) + 1
+                continue
+            go = await self._resampled(it, sample, c)  # re-sampled by the explorer, judged in handle_rollout
+            out = live_task(it, st.signal, sample) if go else step_judgement(it, st.signal, sample)
             await self.bus.publish(out, weights_version=it.weights_version)
             self.signalled[st.signal] = self.signalled.get(st.signal, 0) + 1
             self.log.info(
@@ -280,14 +280,15 @@ class Attributor(EventActor):
                 await m.ack_sync()
             self.applied.add(st.interaction.event_id)
 
-    async def _resampled(self, it: Interaction, sample: Sample, c) -> bool:
+    async def _resampled(self, it: Interaction, sample: Sample, c, alone_trains: bool = True) -> bool:
         """Does this step go to the explorer? Decided once and kept (a close tried again, or redone after a restart,
-        sends it the same way, so it never trains both in a group and alone)."""
+        sends it the same way, so it never trains both in a group and alone); a no is kept only if it trains alone."""
         go, alone = f"resample:{it.event_id}", f"alone:{it.event_id}"
         if go in self.applied or alone in self.applied:
             return go in self.applied
         yes = resamplable(it, sample, c.alternatives) and await self.bus.backlog(first_consumer("explorer")) < c.max_in_flight
-        self.applied.add(go if yes else alone)
+        if yes or alone_trains:
+            self.applied.add(go if yes else alone)
         return yes
 
     def health(self) -> dict:

@@ -189,7 +189,8 @@ class Explorer(EventActor):
                     top_p=r.top_p,
                     guided=self.settings.conversations.guided_alternatives,
                 )
-            except ValueError as exc:  # a tool_choice that names no declared function: the step trains alone
+            except ValueError as exc:  # a tool_choice that names no declared function: the step alone (a turned-down
+                # one, with `consensus`, not at all: no answers, no majority)
                 self.log.warning("live_step.not_resampled", task_id=task.task_id, error=str(exc)[:200])
                 answers, tokens = [], 0
         teach, checked, by = self.settings.conversations.teach, None, "tool-fit"
@@ -197,6 +198,7 @@ class Explorer(EventActor):
             checked, by = confirmed_alternatives(step, answers), "served-call"
         elif teach == "consensus":  # turned down: the call most answers give is, if there is one
             if (checked := consensus_alternatives(step, answers)) is None:
+                self.no_consensus = getattr(self, "no_consensus", 0) + 1
                 self.log.info("live_step.no_consensus", task_id=task.task_id, answers=len(answers))
                 return
             by = "consensus"
@@ -241,5 +243,6 @@ class Explorer(EventActor):
         return {
             **super().health(),
             "groups": getattr(self, "groups", 0),
+            "live_steps_without_consensus": getattr(self, "no_consensus", 0),  # `conversations.teach: consensus`
             "sampling_with": getattr(getattr(self, "engine", None), "version", None),
         }

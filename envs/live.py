@@ -178,8 +178,15 @@ def consensus_alternatives(step: Sample, answers: list[ChatMessage]) -> list[Sam
     i = step.step_indices[-1]
     context, served = step.messages[:i], step.messages[i]
     voters = [a.tool_calls for a in answers if len(a.tool_calls) == 1 and misfit(a.tool_calls, step.tools) is None]
+
+    def votes_for(reference) -> int:  # a call of a function whose schema the checker cannot read gets none
+        try:
+            return sum(check(v, step.tools, reference)[0] for v in voters)
+        except Unjudgeable:
+            return 0
+
     try:
-        votes = [sum(check(v, step.tools, calls[0])[0] for v in voters) for calls in voters]
+        votes = [votes_for(calls[0]) for calls in voters]
         best = max(range(len(voters)), key=votes.__getitem__, default=None)
         if best is None or votes[best] < 2 or 2 * votes[best] <= len(answers):
             return None

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 from learner_harness import Msg  # tests/ is on sys.path
-from live_doubles import answer, interaction, tool
+from live_doubles import WEATHER, answer, interaction, tool
 from test_live_steps import Bus, _attributor, _close_all, _explorer
 
 from actors.events import ChatMessage
@@ -48,16 +48,22 @@ def test_a_turned_down_steps_answers_are_checked_against_the_call_most_of_them_g
         (WRONG, [RIGHT], "one answer is no majority"),
         (WRONG, [answer({"city": "Oslo", "days": "3"})] * 2 + [RIGHT], "answers that do not fit the schema do not vote"),
         (WRONG, [TEXT, TEXT, RIGHT], "text answers do not vote"),
+        (WRONG, [TEXT, TEXT, RIGHT, RIGHT], "but they count among the answers: 2 of 4"),
     ],
 )
 def test_no_reference_without_a_strict_majority_for_another_call(served, answers, why):
     assert consensus_alternatives(trajectory(interaction(response=served), -0.8), answers) is None, why
 
 
-def test_a_schema_the_checker_cannot_read_gives_no_reference():
+def test_a_schema_the_checker_cannot_read_gives_no_reference_and_no_votes():
     odd = tool("get_weather", {"city": {"anyOf": [{"type": "string"}, {"type": "null"}]}}, ["city"])
     it = interaction(response=answer({"city": "Bergen"}), tools=(odd,))
     assert consensus_alternatives(trajectory(it, -0.8), [answer({"city": "Oslo"})] * 3) is None
+    # beside a readable one: a call of the unreadable function gets no votes, and the readable majority still stands
+    clock = tool("get_clock", {"zone": {"anyOf": [{"type": "string"}, {"type": "null"}]}}, [])
+    it = interaction(response=WRONG, tools=(WEATHER, clock))
+    group = consensus_alternatives(trajectory(it, -0.8), [answer({"zone": "UTC"}, name="get_clock"), RIGHT, RIGHT])
+    assert [s.outcome for s in group] == [0.0, 0.0, 1.0, 1.0]
 
 
 def test_with_teach_consensus_a_turned_down_step_goes_on_only_to_be_re_sampled(tmp_path):
@@ -92,6 +98,7 @@ def test_the_explorer_scores_a_turned_down_steps_group_by_its_majority_and_drops
     x.engine.texts = ['Oslo", "days": 3}}]</tool_call>', 'Rome", "days": 3}}]</tool_call>', "x"]
     asyncio.run(x.handle_live_step(task.model_copy(update={"event_id": "t2"}), Msg()))
     assert len(x.bus.events) == 1  # no majority: nothing published, nothing trains
+    assert x.health()["live_steps_without_consensus"] == 1
     # a step its next turn took well: the served call is the reference, as with `confirmed`
     x.engine.texts = list(answers)
     ok = interaction("i9", response=RIGHT)
@@ -99,3 +106,25 @@ def test_the_explorer_scores_a_turned_down_steps_group_by_its_majority_and_drops
     good.weights_version = ok.weights_version
     asyncio.run(x.handle_live_step(good, Msg()))
     assert x.bus.events[-1].scored_by == "served-call" and [s.outcome for s in x.bus.events[-1].samples] == [1.0, 1, 1, 0]
+
+
+@pytest.mark.parametrize("teach,backlog", [("confirmed", 0), ("consensus", 4)])
+def test_a_turned_down_step_that_trained_nothing_still_trains_on_a_later_rating(tmp_path, teach, backlog):
+    """Dropped at its close (`confirmed`, or `consensus` with the explorer full), the step was never sent on: a rating
+    that comes after trains it, and is not taken for one that came after a signal."""
+    from actors.events import Feedback, Judgement
+
+    a = _attributor(tmp_path, Bus(backlog=backlog))
+    a.settings.conversations.teach = teach
+    it = interaction()  # "days" as a string: a call that does not fit, and no next turn
+    asyncio.run(a.handle_interaction(it, Msg()))
+    asyncio.run(_close_all(a))
+    assert a.bus.events == [] and a.signalled == {"invalid_call": 1}
+
+    async def no_judge(samples, refs):
+        return [None]
+
+    a.run_judge = no_judge
+    asyncio.run(a.handle_feedback(Feedback(interaction_id="i1", score=1.0, interaction=it), Msg()))
+    (j,) = a.bus.events
+    assert isinstance(j, Judgement) and j.outcomes == [1.0] and "feedback_after_signal" not in a.signalled
