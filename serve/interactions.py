@@ -96,26 +96,19 @@ class Turn:
 def user_salt(state: Path) -> bytes:
     """The deployment's secret for user hashes: `secrets/user_salt` in the head's state dir, made once (32 random
     bytes), owner-only. `serve.app.build_app` reads it where the app is deployed and hands it to every replica, on every
-    host (so a user is one hash whichever replica answers, and after a restart). Made by whoever comes first: a write
-    to a temporary file, then a hard link (atomic, refused when the file exists), or where the filesystem has no hard
-    links an exclusive create."""
+    host (so a user is one hash whichever replica answers, and after a restart)."""
     path = Path(state) / "secrets" / "user_salt"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_name(f".user_salt.{os.getpid()}.{secrets.token_hex(4)}")
-        value = secrets.token_hex(32)
         try:
-            _write_new(tmp, value)
-            os.link(tmp, path)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            pass  # another one made it first: theirs is kept
-        except OSError:  # no hard links here (some network filesystems)
-            try:
-                _write_new(path, value)
-            except FileExistsError:
-                pass
-        finally:
-            tmp.unlink(missing_ok=True)
+            pass  # made meanwhile: that one is kept
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+                f.flush()
+                os.fsync(f.fileno())
     text = path.read_text().strip()
     try:
         if len(text) < 32:
@@ -123,14 +116,6 @@ def user_salt(state: Path) -> bytes:
         return bytes.fromhex(text)
     except ValueError:
         raise ValueError(f"{path} holds no usable salt (at least 32 hex characters); remove it to have a new one made") from None
-
-
-def _write_new(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def interaction_event_id(interaction_id: str) -> str:
