@@ -13,8 +13,7 @@ do not count (clients re-serialise what they were sent), nor do system messages 
 Each assistant answer is a step, with the weights version that wrote it. When the next request of the
 conversation arrives, what it adds after the step (tool results, the user's next message) gives the step a
 signal by `SIGNALS` below; a conversation idle for `idle_s` closes, and its last step gets its signal then. A call
-that does not fit the tools the request declared (`envs/tool_fit.py`) is wrong whatever comes next: that needs no
-next turn.
+that does not fit the tools the request declared (`envs/tool_fit.py`) is wrong whatever comes next: that needs no next turn.
 Explicit feedback, when a step has some before its conversation closes, overrides all of these (the rated path trains
 on it); after, the step has trained on its signal and the rating is only recorded.
 
@@ -190,13 +189,13 @@ class ConversationBook:
         # (the same question, the same answer) are two conversations, and each next request joins one of them
         self.by_key: dict[str, list[str]] = {}
         self.rated: dict[str, None] = {}  # interaction ids users rated (their feedback may come first), bounded
-        self.orphans: dict[str, str] = {}  # parent key -> an open conversation that began with a later request
+        self.orphans: dict[str, list[str]] = {}  # parent key -> open conversations that began with a later request
         self.threads: dict[str, str] = {}  # scope with an explicit conversation key -> its open conversation
 
     def add(self, it: Interaction, now: float) -> tuple[Conversation, list[str]]:
         """Join the interaction to the conversation it extends (giving that conversation's last step its signal)
         or start one. Returns it, and the ids of the conversations to close to stay within bounds (`close`)."""
-        conv = self.open.get(self._take(parent_key(it) or ""))
+        conv = self.open.get(self._take(self.by_key, parent_key(it) or ""))
         if conv is None and (conv := self._thread(it)) is not None:
             self._unkey(conv.conversation_id)  # its stale step key
         if conv is not None:
@@ -204,10 +203,10 @@ class ConversationBook:
         else:
             conv = self.open[it.interaction_id] = Conversation(it.interaction_id, scope_of(it))
             if key := parent_key(it):
-                self.orphans[key] = conv.conversation_id
+                self.orphans.setdefault(key, []).append(conv.conversation_id)
         conv.steps.append(Step(it, rated=it.interaction_id in self.rated))
         conv.last_at = max(conv.last_at, now)  # `now`: when the request came (redeliveries come out of order)
-        if (later := self.open.pop(self.orphans.pop(step_key(it), ""), None)) is not None:
+        if (later := self.open.pop(self._take(self.orphans, step_key(it)), None)) is not None:
             # a later request of this conversation came first (redelivered out of order after a restart)
             self._signal(conv.steps[-1], later.steps[0].interaction)
             conv.steps += later.steps
@@ -225,19 +224,20 @@ class ConversationBook:
             over += own + [c.conversation_id for c in oldest if c.conversation_id not in own][: excess - len(own)]
         return conv, over
 
-    def _take(self, key: str) -> str:
-        """The oldest open conversation whose newest step has this key, taken off it ("" when none)."""
-        cid = (ids := self.by_key.get(key) or [""]).pop(0)
+    @staticmethod
+    def _take(keys: dict[str, list[str]], key: str) -> str:
+        """The oldest open conversation under this key (`by_key` or `orphans`), taken off it ("" when none)."""
+        cid = (ids := keys.get(key) or [""]).pop(0)
         if not ids:
-            self.by_key.pop(key, None)
+            keys.pop(key, None)
         return cid
 
-    def _unkey(self, conversation_id: str, to: str | None = None) -> None:
-        """Take a conversation's step keys off the book, or give them to conversation `to`."""
-        for key, ids in list(self.by_key.items()):
+    def _unkey(self, conversation_id: str, to: str | None = None, keys: dict | None = None) -> None:
+        """Take a conversation's step keys (or `keys`: its parent keys) off the book, or give them to conversation `to`."""
+        for key, ids in list((self.by_key if keys is None else keys).items()):
             ids[:] = [to if c == conversation_id else c for c in ids if c != conversation_id or to is not None]
             if not ids:
-                del self.by_key[key]
+                del (self.by_key if keys is None else keys)[key]
 
     def _thread(self, it: Interaction) -> Conversation | None:
         """The open conversation of the request's explicit key, when its messages do not extend it as sent: the client
@@ -286,7 +286,7 @@ class ConversationBook:
         gets no signal: its result may still be on its way."""
         conv = self.open.pop(conversation_id)
         self._unkey(conversation_id)
-        self.orphans = {k: v for k, v in self.orphans.items() if v != conversation_id}
+        self._unkey(conversation_id, keys=self.orphans)
         if self.threads.get(conv.scope) == conversation_id:
             del self.threads[conv.scope]
         last = conv.steps[-1]

@@ -1,5 +1,6 @@
 """Two identical sessions of one user are two conversations: each next request joins one of them, and closing or
-joining one leaves the other's key in the book (`ConversationBook.by_key` holds every open conversation of a key)."""
+joining one leaves the other's key in the book (`ConversationBook.by_key` holds every open conversation of a key,
+and `orphans` every one that began with a later request)."""
 
 from actors.events import ChatMessage, Interaction, ToolCall
 from policies.judge.conversations import ConversationBook, step_key
@@ -51,3 +52,26 @@ def test_closing_one_of_two_identical_sessions_keeps_the_others_key():
     # put back after a close that could not be carried out: findable again
     book.reopen(b)
     assert book.by_key == {step_key(b.steps[-1].interaction): ["b1"]}
+
+
+def test_two_identical_sessions_redelivered_later_request_first_both_join_up():
+    """After a restart the stream may hand back both sessions' second requests before their first ones."""
+    book = ConversationBook()
+    book.add(_next('{"forecast": "sunny"}', "a2"), 3.0)
+    book.add(_next("Error: city not found", "b2", "Sorry."), 4.0)
+    assert list(book.orphans.values()) == [["a2", "b2"]]  # two orphans of one parent key: neither replaces the other
+    a, _ = book.add(_it("a1", [ASK], CALL), 1.0)
+    b, _ = book.add(_it("b1", [ASK], CALL), 2.0)
+    assert [[s.interaction.interaction_id for s in c.steps] for c in (a, b)] == [["a1", "a2"], ["b1", "b2"]]
+    assert [c.steps[0].signal for c in (a, b)] == ["tool_ok", "tool_error"] and not book.orphans
+    assert sorted(book.open) == ["a1", "b1"]
+
+
+def test_closing_an_orphan_takes_it_off_its_parent_key():
+    book = ConversationBook()
+    book.add(_next('{"forecast": "sunny"}', "a2"), 3.0)
+    book.add(_next('{"forecast": "rain"}', "b2"), 4.0)
+    book.close("a2")  # idle before its first request came back: closed alone
+    assert list(book.orphans.values()) == [["b2"]]
+    joined, _ = book.add(_it("a1", [ASK], CALL), 5.0)
+    assert [s.interaction.interaction_id for s in joined.steps] == ["a1", "b2"] and not book.orphans
