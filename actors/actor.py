@@ -26,20 +26,33 @@ HOLD = object()  # a handler returns HOLD when it acks the message itself later 
 
 
 class AppliedIds:
-    """Event ids an actor has applied, durable across restarts (sqlite in the state dir)."""
+    """Event ids an actor has applied, durable across restarts (sqlite in the state dir). With `keep_s` (the stream's
+    `max_age`), ids older than that go, at open and every `PRUNE_EVERY` adds: their events have left the stream, so
+    nothing can deliver them again."""
 
-    def __init__(self, path: Path):
+    PRUNE_EVERY = 10_000
+
+    def __init__(self, path: Path, keep_s: float = 0.0):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(str(path), check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("CREATE TABLE IF NOT EXISTS applied (event_id TEXT PRIMARY KEY, at REAL)")
-        self.db.commit()
+        self.keep_s, self.added = keep_s, 0
+        self.prune()
 
     def __contains__(self, event_id: str) -> bool:
         return self.db.execute("SELECT 1 FROM applied WHERE event_id=?", (event_id,)).fetchone() is not None
 
     def add(self, event_id: str) -> None:
         self.db.execute("INSERT OR IGNORE INTO applied VALUES (?, ?)", (event_id, time.time()))
+        self.db.commit()
+        self.added += 1
+        if self.added % self.PRUNE_EVERY == 0:
+            self.prune()
+
+    def prune(self, now: float | None = None) -> None:
+        if self.keep_s > 0:
+            self.db.execute("DELETE FROM applied WHERE at < ?", ((now or time.time()) - self.keep_s,))
         self.db.commit()
 
 
@@ -63,7 +76,7 @@ class EventActor:
         self.settings = settings
         self.bus = bus
         self.stop = asyncio.Event()
-        self.applied = AppliedIds(settings.state / "actors" / f"{self.name}.db")
+        self.applied = AppliedIds(settings.state / "actors" / f"{self.name}.db", settings.nats.max_age_days * 86400)
         self.log = telemetry.log(actor=self.name)
         self.tracer = telemetry.tracer(f"kaizen.{self.name}")
         self.weights_version = "w-000000"

@@ -40,7 +40,7 @@ from actors.events import (
 )
 from config import telemetry
 from policies.engines.live_policy import LivePolicy
-from policies.learning.checkpoint import CheckpointStore
+from policies.learning.checkpoint import CheckpointStore, applied_ids
 from policies.learning.groups import at_floor, behaviour_of, fresh_part, informative, live_group, live_kind, step_choice
 from policies.learning.staleness import WaitForUsers, staleness
 from policies.learning.step_events import learner_step, signal_shares, weights_published
@@ -95,7 +95,7 @@ class Learner(EventActor):
             self.parent = loaded[0].get("parent", BASE_VERSION)
         else:
             self.trainer.reset_to((live := self.policy.pointer()).path, live.version)
-            self.trainer.step, self.trainer.applied = 0, set()
+            self.trainer.step, self.trainer.applied = 0, {}
 
     async def _finish_commit(self) -> None:
         """After a crash between the checkpoint and the publish: export and publish the checkpointed version."""
@@ -217,7 +217,7 @@ class Learner(EventActor):
                     version = version_name(max(self.store.latest_number() + 1, self.trainer.step))
                     self.parent = self.trainer.version
                     self.trainer.named(version)
-                    self.trainer.applied |= set(ids)
+                    self.trainer.applied = applied_ids(self.trainer.applied, self.trainer.step, ids)
                     await asyncio.to_thread(
                         self.ckpts.save, {**self.trainer.state(), "parent": self.parent}, self.trainer.step, version
                     )  # the commit point

@@ -19,6 +19,15 @@ from pathlib import Path
 from policies.weights.model_store import atomic_write_bytes, fsync_dir, sha256_file
 
 MANIFEST, PREVIOUS = "checkpoint.json", "checkpoint.prev.json"
+APPLIED_STEPS = 64  # steps whose judgement ids a checkpoint keeps
+
+
+def applied_ids(applied: dict[str, int] | list[str], step: int, ids=()) -> dict[str, int]:
+    """Judgement id -> the checkpointed step that trained it, `ids` added at `step`, for the last `APPLIED_STEPS` steps
+    only: a judgement is acked once its step is published (and the actor's applied ids keep it from then on), so only a
+    step cut off between its checkpoint and its acks is ever redelivered. A list (older checkpoints) reads as `step`'s."""
+    kept = applied if isinstance(applied, dict) else dict.fromkeys(applied, step)
+    return {i: s for i, s in {**kept, **dict.fromkeys(ids, step)}.items() if s > step - APPLIED_STEPS}
 
 
 class CheckpointStore:

@@ -129,7 +129,7 @@ def test_rollout_group_against_bfcl(engine):
 def test_learner_step_changes_weights_and_checkpoint_resumes(settings, model_dir):
     import torch
 
-    from policies.learning.checkpoint import CheckpointStore
+    from policies.learning.checkpoint import CheckpointStore, applied_ids
     from policies.learning.trainer import Trainer
 
     settings.learner.lr = 1e-4
@@ -162,14 +162,14 @@ def test_learner_step_changes_weights_and_checkpoint_resumes(settings, model_dir
     assert stats["samples"] == 2 and stats["grad_norm"] > 0
     assert stats["guided_samples"] == 2 and stats["boosted_samples"] == 1  # only the guided success is boosted
     assert not torch.equal(before, t.model.model.norm.weight)
-    t.applied |= {"a", "b"}
+    t.applied = applied_ids(t.applied, t.step, ["a", "b"])
     t.version = "w-000001"
     ck = CheckpointStore(settings.state / "learner")
     ck.save(t.state(), t.step, t.version)
     t2 = Trainer(settings, model_dir)
     state, man, _ = ck.load()
     t2.load_state(state)
-    assert man["version"] == "w-000001" and t2.step == 1 and t2.applied == {"a", "b"}
+    assert man["version"] == "w-000001" and t2.step == 1 and t2.applied == {"a": 1, "b": 1}
     assert torch.equal(t2.model.model.norm.weight, t.model.model.norm.weight)
 
 

@@ -46,3 +46,32 @@ def test_a_save_cut_off_before_its_manifest_leaves_the_previous_one(tmp_path):
     ck.save(_state(2), 2, "w-000002")  # the next save removes what no manifest names
     assert not (tmp_path / ".ckpt-000002.pt.tmp").exists()
     assert ck.load()[0]["step"] == 2 and json.loads((tmp_path / MANIFEST).read_text())["step"] == 2
+
+
+def test_a_checkpoint_keeps_the_judgement_ids_of_recent_steps_only():
+    from policies.learning.checkpoint import APPLIED_STEPS, applied_ids
+
+    applied = {}
+    for step in range(1, APPLIED_STEPS + 3):
+        applied = applied_ids(applied, step, [f"j{step}a", f"j{step}b"])
+    # only a step cut off between its checkpoint and its acks is redelivered: older ids need not stay in every checkpoint
+    assert len(applied) == 2 * APPLIED_STEPS and "j2b" not in applied and "j3a" in applied
+    assert applied[f"j{APPLIED_STEPS + 2}b"] == APPLIED_STEPS + 2 and f"j{APPLIED_STEPS + 2}a" in applied
+    assert applied_ids(["j7", "j8"], 9) == {"j7": 9, "j8": 9}  # an older checkpoint's list: read as its step's
+
+
+def test_an_actors_applied_ids_outlive_the_stream_and_no_longer(tmp_path, monkeypatch):
+    import time
+
+    from actors.actor import AppliedIds
+
+    ids = AppliedIds(tmp_path / "a.db", keep_s=100.0)
+    ids.add("old")
+    monkeypatch.setattr(time, "time", lambda: 1e12)  # past the stream's max_age: its event can never come back
+    ids.add("new")
+    assert "old" in ids  # pruned at open and every PRUNE_EVERY adds, not on every add
+    ids.prune()
+    assert "old" not in ids and "new" in ids
+    ids.add("again")
+    reopened = AppliedIds(tmp_path / "a.db", keep_s=0.0)  # max_age 0: the stream keeps every event, so do we
+    assert "new" in reopened and "again" in reopened
