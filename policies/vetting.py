@@ -16,26 +16,50 @@ def json_object(text: str) -> dict | None:
     return v if isinstance(v, dict) else None
 
 
-def trusted_calls(msg: ChatMessage, tools: list[ToolSpec], text: str, cut: bool) -> ChatMessage:
+def trusted_calls(msg: ChatMessage, tools: list[ToolSpec], text: str, cut: bool, forced: bool = False) -> ChatMessage:
     """Only calls a client can run: to a declared function, with a JSON object of arguments (positional arguments
     of a Python-style call named by the declared parameters, in order). Anything else is the model's text, answered
     as text (its tokens unchanged, so the learner trains what was generated); a last call cut off by the token
-    limit is kept as the reference keeps it, finishing with `length`."""
+    limit is kept as the reference keeps it, finishing with `length`.
+
+    A `forced` call (`tool_choice` "required" or a named function) is always the answer, never its markup as text:
+    with arguments that are not a JSON object it goes out with their raw text, as the reference's non-strict mode
+    can answer; later calls a client cannot run are left out."""
     declared = {t.function.name: t.function for t in tools}
     as_text = ChatMessage(role="assistant", content=text.replace("<|im_end|>", "").strip())
     calls = []
     for i, c in enumerate(msg.tool_calls):
-        args = json_object(c.arguments)
-        if c.name in declared and args is None and cut and i == len(msg.tool_calls) - 1:
-            calls.append(c)
-            continue
-        if c.name not in declared or args is None:
+        vetted = _runnable(c, declared, cut and i == len(msg.tool_calls) - 1)
+        if vetted is None and forced and i == 0 and c.name in declared:
+            vetted = ToolCall(id=c.id, name=c.name, arguments=raw_arguments(c.arguments))
+        if vetted is None and not forced:
             return as_text
-        if "_positional" in args:
-            given = args.pop("_positional")
-            free = [p for p in (declared[c.name].parameters or {}).get("properties", {}) if p not in args]
-            if not isinstance(given, list) or len(given) > len(free):
-                return as_text
-            c = ToolCall(id=c.id, name=c.name, arguments=json.dumps({**dict(zip(free, given)), **args}))
-        calls.append(c)
+        if vetted is not None:
+            calls.append(vetted)
     return ChatMessage(role="assistant", content=msg.content, tool_calls=calls)
+
+
+def _runnable(c: ToolCall, declared: dict, cut: bool) -> ToolCall | None:
+    """The call as a client can run it, or None; `cut`: the token limit cut it off (kept with partial arguments)."""
+    if c.name not in declared:
+        return None
+    args = json_object(c.arguments)
+    if args is None:
+        return c if cut else None
+    if "_positional" in args:
+        given = args.pop("_positional")
+        free = [p for p in (declared[c.name].parameters or {}).get("properties", {}) if p not in args]
+        if not isinstance(given, list) or len(given) > len(free):
+            return None
+        return ToolCall(id=c.id, name=c.name, arguments=json.dumps({**dict(zip(free, given)), **args}))
+    return c
+
+
+def raw_arguments(text: str) -> str:
+    """The arguments a forced call wrote, less the markup that closes the call (`}]</tool_call>` and what follows):
+    `parse_forced` keeps everything after the forced opening as the arguments of a call that did not parse."""
+    if "</tool_call>" not in text:
+        return text  # cut off before the call closed: all of it is arguments
+    head = text.split("</tool_call>", 1)[0].rstrip()
+    head = head[:-1].rstrip() if head.endswith("]") else head
+    return head[:-1].rstrip() if head.endswith("}") else head

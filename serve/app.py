@@ -22,7 +22,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from ray import serve
 
 from actors import events
@@ -39,7 +39,7 @@ from serve.net import authorized, loopback_replica_grpc, read_body, unauthorized
 from serve.outbox import Outbox
 from serve.page import Page
 from serve.page import router as page_router
-from serve.streaming import stream_chat
+from serve.streaming import sse_response
 from serve.weights import ReplicaWeights
 from serve.wire import BadRequest, answer_errors, completion, model_card, no_such_model, parse_chat, too_long
 
@@ -255,7 +255,7 @@ class KaizenServer:
                 peer=request.client.host if request.client else "",
             )
             if req.stream:
-                return StreamingResponse(stream_chat(self, turn), media_type="text/event-stream")
+                return sse_response(self, turn)  # server-sent events, unbuffered by proxies
             gen = (await self._in_pool(engine.generate, [prompt], max_new, req.temperature, req.top_p))[0]
             version = gen.version or engine.version
             answer = turn.answer(gen)

@@ -41,14 +41,14 @@ class Turn:
 
     def answer(self, gen) -> ChatMessage:
         """The assistant message of a generation: cut at the first stop sequence; with tools, the whole text parsed
-        (a forced call keeps its name) and vetted (`trusted_calls`), one call only when the client asked for no
-        parallel calls."""
+        (a forced call keeps its name, and is the answer even with arguments that do not parse) and vetted
+        (`trusted_calls`), one call only when the client asked for no parallel calls."""
         text, self.stopped = cut_at_stop(gen.text, self.req.stop or [])
         self.n_completion = gen.completion_tokens
         if not self.tools:
             return ChatMessage(role="assistant", content=text.strip())
         cut = gen.finish_reason == "length" and not self.stopped
-        msg = trusted_calls(parse_forced(self.forced, text), self.tools, self.forced + text, cut)
+        msg = trusted_calls(parse_forced(self.forced, text), self.tools, self.forced + text, cut, forced=bool(self.forced))
         if self.req.parallel_tool_calls is False and len(msg.tool_calls) > 1:
             msg.tool_calls = msg.tool_calls[:1]
         return msg
@@ -60,10 +60,11 @@ class Turn:
         return "length" if cut else "stop"
 
     def interaction(self, answer: ChatMessage, version: str, straddled: bool, replica: str, key: str, salt: bytes) -> Interaction:
-        # a request without `user` is its connection's: one API key's anonymous clients are not one user to the
-        # per-user caps and to conversation stitching. Keyed by the deployment's secret salt (`user_salt`): an address
-        # or a `user` name cannot be found again from its hash by trying every candidate
-        user = (self.req.user or f"peer:{self.peer}") + "|" + hashlib.sha256(key.encode()).hexdigest()[:8]
+        # a request without `user` (or `safety_identifier`, OpenAI's newer name for it) is its connection's: one API key's
+        # anonymous clients are not one user to the per-user caps and to conversation stitching. Keyed by the deployment's
+        # secret salt (`user_salt`): an address or a `user` name cannot be found again from its hash by trying every candidate
+        who = self.req.user or self.req.safety_identifier or f"peer:{self.peer}"
+        user = who + "|" + hashlib.sha256(key.encode()).hexdigest()[:8]
         choice = self.req.tool_choice
         choice = choice.model_dump(exclude_none=True) if hasattr(choice, "model_dump") else choice
         ev = Interaction(

@@ -29,8 +29,9 @@ def loopback_replica_grpc() -> None:
 
 
 def authorized(request: Request, key: str) -> bool:
-    h = request.headers.get("authorization", "")
-    return h.startswith("Bearer ") and hmac.compare_digest(h[7:].strip().encode(), key.encode())
+    """`Authorization: Bearer <key>`; the scheme's name in any case (RFC 7235: "bearer" is "Bearer")."""
+    scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
 def unauthorized():

@@ -23,10 +23,11 @@ class InToolCall(_Tolerant):
 
 
 class InMessage(_Tolerant):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]  # "function": legacy, refused by name
     content: str | list | None = None
     tool_calls: list[InToolCall] | None = None
     tool_call_id: str | None = None
+    function_call: Any = Field(None, description="legacy (before tool_calls): refused by name, never ignored")
 
     def text(self) -> str:
         if self.content is None:
@@ -101,7 +102,7 @@ class ChatRequest(_Tolerant):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0, description="nucleus sampling; 0, the smallest nucleus, is greedy")
     n: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = None
@@ -110,6 +111,9 @@ class ChatRequest(_Tolerant):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     user: str | None = None
+    safety_identifier: str | None = Field(None, description="OpenAI's successor of `user`: the user when `user` is absent")
+    functions: Any = Field(None, description="legacy (before tools): refused by name, never ignored")
+    function_call: Any = Field(None, description="legacy (before tool_choice): refused by name, never ignored")
     metadata: dict[str, Any] | None = Field(
         None, description="OpenAI's request metadata; conversation_id, thread_id or session_id keys a conversation explicitly"
     )
@@ -120,6 +124,8 @@ class ChatRequest(_Tolerant):
         self.stream = bool(self.stream)
         self.temperature = 0.7 if self.temperature is None else self.temperature
         self.top_p = 1.0 if self.top_p is None else self.top_p
+        if self.top_p == 0:  # the smallest nucleus holds the likeliest token only: greedy (temperature 0 to every engine)
+            self.temperature, self.top_p = 0.0, 1.0
         self.n = 1 if self.n is None else self.n
         return self
 

@@ -5,9 +5,10 @@ error object, `{"error": {"message", "type", "param", "code"}}` (`BadRequest`): 
 than `MAX_DEPTH`, text that is not valid Unicode, fields of the wrong shape, tool schemas the prompt cannot
 describe, a `tool_choice` naming an undeclared function (400, as the reference answers validation errors).
 What the reference accepts and this deployment cannot do is refused by name, never ignored: `n` > 1, `seed`,
-`response_format` other than text, `logprobs`. A `max_tokens` above the deployment's cap is clamped to it (the
-answer then finishes with `length`), as clients send 1024 or 4096 by default; `stop` and
-`parallel_tool_calls: false` are honoured.
+`response_format` other than text, `logprobs`; so are the deprecated `functions` / `function_call` (and role
+"function"), and, as the reference refuses it, `tool_choice` "required" or a named function without `tools`. A
+`max_tokens` above the deployment's cap is clamped to it (the answer then finishes with `length`), as clients send
+1024 or 4096 by default; `stop` and `parallel_tool_calls: false` are honoured.
 """
 
 from __future__ import annotations
@@ -179,12 +180,12 @@ def parse_chat(body, max_new_tokens: int, checked: bool = False) -> tuple[ChatRe
         raise BadRequest(400, problem)
     try:
         req = ChatRequest.model_validate(body)
+        refuse(req)  # before the messages are read: a legacy "function" message is refused by name
         messages = to_chat_messages(req)
     except ValidationError as exc:
         raise BadRequest(400, pretty(exc), first_param(exc)) from None
     except ValueError as exc:
         raise BadRequest(400, str(exc), "messages") from None
-    refuse(req)
     if req.max_completion_tokens:
         req.max_completion_tokens = min(req.max_completion_tokens, max_new_tokens)
     if req.max_tokens:
@@ -210,7 +211,10 @@ def parse_chat(body, max_new_tokens: int, checked: bool = False) -> tuple[ChatRe
 
 
 def refuse(req: ChatRequest) -> None:
-    """What the reference accepts and this deployment cannot do: a 400 that names it."""
+    """What the reference accepts and this deployment cannot do, and what it refuses too: a 400 that names it."""
+    legacy(req)
+    if req.tool_choice not in (None, "auto", "none") and not req.tools:  # the reference's 400: nothing to call
+        raise BadRequest(400, "tool_choice 'required' or a named function needs tools; this request declares none", "tool_choice")
     if req.n > 1:
         raise BadRequest(400, f"n is {req.n}; this deployment returns one choice per request (n = 1)", "n")
     if req.seed is not None:
@@ -228,6 +232,21 @@ def refuse(req: ChatRequest) -> None:
         )
     if req.logprobs or req.top_logprobs:
         raise BadRequest(400, "logprobs are not supported by this deployment", "logprobs")
+
+
+def legacy(req: ChatRequest) -> None:
+    """The function-calling fields OpenAI deprecated for tools: clients that still send them get a 400 naming the field
+    and its successor, not an answer that silently ignored their functions."""
+    for field, instead in (("functions", "tools"), ("function_call", "tool_choice")):
+        if getattr(req, field) is not None:
+            raise BadRequest(400, f"{field} is not supported (the deprecated function-calling API); use {instead}", field)
+    for i, m in enumerate(req.messages):
+        if m.role == "function":
+            raise BadRequest(
+                400, 'role "function" is not supported (deprecated); use role "tool" with tool_call_id', f"messages.{i}.role"
+            )
+        if m.function_call is not None:
+            raise BadRequest(400, "function_call is not supported (deprecated); use tool_calls", f"messages.{i}.function_call")
 
 
 def model_card(name: str, weights_version: str, replica: str, canary_version: str | None) -> dict:
