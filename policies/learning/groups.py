@@ -7,7 +7,8 @@
 - `live_kind`: which pool of rated live steps a judgement joins (tool calls and text answers apart);
 - `live_group`: a full pool, made one group;
 - `floor_scales`: how much a failure's negative advantage counts in a group only a reference solved;
-- `fair_step`: the groups of one step, where one user's burst of live traffic cannot crowd out other users'.
+- `fair_step`: the groups of one step, where one user's burst of live traffic cannot crowd out other users';
+- `step_choice`: the same, with live groups at their last chance first.
 """
 
 from __future__ import annotations
@@ -108,22 +109,25 @@ def _user(g: Judgement) -> str | None:
     return Counter(g.user_hashes).most_common(1)[0][0] if g.source == "live" and g.user_hashes else None
 
 
-def fair_step(ready: list[Judgement], n: int, per_user: int) -> list[Judgement]:
-    """The `n` groups of a step, the newest first, with at most `per_user` live groups of one user while live groups
-    of other users wait in `ready`: one user's burst of conversations cannot fill a step while others wait, and a user
-    alone (or rollouts alone) trains as before. Returned in the order they arrived."""
+def fair_step(ready: list[Judgement], n: int, per_user: int, first: list[Judgement] = ()) -> list[Judgement]:
+    """The `n` groups of a step: `first` (of `ready`), then the newest, with at most `per_user` live groups of one user
+    while live groups of other users wait in `ready`: one user's burst of conversations cannot fill a step while others
+    wait, and a user alone (or rollouts alone) trains as before. One count per user over `first` and the rest: a burst
+    that reaches `first` together gets no more room than one that does not. Only when too few groups fit under the
+    cap, the passed-over ones fill the step, `first` first (what would otherwise be lost). Returned in arrival order."""
     users = {_user(g) for g in ready} - {None}
+    head = [g for g in reversed(ready) if any(g is f for f in first)]
+    order = head + [g for g in reversed(ready) if all(g is not h for h in head)]
     chosen, count = [], Counter()
-    for g in reversed(ready):
+    for g in order:
         u = _user(g)
-        others = len(users - {u}) > 0
-        if u is not None and others and count[u] >= per_user:
+        if u is not None and len(users - {u}) > 0 and count[u] >= per_user:
             continue
         chosen.append(g)
         count[u] += 1
         if len(chosen) == n:
             break
-    for g in reversed(ready):  # not enough under the cap: the newest of what was passed over
+    for g in order:  # not enough under the cap: what was passed over, at its last chance first, then the newest
         if len(chosen) == n:
             break
         if all(g is not c for c in chosen):
@@ -132,16 +136,12 @@ def fair_step(ready: list[Judgement], n: int, per_user: int) -> list[Judgement]:
 
 
 def step_choice(ready: list[Judgement], n: int, per_user: int, staleness, max_staleness: int) -> list[Judgement]:
-    """The `n` groups of a step: live groups at their last chance first (`staleness` of a behaviour version at
-    `max_staleness`: fresh for this step, too stale after it; what users wrote, which the learner would otherwise
-    drop, e.g. after it waited for the served version to move), chosen by `fair_step` if there are more, then
-    `fair_step` over the rest. Returned in the order they arrived."""
+    """The `n` groups of a step by `fair_step`, live groups at their last chance first (`staleness` of a behaviour
+    version at `max_staleness`: fresh for this step, too stale after it; what users wrote, which the learner would
+    otherwise drop, e.g. after it waited for the served version to move). A user's groups there count towards the
+    same cap as the rest: past it they wait while other users' groups train, and are dropped only when stale."""
 
     def last_chance(g: Judgement) -> bool:
         return max((staleness(v) or 0 for v in g.behaviour_versions), default=0) >= max_staleness
 
-    edge = [g for g in ready if g.source == "live" and last_chance(g)]
-    first = fair_step(edge, min(n, len(edge)), per_user) if edge else []  # one user's burst does not fill it either
-    rest = [g for g in ready if all(g is not f for f in first)]
-    chosen = first + (fair_step(rest, n - len(first), per_user) if len(first) < n else [])
-    return [g for g in ready if any(g is c for c in chosen)]
+    return fair_step(ready, n, per_user, [g for g in ready if g.source == "live" and last_chance(g)])
