@@ -25,7 +25,8 @@ fewer than `conversations.max_in_flight` wait there); the group comes back as a 
 Otherwise it is a one-step live judgement (`policies/judge/live_steps.py`). `conversations.teach: confirmed`: only steps
 the next turn took well go on; `consensus`: also the others the explorer re-samples (their answers vote, `envs/live.py`).
 Ids derive from the step's interaction, so a redelivery publishes nothing twice. Rated steps keep their rating; one
-that comes after its step's signal was sent on is recorded, not trained (the step would train twice).
+that comes after its step's signal was sent on, or after another rating of it, is recorded, not trained (the step would
+train twice).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import time
 from actors.actor import HOLD, EventActor, first_consumer
 from actors.bus import Poison
 from actors.events import (
-    MIXED_WEIGHTS,
     Feedback,
     Interaction,
     Judgement,
@@ -52,7 +52,7 @@ from envs.registry import ONE_CALL
 from policies.hygiene import scrub, scrub_arguments
 from policies.judge.conversations import ConversationBook
 from policies.judge.judge import Agreement, Budget, Verdict, audited, choose_labels, make_judge
-from policies.judge.live_steps import live_judgement, live_task, resamplable, step_judgement, step_sample
+from policies.judge.live_steps import live_judgement, live_task, rated_judgement, resamplable, step_judgement, step_sample
 from policies.judge.stats import score_rollout
 
 
@@ -184,39 +184,23 @@ class Attributor(EventActor):
         it = ev.interaction or await self.bus.interaction(ev.interaction_id)
         if it is None:
             raise Poison(f"feedback {ev.event_id}: interaction {ev.interaction_id!r} is not on the stream")
+        if f"rated:{ev.interaction_id}" in self.applied and f"rating:{ev.event_id}" not in self.applied:
+            # another rating of a rated step (its id hashes the score and comment): recorded, not trained twice
+            self.signalled["feedback_again"] = self.signalled.get("feedback_again", 0) + 1
+            return self.log.info("feedback.again", interaction_id=ev.interaction_id, score=ev.score)
         if self.book is not None:
             sent = f"alone:{it.event_id}" in self.applied or f"resample:{it.event_id}" in self.applied
             if sent and not self.book.holds(ev.interaction_id):  # (held: a close that failed will be tried again)
                 self.signalled["feedback_after_signal"] = self.signalled.get("feedback_after_signal", 0) + 1
                 return self.log.info("feedback.after_signal", interaction_id=ev.interaction_id, score=ev.score)
             self.book.rate(ev.interaction_id)
-            self.applied.add(f"rated:{ev.interaction_id}")  # durable: a restart must not judge the step by a signal
+        self.applied.add(f"rating:{ev.event_id}")  # first: this rating's redelivery still publishes (idempotent by id)
+        self.applied.add(f"rated:{ev.interaction_id}")  # durable: a restart must not judge the step by a signal
         sample = live_sample(it, ev)
         (v,) = await self.run_judge([sample], [None])
-        fallback = ["GOOD" if ev.score > 0 else "BAD"]
-        # live traffic has no environment to verify steps: the judge's label (screened) is used
-        labels = v.labels if v is not None else fallback
-        out = Judgement(
-            event_id=judgement_id(ev.event_id),
-            group_id=f"live:{ev.interaction_id}",
-            source="live",
-            task_id=f"live:{ev.interaction_id}",
-            samples=[sample],
-            outcomes=[ev.score],
-            step_labels=[labels],
-            judge=self.judge.name if v else "user-feedback",
-            source_event_ids=[ev.event_id, it.event_id],
-            trace_id=ev.trace_id,
-            judge_labels=[v.labels] if v else None,
-            judge_scores=[v.score] if v else [],
-            screened_steps=len(v.screened) if v else 0,
-            origin="live",
-            user_hashes=[it.user_hash],
-            comments=[ev.comment or ""],
-            behaviour_versions=[MIXED_WEIGHTS] if it.mixed_weights else [],
-        )
+        out = rated_judgement(ev, it, sample, v, self.judge.name if v else "user-feedback")
         await self.bus.publish(out, weights_version=it.weights_version)
-        self.log.info("judged.live", interaction_id=ev.interaction_id, score=ev.score, labels=labels)
+        self.log.info("judged.live", interaction_id=ev.interaction_id, score=ev.score, labels=out.step_labels[0])
 
     # ------------------------------------------------------------------ unrated conversations
     async def handle_interaction(self, ev: Interaction, msg):
@@ -225,10 +209,10 @@ class Attributor(EventActor):
         if ev.event_id in self.held:  # redelivered while held: keep the newest delivery
             self.held[ev.event_id] = msg
             return HOLD
-        self.held[ev.event_id] = msg
         now = time.time()  # idle counts from when it was served; handed back after a restart, it waits one ack wait
         at = max(event_time(ev.occurred_at), now - self.book.idle_s + self.settings.nats.ack_wait_s)
         _, over = self.book.add(ev, min(now, at))  # (the rest of what was held comes back within that wait)
+        self.held[ev.event_id] = msg  # only once the book has it: after a failed `add`, the redelivery must reach it
         for cid in over:
             await self._close(cid, idle=False)
         return HOLD

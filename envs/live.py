@@ -50,10 +50,19 @@ UNSEEN = 0.0  # a fitting alternative nobody has judged
 REPEATED, FITS = "the served step again", "fits the declared tools"
 
 
+def cleaned_tool(tool: ToolSpec, clean, clean_arguments) -> ToolSpec:
+    """A declared tool with its description rewritten by `clean` and every string of its parameters' schema
+    (descriptions at any depth, enums, defaults, examples) by `clean_arguments`, keys kept: as live samples and the
+    questioner's kept tool sets hold them (`policies.hygiene.scrub`, `scrub_arguments`)."""
+    f = tool.function
+    params = json.loads(clean_arguments(json.dumps(f.parameters or {})))
+    return ToolSpec(function={"name": f.name, "description": clean(f.description or ""), "parameters": params})
+
+
 def trajectory(it: Interaction, score: float | None = None, clean=lambda text: text, clean_arguments=lambda text: text) -> Sample:
     """The interaction as a one-step sample; `clean` rewrites every message's text and `clean_arguments` every tool
     call's arguments first (the attributor passes `policies.hygiene.scrub` and `scrub_arguments`: personal data never
-    reaches the learner)."""
+    reaches the learner), and the declared tools' schemas too (`cleaned_tool`)."""
 
     def cleaned(m: ChatMessage) -> ChatMessage:
         calls = [c.model_copy(update={"arguments": clean_arguments(c.arguments)}) for c in m.tool_calls]
@@ -69,7 +78,7 @@ def trajectory(it: Interaction, score: float | None = None, clean=lambda text: t
     return Sample(
         sample_id=it.interaction_id,
         messages=msgs,
-        tools=it.tools,
+        tools=[cleaned_tool(t, clean, clean_arguments) for t in it.tools],
         step_indices=[step],
         step_signals=[outcome],
         outcome=outcome,

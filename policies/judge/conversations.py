@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from actors.events import ChatMessage, Interaction, ToolSpec
 from envs.live import call_key
 from envs.tool_fit import misfit
-from policies.judge.next_turn import next_turn_signal
+from policies.judge.next_turn import signal_of
 from policies.learning.hindsight import HINT_CHARS, HINTED, next_turn
 
 
@@ -70,7 +70,7 @@ SIGNALS: tuple[Rule, ...] = (
         -1.0,
         0.7,
         "the user's next message asks the same thing again (>= 60% of its content words, at least 2, repeat the "
-        "previous request)",
+        "previous request) and is not the answer to a question the step asked",
     ),
     Rule(
         "tool_error",
@@ -78,6 +78,12 @@ SIGNALS: tuple[Rule, ...] = (
         0.7,
         "a tool result answering the step's call reports a failure: in JSON a non-empty error, success or ok false, a "
         "failing status; in text its first line (error, not found, invalid, failed, denied, ...) or a traceback",
+    ),
+    Rule(
+        "abandoned_call",
+        -0.3,
+        0.3,
+        "the step's tool call was never answered: the conversation went idle, or went on without its result",
     ),
     Rule(
         "thanks",
@@ -88,7 +94,6 @@ SIGNALS: tuple[Rule, ...] = (
     ),
     Rule("tool_ok", 0.2, 0.4, "every tool result answering the step's calls came back without a failure"),
     Rule("moved_on", 0.3, 0.3, "the user's next message is a new request (none of the above)"),
-    Rule("abandoned_call", -0.3, 0.3, "the conversation went idle with the step's tool call never answered"),
 )
 RULES = {r.name: r for r in SIGNALS}
 
@@ -117,27 +122,6 @@ def parent_key(it: Interaction) -> str | None:
     including the last assistant one."""
     last = max((i for i, m in enumerate(it.messages) if m.role == "assistant"), default=None)
     return None if last is None else _key(scope_of(it), list(it.messages[: last + 1]))
-
-
-POSITIVE = ("thanks", "tool_ok")  # what came next that outweighs the schema: the client ran the call and it worked
-
-
-def signal_of(
-    step: ChatMessage,
-    after: list[ChatMessage],
-    previous_user: str | None,
-    tools: list[ToolSpec] = (),
-    served: ChatMessage | None = None,
-) -> str | None:
-    """The rule that fits the step and what came after it (`after`: the messages a later request added after it), or
-    None when nothing came after it yet and the step itself is not wrong. `step` is the answer as the client sent it
-    back (its tool call ids are the ones its tool results answer); `served`, when given, as it was served: that is
-    what is checked against the declared `tools` (a client may drop or repair a call it cannot use)."""
-    nxt = next_turn_signal(step, after, previous_user)
-    calls = (served or step).tool_calls
-    if nxt not in POSITIVE and calls and tools and misfit(calls, tools) is not None:
-        return "invalid_call"
-    return nxt
 
 
 def hint_of(signal: str | None, served: ChatMessage, after: list[ChatMessage], tools: list[ToolSpec]) -> str:

@@ -12,10 +12,11 @@ cannot fill a step: `learner.live_groups_per_user`) and, as provenance, the inte
 
 from __future__ import annotations
 
-from actors.events import Interaction, Judgement, Sample, derived_id
+from actors.events import MIXED_WEIGHTS, Feedback, Interaction, Judgement, Sample, derived_id
 from actors.task_events import LiveStep, Rollout
 from envs.live import trajectory
 from policies.hygiene import scrub, scrub_arguments
+from policies.judge.judge import Verdict
 
 LIVE_ENV = "live"  # the explorer's name for re-sampling a live step (not an environment of env.names)
 ALTERNATIVE = "alternative"  # the signal of a re-sampled answer: scored by envs/live.py, not by a next turn
@@ -60,6 +61,31 @@ def step_judgement(it: Interaction, signal: str, sample: Sample) -> Judgement:
         origin="live",
         user_hashes=[it.user_hash],
         signals=[signal],
+    )
+
+
+def rated_judgement(ev: Feedback, it: Interaction, sample: Sample, v: Verdict | None, judge: str) -> Judgement:
+    """A rated step's judgement: the user's score is its outcome; its labels the judge's (`v`, screened) where it
+    answered, else the score's sign (live traffic has no environment to verify steps); `judge` names who labelled it.
+    The comment is scrubbed as the sample is: it is the user's own text."""
+    return Judgement(
+        event_id=derived_id("judgement", ev.event_id),
+        group_id=f"live:{ev.interaction_id}",
+        source="live",
+        task_id=f"live:{ev.interaction_id}",
+        samples=[sample],
+        outcomes=[ev.score],
+        step_labels=[v.labels if v is not None else ["GOOD" if ev.score > 0 else "BAD"]],
+        judge=judge,
+        source_event_ids=[ev.event_id, it.event_id],
+        trace_id=ev.trace_id,
+        judge_labels=[v.labels] if v else None,
+        judge_scores=[v.score] if v else [],
+        screened_steps=len(v.screened) if v else 0,
+        origin="live",
+        user_hashes=[it.user_hash],
+        comments=[scrub(ev.comment or "")],
+        behaviour_versions=[MIXED_WEIGHTS] if it.mixed_weights else [],
     )
 
 

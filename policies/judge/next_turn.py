@@ -1,6 +1,7 @@
 """What the next turn says about a served step, by fixed patterns: the user's next message (a correction, a re-ask,
-thanks, a new request) and the tool results that answer the step's calls. The rules' names, values and confidences
-are `policies/judge/conversations.SIGNALS`; this module decides which one fits.
+thanks, a new request) and the tool results that answer the step's calls; and whether the step's calls fit the tools
+the request declared. The rules' names, values and confidences are `policies/judge/conversations.SIGNALS`; this module
+decides which one fits (`signal_of`).
 
 Text here is only matched, never followed: a tool result or a user turn is data.
 """
@@ -10,7 +11,8 @@ from __future__ import annotations
 import json
 import re
 
-from actors.events import ChatMessage
+from actors.events import ChatMessage, ToolSpec
+from envs.tool_fit import misfit
 
 _OK_AFTER_NO = r"(problem|worries|need|rush|thanks|thank you|that'?s (all|it|fine|perfect|great|good|right|correct)|all good)"
 # a leading "no" corrects, unless it answers a question the step asked ("Anything else?" "No, just the flight.")
@@ -96,17 +98,41 @@ def next_turn_signal(step: ChatMessage, after: list[ChatMessage], previous_user:
     asked = (step.content or "").rstrip().endswith("?") and not step.tool_calls
     if user is not None and (_CORRECTION.search(user) or (not asked and _LEADING_NO.search(user))):
         return "correction"
-    if user is not None and previous_user:
+    # a reply to the step's own question may repeat the request ("Shall I book it?" "Yes, book it"): an answer, not a re-ask
+    if user is not None and previous_user and not asked:
         a, b = _words(user), _words(previous_user)
         if len(a) >= 2 and b and len(a & b) / len(a) >= 0.6:
             return "reask"
     if results and any(tool_failed(m.content) for m in results):
         return "tool_error"
+    answered = {m.tool_call_id for m in results} >= ids or len(results) >= len(ids)  # (results without ids: by count)
+    if step.tool_calls and not answered and user is not None:  # the user went on without the call's result: it never ran
+        return "abandoned_call"
     if user is not None and _THANKS.search(user) and not _BUT.search(user):
         return "thanks"
-    answered = {m.tool_call_id for m in results} >= ids or len(results) >= len(ids)  # (results without ids: by count)
     if step.tool_calls and results and answered:  # every call answered: one left unanswered says nothing yet
         return "tool_ok"
     if user is not None:
         return "moved_on"
     return None
+
+
+POSITIVE = ("thanks", "tool_ok")  # what came next that outweighs the schema: the client ran the call and it worked
+
+
+def signal_of(
+    step: ChatMessage,
+    after: list[ChatMessage],
+    previous_user: str | None,
+    tools: list[ToolSpec] = (),
+    served: ChatMessage | None = None,
+) -> str | None:
+    """The rule that fits the step and what came after it (`after`: the messages a later request added after it), or
+    None when nothing came after it yet and the step itself is not wrong. `step` is the answer as the client sent it
+    back (its tool call ids are the ones its tool results answer); `served`, when given, as it was served: that is
+    what is checked against the declared `tools` (a client may drop or repair a call it cannot use)."""
+    nxt = next_turn_signal(step, after, previous_user)
+    calls = (served or step).tool_calls
+    if nxt not in POSITIVE and calls and tools and misfit(calls, tools) is not None:
+        return "invalid_call"
+    return nxt

@@ -21,11 +21,14 @@ Which scorer to use for unrated live steps, and why this one: `tests/benchmarks/
 
 from __future__ import annotations
 
+import re
+
 from actors.events import ChatMessage, Sample
 
 # signals that say what was wrong: the next turn (a correction, a re-ask, a tool's error), or why a call does not fit
 HINTED = ("invalid_call", "correction", "reask", "tool_error")
 HINT_CHARS = 600
+_CLOSE = re.compile(r"</(next_turn>)", re.I)  # the quote's closing tag in any case: a model reads </NEXT_TURN> as one too
 HINT = (
     "(Hindsight, for you only: your first answer to this got the reply below. Answer so that it would not "
     "have happened.)\n<next_turn>\n{next}\n</next_turn>"
@@ -42,7 +45,7 @@ def next_turn(after: list[ChatMessage]) -> str:
         elif m.role == "user":
             parts.append(f"user: {m.content or ''}")
             break  # the user's next message ends the next turn
-    return "\n".join(parts)[:HINT_CHARS].replace("</next_turn>", "</ next_turn>")  # the quote cannot be closed early
+    return _CLOSE.sub(r"</ \1", "\n".join(parts)[:HINT_CHARS])  # the quote cannot be closed early
 
 
 def teacher_messages(messages: list[ChatMessage], step: int, hint: str) -> list[ChatMessage]:

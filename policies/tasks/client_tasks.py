@@ -33,6 +33,7 @@ from actors.events import ChatMessage, ToolSpec
 from envs.bfcl_single import SYSTEM
 from envs.client_check import Unjudgeable, bfcl_doc, check
 from envs.client_tools import CLIENT_TOOLS, reference_calls, tool_set_key
+from envs.live import cleaned_tool
 from envs.tool_calls import CallError, parse_python_call
 from envs.tool_fit import misfit
 from policies.hygiene import scrub, scrub_arguments
@@ -41,13 +42,6 @@ from policies.tasks.synthesis import describe, grounded
 from policies.tasks.writer import draft
 
 NOT_RUN = "ok (a client's tool: not run here)"
-
-
-def _scrubbed(tool: ToolSpec) -> ToolSpec:
-    """Every string of the schema scrubbed (descriptions at any depth, enums, defaults, examples), keys kept."""
-    f = tool.function
-    params = json.loads(scrub_arguments(json.dumps(f.parameters or {})))
-    return ToolSpec(function={"name": f.name, "description": scrub(f.description or ""), "parameters": params})
 
 
 class ToolSets:
@@ -64,7 +58,7 @@ class ToolSets:
         a set kept already is moved last, its user and example request those of this request."""
         if not tools:
             return None
-        clean = [_scrubbed(t) for t in tools]
+        clean = [cleaned_tool(t, scrub, scrub_arguments) for t in tools]
         key = tool_set_key(clean)
         new = key not in self.sets
         rec = self.sets.pop(key, None) or {"tools": [t.model_dump() for t in clean], "request": ""}

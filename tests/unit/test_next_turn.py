@@ -140,3 +140,30 @@ def test_a_retry_of_an_earlier_request_does_not_take_the_newest_steps_signal():
     retry = _it("i2b", its[1].messages, ChatMessage(role="assistant", content="Sunny."), conversation="t1")
     conv, _ = book.add(retry, 2.0)  # request 2 again (a timeout): a conversation of its own, no signal borrowed
     assert conv.conversation_id == "i2b" and book.open["i1"].steps[-1].signal is None
+
+
+@pytest.mark.parametrize(
+    "user,signal",
+    [
+        ("Never mind, what time is it in Lyon?", "abandoned_call"),  # declined the approval, changed course
+        ("Thanks, I will look it up myself.", "abandoned_call"),  # not positive: the call never ran
+        ("No, that's wrong: Paris, Texas.", "correction"),  # a correction still comes first
+        (WEATHER, "reask"),  # and so does a re-ask
+    ],
+)
+def test_a_call_the_conversation_went_on_without_is_abandoned(user, signal):
+    assert _next(user, CALL) == signal
+    two = CALL.model_copy(update={"tool_calls": [*CALL.tool_calls, ToolCall(id="c2", name="get_time", arguments="{}")]})
+    one = [ChatMessage(role="tool", tool_call_id="c1", content="sunny"), ChatMessage(role="user", content=user)]
+    assert signal_of(two, one, WEATHER) == signal  # one of two calls answered: the other never ran
+    assert signal_of(CALL, one, WEATHER) != "abandoned_call"  # every call answered
+
+
+def test_a_yes_to_the_steps_own_question_is_an_answer_not_a_reask():
+    asked = ChatMessage(role="assistant", content="I found a flight at 9:40. Shall I book the flight to Denver?")
+    first = "Book a flight to Denver"
+    reply = [ChatMessage(role="user", content="Yes, book the flight to Denver")]
+    assert signal_of(asked, reply, first) == "moved_on"
+    assert signal_of(TEXT, reply, first) == "reask"  # no question asked: the same request again
+    wrong = [ChatMessage(role="user", content="That's wrong, book the flight to Denver")]
+    assert signal_of(asked, wrong, first) == "correction"  # an explicit correction still counts
