@@ -189,8 +189,9 @@ class Attributor(EventActor):
             self.signalled["feedback_again"] = self.signalled.get("feedback_again", 0) + 1
             return self.log.info("feedback.again", interaction_id=ev.interaction_id, score=ev.score)
         if self.book is not None:
-            sent = f"alone:{it.event_id}" in self.applied or f"resample:{it.event_id}" in self.applied
-            if sent and not self.book.holds(ev.interaction_id):  # (held: a close that failed will be tried again)
+            decided = f"alone:{it.event_id}" in self.applied or f"resample:{it.event_id}" in self.applied
+            # sent on (a close that failed after it still holds it), or decided before steps were marked, and closed
+            if f"signalled:{it.event_id}" in self.applied or (decided and not self.book.holds(ev.interaction_id)):
                 self.signalled["feedback_after_signal"] = self.signalled.get("feedback_after_signal", 0) + 1
                 return self.log.info("feedback.after_signal", interaction_id=ev.interaction_id, score=ev.score)
             self.book.rate(ev.interaction_id)
@@ -248,6 +249,7 @@ class Attributor(EventActor):
                 continue
             go = await self._resampled(it, sample, c)  # re-sampled by the explorer, judged in handle_rollout
             out = live_task(it, st.signal, sample) if go else step_judgement(it, st.signal, sample)
+            self.applied.add(f"signalled:{it.event_id}")  # before: a rating from now on is recorded, not trained too
             await self.bus.publish(out, weights_version=it.weights_version)
             self.signalled[st.signal] = self.signalled.get(st.signal, 0) + 1
             self.log.info(

@@ -1,4 +1,5 @@
-"""The attributor's live paths on hand-written data: a step rated twice trains once, what a live sample and a rated
+"""The attributor's live paths on hand-written data: a step rated twice, or rated after its signal went out in a close
+that then failed, trains once; what a live sample and a rated
 judgement carry is scrubbed of personal data (tool schemas and comments too), and an interaction whose `add` failed
 reaches the book on its redelivery."""
 
@@ -105,3 +106,33 @@ def test_an_interaction_whose_add_failed_reaches_the_book_on_redelivery(tmp_path
 
     asyncio.run(go())
     assert calls["n"] == 2 and a.book.holds("i1") and it.event_id in a.held
+
+
+def test_a_rating_after_its_steps_signal_went_out_in_a_close_that_failed_trains_nothing_more(tmp_path):
+    """Step i1's signal is published, i2's publish fails: the conversation goes back to the book, still holding i1."""
+    a = _attributor(tmp_path)
+    a.settings.conversations.alternatives = 0  # each step trains alone, on its signal
+    its = _agent_conversation("Error: city not found", "No, that's not what I asked.")
+    real, calls = a.bus.publish, {"n": 0}
+
+    async def second_fails(ev, weights_version=None):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise ConnectionError("bus down")
+        await real(ev, weights_version)
+
+    a.bus.publish = second_fails
+
+    async def go():
+        for it in its:
+            await a.handle_interaction(it, Msg())
+        with pytest.raises(ConnectionError):
+            await a._close("i1")
+        assert a.book.holds("i1")  # reopened: tried again later
+        await a.handle_feedback(Feedback(interaction_id="i1", score=1.0, interaction=its[0]), Msg())
+        await a._close("i1")
+
+    asyncio.run(go())
+    judged = [e for e in a.bus.events if isinstance(e, Judgement)]
+    assert [j.signals for j in judged] == [["tool_error"], ["tool_error"], ["correction"]]  # i1 (again, same id), i2
+    assert judged[0].event_id == judged[1].event_id and a.health()["next_turn_signals"]["feedback_after_signal"] == 1
