@@ -50,7 +50,8 @@ async def stream_chat(server, turn):
             loop.call_soon_threadsafe(q.put_nowait, piece)
 
     engine = turn.engine
-    task = asyncio.create_task(server._in_pool(engine.generate, [turn.prompt], turn.max_new, req.temperature, req.top_p, on_text))
+    generate = (engine.generate, [turn.prompt], turn.max_new, req.temperature, req.top_p, on_text, req.stop or ())
+    task = asyncio.create_task(server._in_pool(*generate))
     version = engine.version  # the fingerprint of the first chunk; the record uses what really answered
     created = int(time.time())
 

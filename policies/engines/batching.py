@@ -16,6 +16,7 @@ class Request:
     temperature: float
     top_p: float
     stream_cb: object = None
+    stops: tuple[str, ...] = ()  # the request's stop strings: its row ends at the first (`RowStops`)
     result: Generation | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -39,9 +40,9 @@ class Batcher:
         threading.Thread(target=self._loop, name="engine-batcher", daemon=True).start()
 
     def submit(
-        self, prompt: str, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, stream_cb=None
+        self, prompt: str, max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, stream_cb=None, stops=()
     ) -> Generation:
-        r = Request(prompt, max_new_tokens, float(temperature or 0.0), float(top_p), stream_cb)
+        r = Request(prompt, max_new_tokens, float(temperature or 0.0), float(top_p), stream_cb, tuple(stops))
         with self.cv:
             self.queue.append(r)
             self.cv.notify_all()
@@ -84,6 +85,21 @@ class RowBudget:
 
     def __call__(self, input_ids, scores, **kw):
         return (input_ids.shape[1] - self.n_prompt) >= self.limit
+
+
+class RowStops:
+    """Stopping criterion: a row is done once its new text holds one of its own stop strings (a request's `stop`:
+    the answer is cut there anyway, so generating on would only cost time and count tokens nobody gets)."""
+
+    def __init__(self, torch, tok, n_prompt: int, stops: list[tuple[str, ...]]):
+        self.torch, self.tok, self.n_prompt, self.stops = torch, tok, n_prompt, stops
+
+    def __call__(self, input_ids, scores, **kw):
+        done = [
+            bool(row) and any(s in self.tok.decode(input_ids[i, self.n_prompt :].tolist(), skip_special_tokens=True) for s in row)
+            for i, row in enumerate(self.stops)
+        ]
+        return self.torch.tensor(done, dtype=self.torch.bool, device=input_ids.device)
 
 
 class RowStreamer:

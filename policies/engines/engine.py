@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from policies.engines.batching import Batcher, Request, RowBudget, RowStreamer
+from policies.engines.batching import Batcher, Request, RowBudget, RowStops, RowStreamer
 from policies.engines.generation import Generation, KeptPrefill, LockedTokenizer, shared_prefix_logprobs, walk_choice
 
 
@@ -87,34 +87,34 @@ class TransformersEngine:
                     self._users[id(model)] -= 1
                     self._cv.notify_all()
 
-    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None):
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None, stops=()):
         if not prompts:  # the tokenizer fails on an empty batch
             return []
         if self.batcher is not None and len(prompts) == 1:
-            return [self.batcher.submit(prompts[0], max_new_tokens, temperature, top_p, stream_cb)]
-        return self._generate(
-            prompts,
-            [max_new_tokens] * len(prompts),
-            temperature,
-            top_p,
-            [stream_cb] * len(prompts) if stream_cb is not None else None,
-        )
+            return [self.batcher.submit(prompts[0], max_new_tokens, temperature, top_p, stream_cb, stops)]
+        cbs = [stream_cb] * len(prompts) if stream_cb is not None else None
+        return self._generate(prompts, [max_new_tokens] * len(prompts), temperature, top_p, cbs, [tuple(stops)] * len(prompts))
 
     def _run_batch(self, reqs: list[Request]) -> list[Generation]:
         r = reqs[0]  # the batcher groups requests with the same sampling parameters
         cbs = [x.stream_cb for x in reqs]
         return self._generate(
-            [x.prompt for x in reqs], [x.max_new_tokens for x in reqs], r.temperature, r.top_p, cbs if any(cbs) else None
+            [x.prompt for x in reqs],
+            [x.max_new_tokens for x in reqs],
+            r.temperature,
+            r.top_p,
+            cbs if any(cbs) else None,
+            [x.stops for x in reqs],
         )
 
     def _generate(
-        self, prompts: list[str], max_new: list[int], temperature: float, top_p: float, stream_cbs: list | None
+        self, prompts: list[str], max_new: list[int], temperature: float, top_p: float, stream_cbs: list | None, row_stops=None
     ) -> list[Generation]:
-        """One padded batch; each row stops at its own token budget or at an end token."""
+        """One padded batch; each row stops at its own token budget, at an end token or at one of its stop strings."""
         torch = self.torch
         stops = (self.im_end, self.tok.eos_token_id)
         with self._using() as (model, version), torch.inference_mode():
-            if self.share_prefill and stream_cbs is None:  # held-out scoring: prompts repeat and share a prefix
+            if self.share_prefill and stream_cbs is None and not any(row_stops or ()):  # held-out scoring: shared prefixes
                 from policies.engines.shared_decode import decode
 
                 rows = self.tok(prompts, add_special_tokens=False)["input_ids"]
@@ -127,10 +127,12 @@ class TransformersEngine:
                 kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
             else:
                 kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-            if len(set(max_new)) > 1:
+            criteria = [RowBudget(torch, n_prompt, max_new, self.device)] if len(set(max_new)) > 1 else []
+            criteria += [RowStops(torch, self.tok, n_prompt, row_stops)] if any(row_stops or ()) else []
+            if criteria:
                 from transformers import StoppingCriteriaList
 
-                kwargs["stopping_criteria"] = StoppingCriteriaList([RowBudget(torch, n_prompt, max_new, self.device)])
+                kwargs["stopping_criteria"] = StoppingCriteriaList(criteria)
             if stream_cbs is not None:
                 kwargs["streamer"] = RowStreamer(self.tok, stream_cbs, max_new, stops)
             if len(prompts) == 1 and (kept := self.kept.take(model, version, enc["input_ids"][0].tolist())) is not None:

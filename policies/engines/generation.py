@@ -25,8 +25,16 @@ class Engine(Protocol):
     version: str
 
     def generate(
-        self, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, stream_cb=None
-    ) -> list[Generation]: ...
+        self,
+        prompts: list[str],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stream_cb=None,
+        stops: tuple[str, ...] = (),
+    ) -> list[Generation]:
+        """`stops`: stop strings (a request's `stop`); a row ends once its text holds one (the text may go on past it
+        within its last token: callers cut at the stop, `serve.wire.cut_at_stop`)."""
 
     def count_tokens(self, text: str) -> int: ...
 

@@ -118,12 +118,13 @@ class VllmEngine:
             straddled=self.swaps != swaps,
         )
 
-    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None) -> list[Generation]:
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None, stops=()) -> list[Generation]:
         params = self._params(
             max_tokens=max_new_tokens,
             temperature=temperature or 0.0,
             top_p=top_p if temperature else 1.0,
             stop_token_ids=self.stop_ids,
+            stop=list(stops) or None,  # vLLM ends the row there and leaves the stop string out of the text
             skip_special_tokens=True,
         )
 

@@ -91,6 +91,19 @@ def test_engine_generates_and_hot_swaps(engine, tmp_path):
         engine.load_state_dict({"model.norm.weight": sd["model.norm.weight"]}, "w-bad")
 
 
+def test_a_row_ends_at_its_own_stop_string_and_the_others_go_on(engine):
+    from policies.chat import render
+
+    prompt = render([ChatMessage(role="user", content="Count from 1 to 30, separated by commas.")])
+    (full,) = engine.generate([prompt], 40, temperature=0.0)
+    assert "5" in full.text and full.completion_tokens > 12
+    cut, again = engine._generate([prompt, prompt], [40, 40], 0.0, 1.0, None, [("5",), ()])  # one padded batch
+    assert "5" in cut.text and cut.completion_tokens < full.completion_tokens and cut.finish_reason == "stop"
+    assert again.text == full.text  # its neighbour's stop string does not end it
+    (one,) = engine.generate([prompt], 40, temperature=0.0, stops=("5",))  # Serve's single-prompt path (the batcher)
+    assert one.text == cut.text
+
+
 def test_engine_choose_only_returns_an_option(engine):
     from policies.chat import CALL_PREFIX, render
 

@@ -30,7 +30,8 @@ class _Engine:
     def __init__(self, pieces):
         self.pieces = pieces
 
-    def generate(self, prompts, max_new, temperature, top_p, stream_cb=None):
+    def generate(self, prompts, max_new, temperature, top_p, stream_cb=None, stops=()):
+        self.stops = stops
         for piece in self.pieces:
             if stream_cb:
                 stream_cb(piece)
@@ -175,3 +176,14 @@ def test_safety_identifier_names_the_user_when_user_is_absent():
     assert user_hash("10.0.0.1", safety_identifier="alice") == user_hash("10.0.0.2", safety_identifier="alice")
     assert user_hash("10.0.0.1", safety_identifier="alice") == user_hash("10.0.0.2", user="alice")
     assert user_hash("10.0.0.1", user="bob", safety_identifier="alice") == user_hash("10.0.0.2", user="bob")
+
+
+def test_the_requests_stop_strings_reach_the_engine_so_generation_ends_there():
+    turn = _turn(["It is sunny.\nObservation: x"], stop=["\nObservation:"])
+
+    async def go():
+        return [f async for f in stream_chat(_Server(), turn)]
+
+    frames = asyncio.run(go())
+    assert list(turn.engine.stops) == ["\nObservation:"]  # the engine ends the row there, not the token budget
+    assert "Observation" not in "".join(frames) and turn.stopped

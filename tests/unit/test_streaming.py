@@ -19,7 +19,7 @@ class _Engine:
     def __init__(self, fail=False, gate=None):
         self.fail, self.gate = fail, gate
 
-    def generate(self, prompts, max_new, temperature, top_p, stream_cb):
+    def generate(self, prompts, max_new, temperature, top_p, stream_cb, stops=()):
         for piece in ("Hel", "lo"):
             stream_cb(piece)
             if self.gate is not None:
@@ -147,7 +147,7 @@ class _Pieces(_Engine):
         super().__init__()
         self.pieces = pieces
 
-    def generate(self, prompts, max_new, temperature, top_p, stream_cb):
+    def generate(self, prompts, max_new, temperature, top_p, stream_cb, stops=()):
         for piece in self.pieces:
             stream_cb(piece)
         return [Generation("".join(self.pieces), 3, len(self.pieces), "stop", "w-000007")]
