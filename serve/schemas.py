@@ -95,7 +95,7 @@ class ChatRequest(_Tolerant):
 
     model: str | None = None
     messages: list[InMessage] = Field(min_length=1, max_length=256)
-    tools: list[InTool] | None = Field(None, max_length=64)
+    tools: list[InTool] | None = Field(None, max_length=128)  # the reference's limit
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None

@@ -52,13 +52,20 @@ def too_long(n_prompt: int, limit: int) -> JSONResponse | None:
     )
 
 
+# what clients of the reference try besides chat completions (LlamaIndex's OpenAILike defaults to completions)
+OTHER_APIS = ("/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/assistants", "/v1/audio", "/v1/images")
+
+
 def answer_errors(app) -> None:
     """The reference's error object outside the routes too: unknown routes and methods (not FastAPI's {"detail"}),
     and uncaught errors (never a plain-text 500)."""
     from starlette.exceptions import HTTPException
 
     async def http_error(request, exc):
-        return error(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500 else "server_error")
+        detail = str(exc.detail)
+        if exc.status_code == 404 and request.url.path.rstrip("/") in OTHER_APIS:  # a client set up for another API
+            detail = f"{request.url.path} is not served here: this deployment answers POST /v1/chat/completions"
+        return error(exc.status_code, detail, "invalid_request_error" if exc.status_code < 500 else "server_error")
 
     async def uncaught(request, exc):
         return error(500, f"internal error: {type(exc).__name__}", "server_error")

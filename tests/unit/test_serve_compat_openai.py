@@ -1,7 +1,8 @@
 """The serving edge answers as the reference does where clients rely on it: a forced call is always a call, deprecated
 function-calling fields are refused by name, `top_p: 0` is greedy, the key's scheme is case-insensitive, the event
-stream is unbuffered, a bare Python-style call is never streamed as text and then sent as a call too, and
-`safety_identifier` names the user."""
+stream is unbuffered, a bare Python-style call is never streamed as text and then sent as a call too,
+`safety_identifier` names the user, `stop` ends generation, up to 128 tools are taken, and a client set up for
+another of the reference's APIs is told which one this is."""
 
 import asyncio
 import json
@@ -187,3 +188,23 @@ def test_the_requests_stop_strings_reach_the_engine_so_generation_ends_there():
     frames = asyncio.run(go())
     assert list(turn.engine.stops) == ["\nObservation:"]  # the engine ends the row there, not the token budget
     assert "Observation" not in "".join(frames) and turn.stopped
+
+
+def test_a_client_set_up_for_another_api_is_told_which_one_this_is():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from serve.wire import answer_errors
+
+    app = FastAPI()
+    answer_errors(app)
+    client = TestClient(app)
+    r = client.post("/v1/completions", json={"prompt": "hi"})
+    assert r.status_code == 404 and "POST /v1/chat/completions" in r.json()["error"]["message"]
+    assert client.get("/v1/nothing").json()["error"]["message"] == "Not Found"  # any other path: as before
+
+
+def test_up_to_128_tools_as_the_reference_takes():
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(129)]
+    assert _error({"messages": USER, "tools": tools[:128]}) == (200, None)
+    assert _error({"messages": USER, "tools": tools})[0] == 400
