@@ -117,22 +117,24 @@ def tools_block(tools: list[ToolSpec], experiences: list[str] | None = None) -> 
 
 
 def assistant_text(m: ChatMessage) -> str:
-    """The content of an assistant turn as the model writes it (tool calls in their tags)."""
+    """The content of an assistant turn as the model writes it (tool calls in their tags). Arguments that are not
+    JSON (a forced call Serve answered with the text its model wrote, `policies.vetting.raw_arguments`) go in as
+    written, so the turn reads as it was generated."""
     if not m.tool_calls:
         return m.content
-    calls = [{"name": c.name, "arguments": _json_or_text(c.arguments)} for c in m.tool_calls]
     prefix = (m.content + "\n") if m.content else ""
-    text = json.dumps(calls, ensure_ascii=False)  # as written: München
-    if any("\ud800" <= ch <= "\udfff" for ch in text):  # half a surrogate pair no tokenizer takes: kept escaped
-        text = json.dumps(calls)
-    return prefix + "<tool_call>" + text + "</tool_call>"
+    return prefix + "<tool_call>[" + ", ".join(_call_text(c.name, c.arguments) for c in m.tool_calls) + "]</tool_call>"
 
 
-def _json_or_text(s: str):
+def _call_text(name: str, arguments: str) -> str:
     try:
-        return json.loads(s)
+        call = {"name": name, "arguments": json.loads(arguments) if arguments.strip() else {}}  # "": no arguments
     except (json.JSONDecodeError, TypeError, RecursionError):
-        return s
+        return '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ' + arguments + "}"
+    text = json.dumps(call, ensure_ascii=False)  # as written: München
+    if any("\ud800" <= ch <= "\udfff" for ch in text):  # half a surrogate pair no tokenizer takes: kept escaped
+        text = json.dumps(call)
+    return text
 
 
 _MARKER = re.compile(r"<\|([A-Za-z_]{1,32})\|>")

@@ -70,3 +70,19 @@ def test_a_call_is_trained_as_written_not_escaped():
     assert assistant_text(msg) == '<tool_call>[{"name": "weather", "arguments": {"city": "München"}}]</tool_call>'
     half = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c1", name="q", arguments='{"q": "\\ud83d"}')])
     assert assistant_text(half) == '<tool_call>[{"name": "q", "arguments": {"q": "\\ud83d"}}]</tool_call>'
+
+
+def test_a_forced_call_served_with_its_raw_arguments_is_trained_as_it_was_generated():
+    """Serve answers a forced call whose arguments do not parse with their raw text (`policies.vetting`): rendered
+    back for training, the turn is the text the model wrote, not those arguments quoted as a JSON string."""
+    from actors.events import ToolSpec
+    from policies.chat import assistant_text, parse_forced
+    from policies.vetting import trusted_calls
+
+    forced = '<tool_call>[{"name": "weather", "arguments": '
+    text = '{"city": Paris}}]</tool_call>'
+    tools = [ToolSpec(function={"name": "weather", "parameters": {"type": "object"}})]
+    served = trusted_calls(parse_forced(forced, text), tools, forced + text, False, forced=True)
+    assert served.tool_calls[0].arguments == '{"city": Paris}' and assistant_text(served) == forced + text
+    noargs = ChatMessage(role="assistant", tool_calls=[ToolCall(id="c1", name="now", arguments="")])  # a client's echo
+    assert assistant_text(noargs) == '<tool_call>[{"name": "now", "arguments": {}}]</tool_call>'
