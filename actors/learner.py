@@ -128,7 +128,7 @@ class Learner(EventActor):
             pool.append(j)
             if len(pool) >= self.settings.learner.min_live_group:
                 pooled, self.live[live_kind(j)] = pool, []
-                group = live_group(pooled, f"live-{j.event_id[:8]}")
+                group = live_group(pooled, f"live-{j.event_id[:8]}", self.settings.learner.pooled_advantage == "outcome")
                 if informative(group, alpha, hints=hints):
                     self.ready.append(group)
                 else:

@@ -57,6 +57,12 @@ class LearnerSettings(_Section):
     loss_agg_mode: str = Field("token-mean", description="verl loss aggregation mode")
     max_seq_tokens: int = Field(2048, description="Samples longer than this are left-truncated")
     min_live_group: int = Field(2, description="Feedback-judged interactions grouped per live GRPO group")
+    pooled_advantage: Literal["zscore", "outcome"] = Field(
+        "zscore",
+        description="A pooled live group's advantages (its steps answer unrelated prompts). 'zscore': ADCA over the pool, "
+        "as measured in the rated hours (a step rated -0.5 beside one rated -1.0 gets +1). 'outcome': each step its own "
+        "outcome (value x confidence, or the rating), no mean, no std: not yet measured (tests/benchmarks/LOG.md)",
+    )
     grad_clip: float = Field(1.0, description="Gradient norm clip")
     adpo: bool = Field(
         True,

@@ -1,6 +1,8 @@
 """Which judged groups a learner step can use, with which behaviour policy per sample and what weight.
 
 - `informative`: does the group give any sample a non-zero advantage?
+- `pooled`, `step_credit`, `baseline`: with `learner.pooled_advantage: outcome`, a pooled live group's steps keep
+  their own outcomes (no shared baseline);
 - `at_floor`: a reference (off-policy) sample stays only where the policy's own samples teach nothing;
 - `fresh_part`: a group without its samples too stale to train, where the rest still teaches;
 - `behaviour_of`: the version that generated each sample (`REFERENCE` for a reference);
@@ -19,13 +21,40 @@ from actors.events import Judgement
 from policies.learning import adca
 from policies.learning.staleness import REFERENCE
 
+POOLED = "live-own"  # the task id of a pooled live group whose steps keep their own outcomes (`live_group(own=True)`)
+
+
+def pooled(j: Judgement) -> bool:
+    """Is the group live steps of unrelated prompts, each trained by its own outcome (`learner.pooled_advantage`)?"""
+    return j.source == "live" and j.task_id == POOLED
+
 
 def informative(j: Judgement, alpha: float, hints: bool = False) -> bool:
-    """Does the group give any sample a non-zero advantage? (outcome spread, step credit under ADCA, or with `hints`
-    a live step that hindsight teaches)"""
-    if len(set(j.outcomes)) > 1 or (hints and any(s.hint for s in j.samples)):
+    """Does the group give any sample a non-zero advantage? (outcome spread, step credit under ADCA, a non-zero
+    outcome in a `pooled` group, or with `hints` a live step that hindsight teaches)"""
+    if hints and any(s.hint for s in j.samples):
         return True
-    return alpha > 0 and any(abs(a) > 1e-9 for adv in adca.step_advantages(j.step_labels, j.outcomes, alpha) for a in adv)
+    if pooled(j):
+        return any(abs(o) > 1e-9 for o in j.outcomes)
+    if len(set(j.outcomes)) > 1:
+        return True
+    return alpha > 0 and any(abs(a) > 1e-9 for adv in step_credit(j, alpha) for a in adv)
+
+
+def step_credit(j: Judgement, alpha: float) -> list[list[float]]:
+    """Each sample's step advantages: ADCA over the group (`adca.step_advantages`). In a `pooled` group the samples
+    answer unrelated prompts and share no baseline (z-normed together, a step rated -0.5 beside one rated -1.0 gets +1,
+    `tool_ok` +0.08 beside `moved_on` +0.09 gets -1): every step of sample i gets its own outcome, A_ik = o_i, no mean
+    removed, no std division, no step-label z-score."""
+    if pooled(j):
+        return [[o] * len(labels) for labels, o in zip(j.step_labels, j.outcomes)]
+    return adca.step_advantages(j.step_labels, j.outcomes, alpha)
+
+
+def baseline(j: Judgement, i: int) -> str:
+    """The group sample i is normalised in by outcome-only GRPO (`learner.adca_alpha` 0): its group's, or in a
+    `pooled` group its own (verl's estimator leaves a group of one its score: mean 0, std 1)."""
+    return f"{j.group_id}/{j.samples[i].sample_id}" if pooled(j) else j.group_id
 
 
 def live_kind(j: Judgement) -> str:
@@ -38,12 +67,12 @@ def live_kind(j: Judgement) -> str:
     return "call" if steps and steps[-1].tool_calls else "text"
 
 
-def live_group(pooled: list[Judgement], group_id: str) -> Judgement:
+def live_group(pooled: list[Judgement], group_id: str, own: bool = False) -> Judgement:
     """Rated live interactions of one kind (`live_kind`), pooled into one group the learner trains."""
     return Judgement(
         group_id=group_id,
         source="live",
-        task_id="live",
+        task_id=POOLED if own else "live",  # own: each step trained by its own outcome (`pooled`)
         samples=[s for x in pooled for s in x.samples],
         outcomes=[o for x in pooled for o in x.outcomes],
         step_labels=[lab for x in pooled for lab in x.step_labels],
@@ -75,11 +104,11 @@ def at_floor(j: Judgement, alpha: float) -> Judgement:
 def fresh_part(g: Judgement, fresh, alpha: float, hints: bool = False) -> Judgement | None:
     """The group if every sample's behaviour version is `fresh` enough to train; else the samples that are, if at
     least two of them still teach (a live step's alternatives, sampled with newer weights than the answer users were
-    served, outlive it); else None."""
+    served, outlive it; in a `pooled` group one is enough: it needs no other for a baseline); else None."""
     keep = [i for i, v in enumerate(g.behaviour_versions) if fresh(v)]
     if len(keep) == len(g.samples):
         return g
-    part = _part(g, keep) if len(keep) >= 2 else None
+    part = _part(g, keep) if len(keep) >= (1 if pooled(g) else 2) else None
     return part if part is not None and informative(part, alpha, hints) else None
 
 

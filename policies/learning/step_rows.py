@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from actors.events import Judgement
 from policies.learning import adca, grpo
-from policies.learning.groups import floor_scales
+from policies.learning.groups import baseline, floor_scales, step_credit
 
 # one step's samples, padded: token ids, attention mask, each sample's length and its first response token
 Batch = namedtuple("Batch", "ids attn lens first")
@@ -47,9 +47,9 @@ def rows_of(groups: list[Judgement], behaviour: list[list[str]] | None, version:
         r.scale += [adca.adpo_scale(p) if use_adpo else 1.0] * len(g.samples)
         r.clip_high += [max(L.clip_ratio_high, adca.adpo_clip_high(p)) if use_adpo else L.clip_ratio_high] * len(g.samples)
         if L.adca_alpha > 0:  # step-level credit: each step's advantage goes to all its tokens
-            r.step_adv.extend(adca.step_advantages(g.step_labels, g.outcomes, L.adca_alpha))
+            r.step_adv.extend(step_credit(g, L.adca_alpha))  # a pooled live group: each step its own outcome
         r.versions += list(behaviour[gi]) if behaviour else [version] * len(g.samples)
-        for s, o in zip(g.samples, g.outcomes):
+        for i, (s, o) in enumerate(zip(g.samples, g.outcomes)):
             r.keys.append((g.group_id, s.sample_id, r.versions[len(r.keys)]))
             if s.hint and not s.off_policy and L.hindsight_clip > 0:
                 r.hinted[len(r.samples)] = s
@@ -57,7 +57,7 @@ def rows_of(groups: list[Judgement], behaviour: list[list[str]] | None, version:
             r.guided.append(s.guided)
             r.off.append(s.off_policy)
             r.scores.append(o)
-            r.index.append(g.group_id)
+            r.index.append(baseline(g, i))
             r.member.append(gi)
     return r
 
