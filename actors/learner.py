@@ -148,9 +148,9 @@ class Learner(EventActor):
 
     async def _ack(self, event_ids) -> None:
         for i in event_ids:
+            self.applied.add(i)  # first: an ack that fails leaves a redelivery that is acked, not trained again
             if (m := self.held.pop(i, None)) is not None:
                 await m.ack_sync()
-            self.applied.add(i)
 
     # ------------------------------------------------------------------ staleness
     def staleness(self, version: str) -> int | None:

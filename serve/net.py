@@ -31,7 +31,7 @@ def loopback_replica_grpc() -> None:
 def authorized(request: Request, key: str) -> bool:
     """`Authorization: Bearer <key>`; the scheme's name in any case (RFC 7235: "bearer" is "Bearer")."""
     scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+    return scheme.lower() == "bearer" and bool(token.strip()) and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
 def unauthorized():

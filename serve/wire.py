@@ -63,7 +63,7 @@ def answer_errors(app) -> None:
 
     async def http_error(request, exc):
         detail = str(exc.detail)
-        if exc.status_code == 404 and request.url.path.rstrip("/") in OTHER_APIS:  # a client set up for another API
+        if exc.status_code == 404 and request.url.path.startswith(OTHER_APIS):  # a client set up for another API
             detail = f"{request.url.path} is not served here: this deployment answers POST /v1/chat/completions"
         return error(exc.status_code, detail, "invalid_request_error" if exc.status_code < 500 else "server_error")
 

@@ -93,13 +93,15 @@ class RowStops:
 
     def __init__(self, torch, tok, n_prompt: int, stops: list[tuple[str, ...]]):
         self.torch, self.tok, self.n_prompt, self.stops = torch, tok, n_prompt, stops
+        self.done = [False] * len(stops)
+        self.tail = max((len(s) for row in stops for s in row), default=0) + 4  # tokens: each is a character or more
 
     def __call__(self, input_ids, scores, **kw):
-        done = [
-            bool(row) and any(s in self.tok.decode(input_ids[i, self.n_prompt :].tolist(), skip_special_tokens=True) for s in row)
-            for i, row in enumerate(self.stops)
-        ]
-        return self.torch.tensor(done, dtype=self.torch.bool, device=input_ids.device)
+        for i, row in enumerate(self.stops):
+            if row and not self.done[i]:  # only the new tail can complete a stop string: the rest was checked before
+                tail = input_ids[i, max(self.n_prompt, input_ids.shape[1] - self.tail) :].tolist()
+                self.done[i] = any(s in self.tok.decode(tail, skip_special_tokens=True) for s in row)
+        return self.torch.tensor(self.done, dtype=self.torch.bool, device=input_ids.device)
 
 
 class RowStreamer:

@@ -168,7 +168,8 @@ def step_choice(ready: list[Judgement], n: int, per_user: int, staleness, max_st
     """The `n` groups of a step by `fair_step`, live groups at their last chance first (`staleness` of a behaviour
     version at `max_staleness`: fresh for this step, too stale after it; what users wrote, which the learner would
     otherwise drop, e.g. after it waited for the served version to move). A user's groups there count towards the
-    same cap as the rest: past it they wait while other users' groups train, and are dropped only when stale."""
+    same cap as the rest: past it, at their last chance, they yield to other users' groups and go stale (one user's
+    burst is not trained at the others' expense, even when it is about to be lost)."""
 
     def last_chance(g: Judgement) -> bool:
         return max((staleness(v) or 0 for v in g.behaviour_versions), default=0) >= max_staleness

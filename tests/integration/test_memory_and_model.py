@@ -91,8 +91,11 @@ def test_engine_generates_and_hot_swaps(engine, tmp_path):
         engine.load_state_dict({"model.norm.weight": sd["model.norm.weight"]}, "w-bad")
 
 
-def test_a_row_ends_at_its_own_stop_string_and_the_others_go_on(engine):
+def test_a_row_ends_at_its_own_stop_string_and_the_others_go_on(model_dir):
     from policies.chat import render
+    from policies.engines.engine import TransformersEngine
+
+    engine = TransformersEngine(model_dir, dtype="float32")  # the base's weights (the module's engine was swapped)
 
     prompt = render([ChatMessage(role="user", content="Count from 1 to 30, separated by commas.")])
     (full,) = engine.generate([prompt], 40, temperature=0.0)

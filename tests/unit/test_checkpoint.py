@@ -75,3 +75,25 @@ def test_an_actors_applied_ids_outlive_the_stream_and_no_longer(tmp_path, monkey
     ids.add("again")
     reopened = AppliedIds(tmp_path / "a.db", keep_s=0.0)  # max_age 0: the stream keeps every event, so do we
     assert "new" in reopened and "again" in reopened
+
+
+def test_a_judgement_whose_ack_failed_is_still_known_as_applied(tmp_path):
+    import asyncio
+
+    import pytest
+
+    from actors.learner import Learner
+    from config.settings import load_settings
+
+    s = load_settings(None)
+    s.state_dir = str(tmp_path)
+    ln = Learner(s, bus=object())
+
+    class Lost:
+        async def ack_sync(self):
+            raise TimeoutError("ack lost")
+
+    ln.held = {"j1": Lost()}
+    with pytest.raises(TimeoutError):
+        asyncio.run(ln._ack(["j1"]))
+    assert "j1" in ln.applied  # its redelivery is acked, not trained again, however many steps later it comes

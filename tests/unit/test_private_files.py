@@ -42,3 +42,20 @@ def test_the_deployments_secrets_are_made_by_it(tmp_path):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
     assert nats.password == (tmp_path / "nats.password").read_text() and EmbeddedNats(tmp_path).password == nats.password
     assert len(bytes.fromhex(open(token).read())) == 32 and user_salt(tmp_path) == salt
+
+
+def test_a_secret_left_empty_is_waited_for_then_refused_by_name(tmp_path, monkeypatch):
+    import time
+
+    import pytest
+
+    path = tmp_path / "token"
+    path.write_text("")  # made by another process that has not written it yet, or a write cut off
+    waits = []
+    monkeypatch.setattr(time, "sleep", lambda s: waits.append(s) or (path.write_text("late") if len(waits) == 3 else None))
+    assert secret_file(path) == "late" and len(waits) == 3  # the other process wrote it meanwhile
+    path.write_text("")
+    waits.clear()
+    monkeypatch.setattr(time, "sleep", lambda s: waits.append(s))
+    with pytest.raises(ValueError, match="is empty"):
+        secret_file(path)

@@ -208,3 +208,22 @@ def test_up_to_128_tools_as_the_reference_takes():
     tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(129)]
     assert _error({"messages": USER, "tools": tools[:128]}) == (200, None)
     assert _error({"messages": USER, "tools": tools})[0] == 400
+
+
+def test_no_token_is_never_a_key():
+    from serve.net import authorized
+
+    assert not authorized(SimpleNamespace(headers={"authorization": "Bearer "}), "")
+    assert not authorized(SimpleNamespace(headers={"authorization": "bearer"}), "")
+
+
+def test_the_other_apis_paths_below_their_roots_are_named_too():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from serve.wire import answer_errors
+
+    app = FastAPI()
+    answer_errors(app)
+    r = TestClient(app).post("/v1/audio/speech", json={})
+    assert r.status_code == 404 and "POST /v1/chat/completions" in r.json()["error"]["message"]
