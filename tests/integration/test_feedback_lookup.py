@@ -176,9 +176,10 @@ async def test_a_stream_made_by_the_previous_release_gets_the_interaction_subjec
     await new.close()
 
 
-async def test_the_attributor_and_the_navigator_read_the_rated_interaction_by_id(settings, nats_server):
+async def test_the_attributor_and_the_navigator_read_the_rated_interaction_by_id(settings, nats_server, tmp_path):
     """Feedback that names its interaction is judged and counted as one that carried a copy of it (earlier
-    releases); one whose interaction is not on the stream is poison for the attributor."""
+    releases); one whose interaction is not on the stream is poison for the attributor. (Each is judged by an
+    attributor of its own: one attributor trains one rating of an interaction, `test_rated_live.py`.)"""
     from actors.attributor import Attributor
     from actors.bus import Poison
     from actors.events import Judgement
@@ -196,8 +197,12 @@ async def test_the_attributor_and_the_navigator_read_the_rated_interaction_by_id
     a.stats = {"judged": 0, "fallback_budget": 0, "fallback_error": 0, "fallback_malformed": 0, "screened": 0}
     named = Feedback(interaction_id=it.interaction_id, score=-1.0)
     carried = Feedback(interaction_id=it.interaction_id, score=-1.0, interaction=it)
-    for fb in (named, carried):
-        await a.handle_feedback(fb, None)
+    await a.handle_feedback(named, None)
+    other_release = settings.model_copy(deep=True)
+    other_release.state_dir = str(tmp_path / "other")
+    b = Attributor(other_release, bus=bus)
+    b.judge, b.budget, b.agreement, b.stats = a.judge, a.budget, a.agreement, a.stats
+    await b.handle_feedback(carried, None)
     one, other = await _stored(bus, "judgement")
     assert isinstance(one, Judgement) and one.source_event_ids == [named.event_id, it.event_id]
     same = ("samples", "outcomes", "step_labels", "judge", "user_hashes", "weights_version", "behaviour_versions")
