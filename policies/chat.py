@@ -14,7 +14,7 @@ import uuid
 
 from actors.events import DEFAULT_SYSTEM, ChatMessage, ToolCall, ToolSpec
 from envs.tool_calls import CallError, parse_python_call
-from policies.vetting import json_object, trusted_calls  # noqa: F401  (re-exported: callers import them from here)
+from policies.vetting import json_object, raw_arguments, trusted_calls  # noqa: F401  (re-exported: callers import them from here)
 
 _CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 
@@ -197,11 +197,11 @@ _OPENING_RE = re.compile(r'<tool_call>\[\{"name": "([^"]+)", "arguments": ')
 def parse_forced(forced: str, text: str) -> ChatMessage:
     """The answer to a request whose call was forced (`tool_choice`): a call cut off by the token limit
     keeps the forced name, with the partial arguments text as its arguments (as OpenAI returns a
-    truncated call), instead of becoming `invalid_call`."""
+    truncated call), instead of becoming `invalid_call`; a call that closed keeps only what it wrote before closing."""
     msg = parse_assistant(forced + text)
     m = _OPENING_RE.match(forced)
     if m and msg.tool_calls and msg.tool_calls[0].name == "invalid_call":
-        args = (forced + text)[m.end() :].replace("<|im_end|>", "").strip()
+        args = raw_arguments((forced + text)[m.end() :].replace("<|im_end|>", "").strip())
         msg.tool_calls[0] = ToolCall(id=msg.tool_calls[0].id, name=m.group(1), arguments=args)
     return msg
 

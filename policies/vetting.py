@@ -26,6 +26,7 @@ def trusted_calls(msg: ChatMessage, tools: list[ToolSpec], text: str, cut: bool,
     with arguments that are not a JSON object it goes out with their raw text, as the reference's non-strict mode
     can answer; later calls a client cannot run are left out."""
     declared = {t.function.name: t.function for t in tools}
+    cut = cut and text.rfind("<tool_call>") > text.rfind("</tool_call>")  # the limit cut a call, not the text after it
     as_text = ChatMessage(role="assistant", content=text.replace("<|im_end|>", "").strip())
     calls = []
     for i, c in enumerate(msg.tool_calls):

@@ -97,6 +97,16 @@ def test_the_raw_arguments_of_a_forced_call_lose_the_markup_that_closes_the_call
     assert turn.answer(Generation('{"city": Paris}}]</tool_call>', 3, 9, "stop")).tool_calls[0].arguments == '{"city": Paris}'
 
 
+def test_a_forced_call_that_closed_and_ran_on_to_the_token_limit_keeps_only_its_own_arguments():
+    text = '{"city": "Paris}}]</tool_call>\n\nI will focus on the guidelines'  # the limit cut the prose after the call
+    turn = _turn([], forced=FORCED, max_tokens=16)
+    msg = turn.answer(Generation(text, 3, 16, "length"))
+    assert [(c.name, c.arguments) for c in msg.tool_calls] == [("get_weather", '{"city": "Paris}')]
+    assert "I will focus" not in msg.tool_calls[0].arguments
+    cut = turn.answer(Generation('{"city": "Par', 3, 16, "length"))  # the limit cut the call itself: all of it is arguments
+    assert [(c.name, c.arguments) for c in cut.tool_calls] == [("get_weather", '{"city": "Par')]
+
+
 @pytest.mark.parametrize(
     "body,param",
     [
