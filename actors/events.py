@@ -54,6 +54,7 @@ class Interaction(Event):
         "", description="the client's own conversation key (metadata conversation_id, thread_id or session_id), when it sent one"
     )
     tool_choice: str | dict | None = Field(None, description="the request's tool_choice, as it was sent")
+    response_format: dict | None = Field(None, description="the request's response_format, where it asked for JSON")
 
 
 class Feedback(Event):

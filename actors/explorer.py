@@ -188,6 +188,7 @@ class Explorer(EventActor):
                     temperature=r.temperature,
                     top_p=r.top_p,
                     guided=self.settings.conversations.guided_alternatives,
+                    response_format=task.response_format,
                 )
             except ValueError as exc:  # a tool_choice that names no declared function: the step alone (a turned-down
                 # one, with `consensus`, not at all: no answers, no majority)

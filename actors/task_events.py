@@ -40,6 +40,7 @@ class LiveStep(Task):
         "it; the envelope's weights_version wrote the answer (None in a Rollout: there the step is its first sample)"
     )
     tool_choice: str | dict | None = Field(None, description="the request's tool_choice, as it was sent")
+    response_format: dict | None = Field(None, description="the request's response_format, where it asked for JSON")
     user_hash: str = Field("", description="the hashed user")
     signal: str = Field("", description="what gave the step its outcome (a rule of conversations.SIGNALS)")
     source_event_ids: list[str] = Field([], description="the events it came from (its interaction)")

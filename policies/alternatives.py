@@ -34,6 +34,7 @@ from policies.chat import (
     trusted_calls,
     value_opening,
 )
+from policies.engines.grammar import response_grammar
 from policies.rollout import forced_prefix
 
 VALUE_TOKENS = 64  # the most one guided value may take
@@ -123,14 +124,24 @@ def _vetted(tools: list[ToolSpec], prefix: str, text: str, cut: bool) -> ChatMes
 
 
 def resample_step(
-    engine, step: Sample, tool_choice, n: int, *, max_new_tokens: int, temperature: float, top_p: float = 1.0, guided: int = 0
+    engine,
+    step: Sample,
+    tool_choice,
+    n: int,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    guided: int = 0,
+    response_format: dict | None = None,
 ) -> tuple[list[ChatMessage], int]:
     """Up to `n` new answers to the context of a live step (`step`: a one-step sample, its answer last), generated as
     Serve answers that request: the same prompt, and a call forced as its `tool_choice` forced one (a declared name
     chosen by constrained decoding for "required"). Where the served answer called a declared function, every
     alternative calls that one (the declared schema can judge a call's arguments, not which function the user meant,
     so the group differs only where it is scored), and the first `guided` of them are schema-guided (`guided_calls`).
-    Answers our budget cut off inside a call are left out. Returns the answers and the tokens generated."""
+    An answer that is not a call follows the request's `response_format` grammar, as Serve's did. Answers our budget cut
+    off inside a call are left out. Returns the answers and the tokens generated."""
     i = step.step_indices[-1]
     context = render(step.messages[:i], step.tools)
     forced = tool_choice_prefix(tool_choice, step.tools)
@@ -147,7 +158,10 @@ def resample_step(
         forced_prefix(step.tools, engine, context, temperature) if forced == CALL_PREFIX else forced for _ in range(n - guided)
     ]
     if prefixes:
-        gens = engine.generate([context + p for p in prefixes], max_new_tokens, temperature=temperature, top_p=top_p)
+        grammar = response_grammar(response_format, step.tools, bool(forced))
+        gens = engine.generate(
+            [context + p for p in prefixes], max_new_tokens, temperature=temperature, top_p=top_p, grammar=grammar
+        )
         raw += [(p, g.text, g.finish_reason == "length") for p, g in zip(prefixes, gens)]
         tokens += sum(g.completion_tokens for g in gens)
     answers = [_vetted(step.tools, p, t, c) for p, t, c in raw]

@@ -256,7 +256,7 @@ class KaizenServer:
             )
             if req.stream:
                 return sse_response(self, turn)  # server-sent events, unbuffered by proxies
-            gen = (await self._in_pool(engine.generate, [prompt], max_new, req.temperature, req.top_p, None, req.stop or ()))[0]
+            gen = (await self._in_pool(turn.generate))[0]
             version = gen.version or engine.version
             answer = turn.answer(gen)
             await self._record(turn, answer, version, gen.straddled)

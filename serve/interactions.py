@@ -16,6 +16,7 @@ from pathlib import Path
 from actors.events import ChatMessage, Interaction, RetrieveReply, ToolSpec, derived_id
 from config.private import secret_file
 from policies.chat import json_object, parse_forced, trusted_calls
+from policies.engines.grammar import response_grammar
 from serve.schemas import ChatRequest
 from serve.wire import cut_at_stop
 
@@ -38,6 +39,16 @@ class Turn:
     stopped: bool = False  # the answer ended at one of the request's stop sequences
     t0: float = field(default_factory=time.perf_counter)
     peer: str = ""  # the client's address: who a request without `user` comes from
+
+    @property
+    def grammar(self) -> str | None:
+        """The grammar its `response_format` asks for (None: free text), checked already by `serve.wire.parse_chat`."""
+        return response_grammar(self.req.response_format, self.tools, bool(self.forced))
+
+    def generate(self, stream_cb=None):
+        """Its answer's generation, on the engine that answers it from start to end."""
+        r = self.req
+        return self.engine.generate([self.prompt], self.max_new, r.temperature, r.top_p, stream_cb, r.stop or (), self.grammar)
 
     def answer(self, gen) -> ChatMessage:
         """The assistant message of a generation: cut at the first stop sequence; with tools, the whole text parsed
@@ -81,6 +92,7 @@ class Turn:
             trace_context=self.trace_headers,
             mixed_weights=straddled,
             tool_choice=choice,
+            response_format=self.req.response_format if self.grammar else None,
             conversation=next(
                 (
                     str(v)[:128]

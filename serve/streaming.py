@@ -50,8 +50,7 @@ async def stream_chat(server, turn):
             loop.call_soon_threadsafe(q.put_nowait, piece)
 
     engine = turn.engine
-    generate = (engine.generate, [turn.prompt], turn.max_new, req.temperature, req.top_p, on_text, req.stop or ())
-    task = asyncio.create_task(server._in_pool(*generate))
+    task = asyncio.create_task(server._in_pool(turn.generate, on_text))
     version = engine.version  # the fingerprint of the first chunk; the record uses what really answered
     created = int(time.time())
 

@@ -5,10 +5,11 @@ error object, `{"error": {"message", "type", "param", "code"}}` (`BadRequest`): 
 than `MAX_DEPTH`, text that is not valid Unicode, fields of the wrong shape, tool schemas the prompt cannot
 describe, a `tool_choice` naming an undeclared function (400, as the reference answers validation errors).
 What the reference accepts and this deployment cannot do is refused by name, never ignored: `n` > 1, `seed`,
-`response_format` other than text, `logprobs`; so are the deprecated `functions` / `function_call` (and role
+`logprobs`, a `response_format` schema its grammar compiler refuses; so are the deprecated `functions` / `function_call` (and role
 "function"), and, as the reference refuses it, `tool_choice` "required" or a named function without `tools`. A
 `max_tokens` above the deployment's cap is clamped to it (the answer then finishes with `length`), as clients send
-1024 or 4096 by default; `stop` and `parallel_tool_calls: false` are honoured.
+1024 or 4096 by default; `stop`, `parallel_tool_calls: false` and `response_format` (json_object, json_schema:
+decoded under its grammar, `policies.engines.grammar`) are honoured.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 
 from actors.events import ChatMessage, FunctionSpec, ToolCall, ToolSpec
 from policies.chat import tool_choice_prefix
+from policies.engines.grammar import response_grammar
 from serve.schemas import ChatRequest
 
 
@@ -214,6 +216,10 @@ def parse_chat(body, max_new_tokens: int, checked: bool = False) -> tuple[ChatRe
         forced = tool_choice_prefix(choice, tools)
     except ValueError as exc:
         raise BadRequest(400, str(exc), "tool_choice") from None
+    try:  # structured output: a grammar the engine enforces (`Turn.grammar`); one that cannot be built is a 400
+        response_grammar(req.response_format, tools, bool(forced))
+    except ValueError as exc:
+        raise BadRequest(400, str(exc), "response_format") from None
     return req, messages, tools, forced
 
 
@@ -229,13 +235,6 @@ def refuse(req: ChatRequest) -> None:
             400,
             "seed is not supported: answers are generated in batches with other requests, so no seed can make one reproducible",
             "seed",
-        )
-    if (req.response_format or {}).get("type", "text") != "text":
-        raise BadRequest(
-            400,
-            f"response_format {req.response_format.get('type')!r} is not supported (no "
-            "constrained decoding here); ask for JSON in the prompt instead",
-            "response_format",
         )
     if req.logprobs or req.top_logprobs:
         raise BadRequest(400, "logprobs are not supported by this deployment", "logprobs")

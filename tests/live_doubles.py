@@ -57,9 +57,10 @@ class FakeEngine:
     def count_tokens(self, text):
         return 1
 
-    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0):
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, grammar=None):
         assert prompts, "an empty batch (the engine's tokenizer fails on one)"
         self.prompts += prompts
+        self.grammars = getattr(self, "grammars", []) + [grammar] * len(prompts)
         out = []
         for _ in prompts:
             text = self.texts.pop(0)

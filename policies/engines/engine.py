@@ -16,6 +16,7 @@ from pathlib import Path
 
 from policies.engines.batching import Batcher, Request, RowBudget, RowStops, RowStreamer
 from policies.engines.generation import Generation, KeptPrefill, LockedTokenizer, shared_prefix_logprobs, walk_choice
+from policies.engines.grammar import Grammars
 
 
 class TransformersEngine:
@@ -66,6 +67,7 @@ class TransformersEngine:
         self.share_prefill = share_prefill  # batches via policies/engines/shared_decode.py (the scorers' and the explorer's)
         self.kept = KeptPrefill()  # `choose`'s last prompt, for the next choice on it and the generation after it
         self.im_end = self.tok.convert_tokens_to_ids("<|im_end|>")
+        self.grammars = Grammars(self.tok, self.im_end)  # structured output (`response_format`)
         # concurrent single-prompt calls (serving threads) are answered in batches of up to max_batch
         self.batcher = Batcher(self._run_batch, max_batch, batch_window_ms / 1000) if max_batch > 1 else None
 
@@ -87,13 +89,14 @@ class TransformersEngine:
                     self._users[id(model)] -= 1
                     self._cv.notify_all()
 
-    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None, stops=()):
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None, stops=(), grammar=None):
         if not prompts:  # the tokenizer fails on an empty batch
             return []
         if self.batcher is not None and len(prompts) == 1:
-            return [self.batcher.submit(prompts[0], max_new_tokens, temperature, top_p, stream_cb, stops)]
+            return [self.batcher.submit(prompts[0], max_new_tokens, temperature, top_p, stream_cb, stops, grammar)]
         cbs = [stream_cb] * len(prompts) if stream_cb is not None else None
-        return self._generate(prompts, [max_new_tokens] * len(prompts), temperature, top_p, cbs, [tuple(stops)] * len(prompts))
+        n = len(prompts)
+        return self._generate(prompts, [max_new_tokens] * n, temperature, top_p, cbs, [tuple(stops)] * n, [grammar] * n)
 
     def _run_batch(self, reqs: list[Request]) -> list[Generation]:
         r = reqs[0]  # the batcher groups requests with the same sampling parameters
@@ -105,16 +108,17 @@ class TransformersEngine:
             r.top_p,
             cbs if any(cbs) else None,
             [x.stops for x in reqs],
+            [x.grammar for x in reqs],
         )
 
-    def _generate(
-        self, prompts: list[str], max_new: list[int], temperature: float, top_p: float, stream_cbs: list | None, row_stops=None
-    ) -> list[Generation]:
-        """One padded batch; each row stops at its own token budget, at an end token or at one of its stop strings."""
+    def _generate(self, prompts, max_new, temperature, top_p, stream_cbs, row_stops=None, grammars=None) -> list[Generation]:
+        """One padded batch; each row stops at its own token budget, at an end token or at one of its stop strings, and
+        follows its own grammar (a request's `response_format`) where it has one."""
         torch = self.torch
         stops = (self.im_end, self.tok.eos_token_id)
         with self._using() as (model, version), torch.inference_mode():
-            if self.share_prefill and stream_cbs is None and not any(row_stops or ()):  # held-out scoring: shared prefixes
+            plain = not any(row_stops or ()) and not any(grammars or ())
+            if self.share_prefill and stream_cbs is None and plain:  # held-out scoring: shared prefixes
                 from policies.engines.shared_decode import decode
 
                 rows = self.tok(prompts, add_special_tokens=False)["input_ids"]
@@ -135,6 +139,10 @@ class TransformersEngine:
                 kwargs["stopping_criteria"] = StoppingCriteriaList(criteria)
             if stream_cbs is not None:
                 kwargs["streamer"] = RowStreamer(self.tok, stream_cbs, max_new, stops)
+            if any(grammars or ()):
+                from transformers import LogitsProcessorList
+
+                kwargs["logits_processor"] = LogitsProcessorList([self.grammars.rows(torch, grammars, n_prompt)])
             if len(prompts) == 1 and (kept := self.kept.take(model, version, enc["input_ids"][0].tolist())) is not None:
                 kwargs["past_key_values"] = kept  # a forced call's prompt: its name was just chosen from most of it
             out = model.generate(**enc, **kwargs)

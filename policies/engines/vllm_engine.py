@@ -118,7 +118,9 @@ class VllmEngine:
             straddled=self.swaps != swaps,
         )
 
-    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None, stops=()) -> list[Generation]:
+    def generate(
+        self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None, stops=(), grammar=None
+    ) -> list[Generation]:
         params = self._params(
             max_tokens=max_new_tokens,
             temperature=temperature or 0.0,
@@ -126,6 +128,7 @@ class VllmEngine:
             stop_token_ids=self.stop_ids,
             stop=list(stops) or None,  # vLLM ends the row there and leaves the stop string out of the text
             skip_special_tokens=True,
+            **structured(grammar),
         )
 
         async def all_():
@@ -248,3 +251,18 @@ class VllmEngine:
         if shut:
             shut()
         self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def structured(grammar: str | None) -> dict:
+    """SamplingParams' structured-output argument for a response_format's Lark grammar (`policies.engines.grammar`): vLLM's
+    `auto` backend hands a grammar xgrammar cannot read (`%json`) to llguidance. Older releases named the field
+    `guided_decoding`."""
+    if not grammar:
+        return {}
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:
+        from vllm.sampling_params import GuidedDecodingParams
+
+        return {"guided_decoding": GuidedDecodingParams(grammar=grammar)}
+    return {"structured_outputs": StructuredOutputsParams(grammar=grammar)}

@@ -99,6 +99,7 @@ def live_task(it: Interaction, signal: str, sample: Sample) -> LiveStep:
         query=next((m.content for m in reversed(sample.messages) if m.role == "user"), "")[:500],
         step=sample,
         tool_choice=it.tool_choice,
+        response_format=it.response_format,
         user_hash=it.user_hash,
         signal=signal,
         source_event_ids=[it.event_id],

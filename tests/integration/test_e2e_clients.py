@@ -1,7 +1,8 @@
 """The clients people already use, unchanged, against a running `up` (the CPU default): openai (sync and async),
 langchain-openai, litellm and the OpenAI Agents SDK. Plain, streamed, tools and a tool round trip, structured output
-(refused with a 400 the clients raise as BadRequestError), the error cases, and every interaction id a client got
-is on the stream exactly once. Last, a browser: headless Chromium opens the live page (/page) on the same `up`."""
+(JSON of the schema; an unknown format is a 400 the clients raise as BadRequestError), the error cases, and every
+interaction id a client got is on the stream exactly once. Last, a browser: headless Chromium opens the live page
+(/page) on the same `up`."""
 
 import asyncio
 import json
@@ -13,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, Field
 from test_e2e import HTTP, _cli, system  # noqa: F401  (the same running system: its own `up` for this module)
 
 pytestmark = pytest.mark.e2e
@@ -67,8 +69,13 @@ def test_openai_sync_and_async(system):  # noqa: F811
             + [{"role": "tool", "tool_call_id": t.id, "content": "18 C, clear"} for t in calls]
         )
         ids.append(c.chat.completions.create(model=system["model"], messages=follow, tools=TOOLS, max_tokens=16).id)
-    with pytest.raises(openai.BadRequestError):  # structured output is refused, not ignored
-        c.chat.completions.create(model=system["model"], messages=ASK, max_tokens=8, response_format={"type": "json_object"})
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}}
+    s = c.chat.completions.create(model=system["model"], messages=ASK, max_tokens=48, response_format=fmt)
+    ids.append(s.id)  # structured output: JSON of the schema (the budget may cut it off, and then it says so)
+    assert s.choices[0].finish_reason == "length" or isinstance(json.loads(s.choices[0].message.content)["city"], str)
+    with pytest.raises(openai.BadRequestError):  # a schema the grammar compiler refuses is a 400 naming it
+        c.chat.completions.create(model=system["model"], messages=ASK, max_tokens=8, response_format={"type": "yaml"})
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="gpt-4o", messages=ASK, max_tokens=8)
     assert c.models.retrieve(system["model"]).id == system["model"]
@@ -134,14 +141,19 @@ def test_openai_agents_sdk(system):  # noqa: F811
 
     set_tracing_disabled(True)  # no network: the SDK would export traces to OpenAI
 
-    def agent(tools=()):  # a client per run: each run_sync has its own event loop, and an async client keeps its first
+    def agent(tools=(), output_type=None):  # a client per run: each run_sync has its own event loop, and an async
+        # client keeps its first
         client = openai.AsyncOpenAI(base_url=system["endpoint"], api_key=system["key"], max_retries=0, timeout=300)
         return Agent(
             name="kaizen",
             instructions="Answer briefly.",
             tools=list(tools),
+            output_type=output_type,
             model=OpenAIChatCompletionsModel(model=system["model"], openai_client=client),
         )
+
+    class Place(BaseModel):
+        city: str = Field(max_length=40)
 
     @function_tool
     def get_weather(city: str) -> str:
@@ -150,6 +162,10 @@ def test_openai_agents_sdk(system):  # noqa: F811
 
     plain = Runner.run_sync(agent(), "Say hi", max_turns=1)
     assert isinstance(plain.final_output, str) and plain.final_output
+    # structured output (the SDK sends a strict json_schema and parses the answer with pydantic, raising on anything else)
+    assert isinstance(
+        Runner.run_sync(agent(output_type=Place), "Which city is the Eiffel Tower in?", max_turns=1).final_output, Place
+    )
 
     async def streamed():
         run = Runner.run_streamed(agent(), "Count to three", max_turns=1)

@@ -145,3 +145,17 @@ def test_a_guided_enum_value_is_chosen_among_the_declared_values():
     assert eng.chose == [['C"', 'F"']]  # FakeEngine picks the last option
     assert eng.prompts == [context + opening, context + opening + 'Oslo", "unit": "F"']
     assert json.loads(a.tool_calls[0].arguments) == {"city": "Oslo", "unit": "F"} and tokens == 11  # 5 per generation, 1 chosen
+
+
+def test_an_alternative_that_is_not_a_call_follows_the_request_s_response_format_as_serve_s_answer_did():
+    from policies.alternatives import resample_step
+
+    fmt = {"type": "json_object"}
+    text = trajectory(interaction(tools=(WEATHER,), response=ChatMessage(role="assistant", content='{"a": 1}')), -0.8)
+    eng = FakeEngine(['{"a": 2}'])
+    (a,), _ = resample_step(eng, text, "auto", 1, max_new_tokens=64, temperature=0.9, response_format=fmt)
+    assert a.content == '{"a": 2}' and "%json" in eng.grammars[0] and "<tool_call>" in eng.grammars[0]
+    called = trajectory(interaction(tools=(WEATHER,)), -0.8)  # the served step called: its alternatives are calls
+    eng = FakeEngine(['Oslo"}}]</tool_call>'])
+    resample_step(eng, called, "auto", 1, max_new_tokens=64, temperature=0.9, response_format=fmt)
+    assert eng.grammars == [None]

@@ -94,12 +94,14 @@ def test_the_attributor_sends_a_step_with_declared_tools_to_be_re_sampled_and_ju
     bus = Bus()
     a = _attributor(tmp_path, bus)
     it = interaction(messages=[ChatMessage(role="user", content=ASK + " Mail me at jane.doe@example.com")])
+    it.response_format = {"type": "json_object"}  # what the explorer's alternatives follow, as Serve's answer did
     asyncio.run(a.handle_interaction(it, Msg()))
     asyncio.run(_close_all(a))
     (task,) = bus.events
     assert isinstance(task, LiveStep) and task.env == "live" and task.origin == "live" and task.split == "train"
     assert task.signal == "invalid_call" and task.step.outcome == -0.9 and task.weights_version == "w-000003"
     assert task.tool_choice == "required" and task.user_hash == "u1" and task.source_event_ids == [it.event_id]
+    assert task.response_format == {"type": "json_object"}
     assert "jane.doe@example.com" not in json.dumps(task.model_dump()) and "[EMAIL]" in task.step.messages[1].content
     assert task.step.hint == "tool: Error: get_weather: '3' is not of type 'integer' (at days)"
 

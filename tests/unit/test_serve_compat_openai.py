@@ -31,8 +31,8 @@ class _Engine:
     def __init__(self, pieces):
         self.pieces = pieces
 
-    def generate(self, prompts, max_new, temperature, top_p, stream_cb=None, stops=()):
-        self.stops = stops
+    def generate(self, prompts, max_new, temperature, top_p, stream_cb=None, stops=(), grammar=None):
+        self.stops, self.grammar = stops, grammar
         for piece in self.pieces:
             if stream_cb:
                 stream_cb(piece)
@@ -57,11 +57,14 @@ def _turn(pieces, forced="", **body):
     return Turn(req=req, messages=[], tools=tools, memory=RetrieveReply(), prompt="p", forced=forced, engine=_Engine(pieces))
 
 
-def _stream(pieces, forced=""):
+def _stream(pieces, forced="", fmt=None):
     """(the content of each chunk between the first and the last, the calls, the finish reason)."""
+    turn = _turn(pieces, forced, **({"response_format": fmt} if fmt else {}))
 
     async def go():
-        return [json.loads(f[6:]) for f in [f async for f in stream_chat(_Server(), _turn(pieces, forced))] if "[DONE]" not in f]
+        frames = [json.loads(f[6:]) for f in [f async for f in stream_chat(_Server(), turn)] if "[DONE]" not in f]
+        assert turn.engine.grammar == turn.grammar
+        return frames
 
     frames = asyncio.run(go())
     deltas = [f["choices"][0]["delta"] for f in frames]
@@ -237,3 +240,14 @@ def test_the_other_apis_paths_below_their_roots_are_named_too():
     answer_errors(app)
     r = TestClient(app).post("/v1/audio/speech", json={})
     assert r.status_code == 404 and "POST /v1/chat/completions" in r.json()["error"]["message"]
+
+
+def test_a_response_format_reaches_the_engine_as_a_grammar_that_admits_a_call_only_where_one_may_be_made():
+    fmt = {"type": "json_object"}
+    turn = _turn(['{"a": 1}'], response_format=fmt)
+    assert turn.generate()[0].text == '{"a": 1}' and "%json" in turn.engine.grammar and "<tool_call>" in turn.engine.grammar
+    assert _turn([], forced=FORCED, response_format=fmt).grammar is None  # a forced call: the answer is a call
+    assert _turn([]).grammar is None
+    assert turn.interaction(turn.answer(turn.generate()[0]), "w-1", False, "r", "k", b"s" * 32).response_format == fmt
+    texts, calls, finish = _stream(['{"a": ', "1}"], fmt=fmt)  # streamed: the same grammar
+    assert "".join(texts) == '{"a": 1}' and not calls and finish == "stop"

@@ -19,7 +19,7 @@ class _Engine:
     def __init__(self, fail=False, gate=None):
         self.fail, self.gate = fail, gate
 
-    def generate(self, prompts, max_new, temperature, top_p, stream_cb, stops=()):
+    def generate(self, prompts, max_new, temperature, top_p, stream_cb, stops=(), grammar=None):
         for piece in ("Hel", "lo"):
             stream_cb(piece)
             if self.gate is not None:
@@ -54,6 +54,7 @@ def _turn(engine):
         n_prompt=3,
         answer=lambda gen: ChatMessage(role="assistant", content=gen.text),
         finish=lambda answer, gen: "stop",
+        generate=lambda stream_cb=None: engine.generate(["p"], 8, 0.0, 1.0, stream_cb),
     )
 
 
@@ -147,7 +148,7 @@ class _Pieces(_Engine):
         super().__init__()
         self.pieces = pieces
 
-    def generate(self, prompts, max_new, temperature, top_p, stream_cb, stops=()):
+    def generate(self, prompts, max_new, temperature, top_p, stream_cb, stops=(), grammar=None):
         for piece in self.pieces:
             stream_cb(piece)
         return [Generation("".join(self.pieces), 3, len(self.pieces), "stop", "w-000007")]

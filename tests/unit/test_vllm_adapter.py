@@ -218,3 +218,24 @@ def test_every_trained_parameter_reaches_the_serving_engine(which, untied_dir, m
     if which == "untied":
         with pytest.raises(ValueError, match="lm_head"):  # a file without the head is refused, not half-loaded
             eng.load_state_dict({k: v for k, v in sd.items() if k != "lm_head.weight"}, "w-000002")
+
+
+def test_vllm_gets_a_response_format_grammar_as_its_structured_output_and_free_text_gets_none(monkeypatch):
+    import sys
+    import types
+    from dataclasses import dataclass
+
+    @dataclass
+    class StructuredOutputsParams:  # vLLM's, as 0.31 names it
+        grammar: str | None = None
+
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(
+        sys.modules, "vllm.sampling_params", types.SimpleNamespace(StructuredOutputsParams=StructuredOutputsParams)
+    )
+    eng = _engine(delay=0.0)
+    eng.generate(["p"], 8, grammar='start: %json {"type": "object"}')
+    eng.generate(["p"], 8)
+    with_grammar, free = [c[1] for c in eng.llm.calls if c[0] == "generate"]
+    assert with_grammar["structured_outputs"] == StructuredOutputsParams(grammar='start: %json {"type": "object"}')
+    assert "structured_outputs" not in free

@@ -86,8 +86,13 @@ def _deep(n):
         # refused by name, never ignored
         ({"messages": USER, "n": 2}, 400),
         ({"messages": USER, "seed": 7}, 400),
-        ({"messages": USER, "response_format": {"type": "json_object"}}, 400),
-        ({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, 400),
+        ({"messages": USER, "response_format": {"type": "json_object"}}, 200),  # structured output: decoded under its grammar
+        ({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, 200),
+        (
+            {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}}},
+            400,
+        ),
+        ({"messages": USER, "response_format": {"type": "yaml"}}, 400),
         ({"messages": USER, "logprobs": True}, 400),
         ({"messages": USER, "stop": ["a", "b", "c", "d", "e"]}, 400),
         ({"messages": USER, "extra": _deep(100)}, 400),

@@ -1,0 +1,131 @@
+"""Structured output: a request's `response_format` as a grammar every engine enforces token by token (llguidance,
+the library behind vLLM's `guidance` structured-output backend).
+
+`response_grammar` turns `{"type": "json_object"}` or `{"type": "json_schema", "json_schema": {"schema": ...}}` into
+one Lark grammar text (`%json` embeds the schema), the form both engines take: vLLM as its structured-output
+grammar, the transformers engine through `GrammarRows`, a logits processor that masks each constrained row of a
+padded batch by its own matcher. With tools a client may still call (`tool_choice` auto), the grammar also admits
+a call in this policy's markup, `<tool_call>[{"name": <declared>, "arguments": {...}}]</tool_call>`: the answer is
+JSON or a call, as the reference's is. A forced call needs no grammar (its answer is a call)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from actors.events import ToolSpec
+
+MAX_SCHEMA_CHARS = 32_000
+SPACING = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def response_grammar(response_format: dict | None, tools: list[ToolSpec] = (), forced: bool = False) -> str | None:
+    """The Lark grammar a request's `response_format` asks for, None for text (or a forced call). ValueError names
+    what is wrong: an unknown type, a json_schema without a schema object, a schema the compiler refuses."""
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text" or forced:
+        return None
+    if kind == "json_object":
+        schema = {"type": "object"}
+    elif kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name", ""), str):
+            raise ValueError("response_format json_schema needs a json_schema object: {name, schema, strict}")
+        schema = spec.get("schema", {"type": "object"})
+        if not isinstance(schema, dict):
+            raise ValueError("response_format json_schema.schema must be a JSON Schema object")
+    else:
+        raise ValueError(f"response_format type {kind!r} is not supported; use text, json_object or json_schema")
+    # JSON as json.dumps writes it (the spacing the model reads in its prompts), and no run of whitespace to spend the
+    # token budget on; a schema's own "x-guidance" options win
+    text = json.dumps({"x-guidance": SPACING, **schema})
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise ValueError(f"response_format schema is {len(text)} characters; at most {MAX_SCHEMA_CHARS}")
+    lark = f"start: answer\nanswer: %json {text}\n"
+    if tools:
+        calls = {
+            "x-guidance": SPACING,
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "properties": {"name": {"enum": [t.function.name for t in tools]}, "arguments": {"type": "object"}},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            },
+        }
+        lark = f'start: answer | call\nanswer: %json {text}\ncall: "<tool_call>" %json {json.dumps(calls)} "</tool_call>"\n'
+    import llguidance
+
+    error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(lark))
+    if error:
+        raise ValueError(f"response_format schema: {error.splitlines()[0][:300]}")
+    return lark
+
+
+def _lltokenizer(tok, eos: int):
+    """llguidance's tokenizer of a Hugging Face fast tokenizer. A decoder that is a sequence ending in ByteLevel (as
+    transformers writes a GGUF conversion's, SmolLM2's) is given as that ByteLevel alone, the way llguidance reads
+    byte-level vocabularies; the ByteFallback and Replace steps before it never apply to a byte-level vocabulary."""
+    import llguidance
+
+    with getattr(tok, "_lock", threading.Lock()):  # a LockedTokenizer's lock: another thread may be encoding
+        spec = json.loads(tok.backend_tokenizer.to_str())
+    dec = spec.get("decoder") or {}
+    if dec.get("type") == "Sequence":
+        spec["decoder"] = next((d for d in dec.get("decoders", []) if d.get("type") == "ByteLevel"), dec)
+    spec["padding"] = spec["truncation"] = None
+    return llguidance.LLTokenizer(json.dumps(spec), eos_token=eos)
+
+
+class Grammars:
+    """One engine's matchers: its tokenizer converted once (about a second), each grammar compiled once."""
+
+    def __init__(self, tok, eos: int):
+        self.tok, self.eos, self._lt, self._lock = tok, eos, None, threading.Lock()
+
+    def matcher(self, lark: str):
+        import llguidance
+
+        with self._lock:
+            if self._lt is None:
+                self._lt = _lltokenizer(self.tok, self.eos)
+        m = llguidance.LLMatcher(self._lt, llguidance.LLMatcher.grammar_from_lark(lark))
+        if m.is_error():
+            raise ValueError(f"response_format grammar: {m.get_error()[:300]}")
+        return m
+
+    def rows(self, torch, grammars: list[str | None], n_prompt: int):
+        """The logits processor for a batch whose row i follows `grammars[i]` (None: free)."""
+        return GrammarRows(torch, [self.matcher(g) if g else None for g in grammars], n_prompt, self._lt.vocab_size, self.eos)
+
+
+class GrammarRows:
+    """Logits processor: each constrained row may only take the tokens its matcher allows next, and only `eos` once
+    its grammar is complete (a matcher stops by itself where nothing can follow). Called once per generated position:
+    the row's last token (from the second call on) is fed to its matcher first."""
+
+    def __init__(self, torch, matchers: list, n_prompt: int, vocab: int, eos: int):
+        self.torch, self.matchers, self.n_prompt, self.vocab, self.eos = torch, matchers, n_prompt, vocab, eos
+
+    def __call__(self, input_ids, scores):
+        import llguidance.numpy as lln
+        import numpy as np
+
+        torch = self.torch
+        bits = lln.allocate_token_bitmask(len(self.matchers), self.vocab)
+        keep = torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
+        for i, m in enumerate(self.matchers):
+            if m is None or m.is_error():  # free (an error cannot happen on tokens the mask allowed)
+                continue
+            if input_ids.shape[1] > self.n_prompt and not m.is_stopped():
+                m.consume_token(int(input_ids[i, -1]))
+            if m.is_stopped():  # complete: the end token only (transformers pads the row once it took it)
+                keep[i] = False
+                keep[i, self.eos] = True
+                continue
+            lln.fill_next_token_bitmask(m, bits, i)
+            allowed = np.unpackbits(bits[i].view(np.uint8), bitorder="little")[: self.vocab].astype(bool)
+            keep[i] = False
+            keep[i, : self.vocab] = torch.from_numpy(allowed).to(scores.device)
+        return scores.masked_fill(~keep, float("-inf"))
