@@ -63,4 +63,6 @@ def raw_arguments(text: str) -> str:
         return text  # cut off before the call closed: all of it is arguments
     head = text.split("</tool_call>", 1)[0].rstrip()
     head = head[:-1].rstrip() if head.endswith("]") else head
+    if json_object(head) is not None:  # the arguments closed and the call's own brace is missing: they are all of it
+        return head
     return head[:-1].rstrip() if head.endswith("}") else head

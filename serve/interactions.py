@@ -11,6 +11,7 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from actors.events import ChatMessage, Interaction, RetrieveReply, ToolSpec, derived_id
@@ -40,7 +41,7 @@ class Turn:
     t0: float = field(default_factory=time.perf_counter)
     peer: str = ""  # the client's address: who a request without `user` comes from
 
-    @property
+    @cached_property
     def grammar(self) -> str | None:
         """The grammar its `response_format` asks for (None: free text), checked already by `serve.wire.parse_chat`."""
         return response_grammar(self.req.response_format, self.tools, bool(self.forced))

@@ -17,7 +17,7 @@ class Request:
     top_p: float
     stream_cb: object = None
     stops: tuple[str, ...] = ()  # the request's stop strings: its row ends at the first (`RowStops`)
-    grammar: str | None = None  # its response_format's grammar (`policies.engines.grammar`), None: free text
+    matcher: object = None  # its response_format grammar's matcher (`policies.engines.grammar`), None: free text
     result: Generation | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -48,9 +48,9 @@ class Batcher:
         top_p: float = 1.0,
         stream_cb=None,
         stops=(),
-        grammar=None,
+        matcher=None,
     ) -> Generation:
-        r = Request(prompt, max_new_tokens, float(temperature or 0.0), float(top_p), stream_cb, tuple(stops), grammar)
+        r = Request(prompt, max_new_tokens, float(temperature or 0.0), float(top_p), stream_cb, tuple(stops), matcher)
         with self.cv:
             self.queue.append(r)
             self.cv.notify_all()

@@ -92,11 +92,12 @@ class TransformersEngine:
     def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, stream_cb=None, stops=(), grammar=None):
         if not prompts:  # the tokenizer fails on an empty batch
             return []
+        ms = [self.grammars.matcher(grammar) if grammar else None for _ in prompts]  # here: a bad one fails this call only
         if self.batcher is not None and len(prompts) == 1:
-            return [self.batcher.submit(prompts[0], max_new_tokens, temperature, top_p, stream_cb, stops, grammar)]
+            return [self.batcher.submit(prompts[0], max_new_tokens, temperature, top_p, stream_cb, stops, ms[0])]
         cbs = [stream_cb] * len(prompts) if stream_cb is not None else None
         n = len(prompts)
-        return self._generate(prompts, [max_new_tokens] * n, temperature, top_p, cbs, [tuple(stops)] * n, [grammar] * n)
+        return self._generate(prompts, [max_new_tokens] * n, temperature, top_p, cbs, [tuple(stops)] * n, ms)
 
     def _run_batch(self, reqs: list[Request]) -> list[Generation]:
         r = reqs[0]  # the batcher groups requests with the same sampling parameters
@@ -108,16 +109,16 @@ class TransformersEngine:
             r.top_p,
             cbs if any(cbs) else None,
             [x.stops for x in reqs],
-            [x.grammar for x in reqs],
+            [x.matcher for x in reqs],
         )
 
-    def _generate(self, prompts, max_new, temperature, top_p, stream_cbs, row_stops=None, grammars=None) -> list[Generation]:
+    def _generate(self, prompts, max_new, temperature, top_p, stream_cbs, row_stops=None, matchers=None) -> list[Generation]:
         """One padded batch; each row stops at its own token budget, at an end token or at one of its stop strings, and
-        follows its own grammar (a request's `response_format`) where it has one."""
+        follows its own grammar's matcher (a request's `response_format`) where it has one."""
         torch = self.torch
         stops = (self.im_end, self.tok.eos_token_id)
         with self._using() as (model, version), torch.inference_mode():
-            plain = not any(row_stops or ()) and not any(grammars or ())
+            plain = not any(row_stops or ()) and not any(m is not None for m in matchers or ())
             if self.share_prefill and stream_cbs is None and plain:  # held-out scoring: shared prefixes
                 from policies.engines.shared_decode import decode
 
@@ -139,10 +140,10 @@ class TransformersEngine:
                 kwargs["stopping_criteria"] = StoppingCriteriaList(criteria)
             if stream_cbs is not None:
                 kwargs["streamer"] = RowStreamer(self.tok, stream_cbs, max_new, stops)
-            if any(grammars or ()):
+            if any(m is not None for m in matchers or ()):
                 from transformers import LogitsProcessorList
 
-                kwargs["logits_processor"] = LogitsProcessorList([self.grammars.rows(torch, grammars, n_prompt)])
+                kwargs["logits_processor"] = LogitsProcessorList([self.grammars.rows(torch, matchers, n_prompt)])
             if len(prompts) == 1 and (kept := self.kept.take(model, version, enc["input_ids"][0].tolist())) is not None:
                 kwargs["past_key_values"] = kept  # a forced call's prompt: its name was just chosen from most of it
             out = model.generate(**enc, **kwargs)

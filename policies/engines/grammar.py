@@ -38,7 +38,8 @@ def response_grammar(response_format: dict | None, tools: list[ToolSpec] = (), f
         raise ValueError(f"response_format type {kind!r} is not supported; use text, json_object or json_schema")
     # JSON as json.dumps writes it (the spacing the model reads in its prompts), and no run of whitespace to spend the
     # token budget on; a schema's own "x-guidance" options win
-    text = json.dumps({"x-guidance": SPACING, **schema})
+    own = schema.get("x-guidance")
+    text = json.dumps({**schema, "x-guidance": {**SPACING, **(own if isinstance(own, dict) else {})}})
     if len(text) > MAX_SCHEMA_CHARS:
         raise ValueError(f"response_format schema is {len(text)} characters; at most {MAX_SCHEMA_CHARS}")
     lark = f"start: answer\nanswer: %json {text}\n"
@@ -79,25 +80,34 @@ def _lltokenizer(tok, eos: int):
 
 
 class Grammars:
-    """One engine's matchers: its tokenizer converted once (about a second), each grammar compiled once."""
+    """One engine's matchers: its tokenizer converted once (about a second), each grammar compiled once (the last
+    `KEEP` kept) and copied for every row that follows it."""
+
+    KEEP = 32
 
     def __init__(self, tok, eos: int):
-        self.tok, self.eos, self._lt, self._lock = tok, eos, None, threading.Lock()
+        self.tok, self.eos, self._lt, self._lock, self._compiled = tok, eos, None, threading.Lock(), {}
 
     def matcher(self, lark: str):
+        """A fresh matcher of `lark`; ValueError where it cannot be built (the caller's request alone fails)."""
         import llguidance
 
         with self._lock:
             if self._lt is None:
                 self._lt = _lltokenizer(self.tok, self.eos)
-        m = llguidance.LLMatcher(self._lt, llguidance.LLMatcher.grammar_from_lark(lark))
-        if m.is_error():
-            raise ValueError(f"response_format grammar: {m.get_error()[:300]}")
-        return m
+            m = self._compiled.pop(lark, None)
+            if m is None:
+                m = llguidance.LLMatcher(self._lt, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
+                if m.is_error():
+                    raise ValueError(f"response_format grammar: {m.get_error()[:300]}")
+            self._compiled[lark] = m  # the newest last: the oldest goes first
+            while len(self._compiled) > self.KEEP:
+                self._compiled.pop(next(iter(self._compiled)))
+            return m.deep_copy()
 
-    def rows(self, torch, grammars: list[str | None], n_prompt: int):
-        """The logits processor for a batch whose row i follows `grammars[i]` (None: free)."""
-        return GrammarRows(torch, [self.matcher(g) if g else None for g in grammars], n_prompt, self._lt.vocab_size, self.eos)
+    def rows(self, torch, matchers: list, n_prompt: int):
+        """The logits processor for a batch whose row i follows `matchers[i]` (None: free)."""
+        return GrammarRows(torch, matchers, n_prompt, self._lt.vocab_size, self.eos)
 
 
 class GrammarRows:
@@ -125,7 +135,8 @@ class GrammarRows:
                 keep[i, self.eos] = True
                 continue
             lln.fill_next_token_bitmask(m, bits, i)
-            allowed = np.unpackbits(bits[i].view(np.uint8), bitorder="little")[: self.vocab].astype(bool)
+            n = min(self.vocab, scores.shape[1])  # the logits may be wider than the vocabulary
+            allowed = np.unpackbits(bits[i].view(np.uint8), bitorder="little")[:n].astype(bool)
             keep[i] = False
-            keep[i, : self.vocab] = torch.from_numpy(allowed).to(scores.device)
+            keep[i, :n] = torch.from_numpy(allowed).to(scores.device)
         return scores.masked_fill(~keep, float("-inf"))

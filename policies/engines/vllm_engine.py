@@ -68,6 +68,7 @@ class VllmEngine:
     @staticmethod
     async def _make(model_dir, dtype, gpu_memory_utilization, max_model_len, enforce_eager, load_format):
         from vllm import AsyncEngineArgs
+        from vllm.config import StructuredOutputsConfig
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(
@@ -79,6 +80,9 @@ class VllmEngine:
             load_format=load_format,
             enable_prefix_caching=True,
             worker_extension_cls="policies.engines.vllm_worker.WeightLoader",
+            # response_format grammars are llguidance's (`%json` with its x-guidance spacing): `auto` would hand them to
+            # xgrammar, which reads `%json` too but strictly (an object of no listed properties takes no keys)
+            structured_outputs_config=StructuredOutputsConfig(backend="guidance"),
         )
         return AsyncLLM.from_engine_args(args)
 
@@ -254,9 +258,8 @@ class VllmEngine:
 
 
 def structured(grammar: str | None) -> dict:
-    """SamplingParams' structured-output argument for a response_format's Lark grammar (`policies.engines.grammar`): vLLM's
-    `auto` backend hands a grammar xgrammar cannot read (`%json`) to llguidance. Older releases named the field
-    `guided_decoding`."""
+    """SamplingParams' structured-output argument for a response_format's Lark grammar (`policies.engines.grammar`), which
+    the engine's `guidance` backend (llguidance, `_make`) compiles. Older releases named the field `guided_decoding`."""
     if not grammar:
         return {}
     try:

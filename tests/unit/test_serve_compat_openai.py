@@ -98,6 +98,9 @@ def test_the_raw_arguments_of_a_forced_call_lose_the_markup_that_closes_the_call
     assert msg.tool_calls == [] and msg.content.startswith("{")
     turn = _turn([], forced=FORCED)
     assert turn.answer(Generation('{"city": Paris}}]</tool_call>', 3, 9, "stop")).tool_calls[0].arguments == '{"city": Paris}'
+    # the arguments closed, the call's own brace left out: the arguments are whole, and go out as the JSON they are
+    closed = turn.answer(Generation('{"city": "Paris"}]</tool_call>', 3, 9, "stop"))
+    assert closed.tool_calls[0].arguments == '{"city": "Paris"}'
 
 
 def test_a_forced_call_that_closed_and_ran_on_to_the_token_limit_keeps_only_its_own_arguments():

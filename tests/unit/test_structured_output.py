@@ -42,6 +42,23 @@ def test_what_cannot_become_a_grammar_is_refused_by_name(fmt, words):
         response_grammar(fmt)
 
 
+def test_a_schema_s_own_x_guidance_options_join_the_spacing_they_do_not_replace_it():
+    g = response_grammar(
+        {"type": "json_schema", "json_schema": {"name": "r", "schema": {**SCHEMA, "x-guidance": {"lenient": True}}}}
+    )
+    opts = json.loads(g.split("%json ", 1)[1])["x-guidance"]
+    assert opts == {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
+
+
+def test_a_grammar_that_cannot_be_built_fails_its_own_call_and_never_the_batch_beside_it(model_dir):
+    from policies.engines.engine import TransformersEngine
+
+    eng = TransformersEngine(model_dir, dtype="float32", max_batch=4, batch_window_ms=50)
+    with pytest.raises(ValueError, match="response_format grammar"):
+        eng.generate(["p"], 4, grammar="start: %json {")  # refused before it joins a batch
+    assert eng.batcher.requests == 0 and eng.generate(["p"], 2)[0].completion_tokens > 0
+
+
 def _engine(model_dir):
     from policies.engines.engine import TransformersEngine
 
@@ -57,7 +74,7 @@ def test_a_constrained_row_writes_json_of_its_schema_beside_a_free_row_that_is_u
     free = render([ChatMessage(role="user", content="Tell me about Paris.")])
     grammar = response_grammar({"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}})
     alone = eng.generate([free], 12)[0]
-    both = eng._generate([ask, free], [40, 12], 0.0, 1.0, None, None, [grammar, None])
+    both = eng._generate([ask, free], [40, 12], 0.0, 1.0, None, None, [eng.grammars.matcher(grammar), None])
     assert jsonschema.validate(json.loads(both[0].text), SCHEMA) is None and both[0].finish_reason == "stop"
     assert both[1].text == alone.text  # the free row is not masked
     sampled = eng.generate([ask] * 3, 40, temperature=1.0, grammar=grammar)  # sampled at a high temperature: still valid

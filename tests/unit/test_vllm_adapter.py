@@ -229,10 +229,24 @@ def test_vllm_gets_a_response_format_grammar_as_its_structured_output_and_free_t
     class StructuredOutputsParams:  # vLLM's, as 0.31 names it
         grammar: str | None = None
 
-    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    @dataclass
+    class StructuredOutputsConfig:
+        backend: str = "auto"
+
+    made = {}
+    vllm = types.SimpleNamespace(AsyncEngineArgs=lambda **kw: made.update(kw) or kw)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.config", types.SimpleNamespace(StructuredOutputsConfig=StructuredOutputsConfig))
+    monkeypatch.setitem(
+        sys.modules, "vllm.v1.engine.async_llm", types.SimpleNamespace(AsyncLLM=types.SimpleNamespace(from_engine_args=dict))
+    )
     monkeypatch.setitem(
         sys.modules, "vllm.sampling_params", types.SimpleNamespace(StructuredOutputsParams=StructuredOutputsParams)
     )
+    from policies.engines.vllm_engine import VllmEngine
+
+    asyncio.run(VllmEngine._make("m", "bfloat16", 0.5, 2048, True, "auto"))  # the engine's backend is llguidance's
+    assert made["structured_outputs_config"] == StructuredOutputsConfig(backend="guidance")
     eng = _engine(delay=0.0)
     eng.generate(["p"], 8, grammar='start: %json {"type": "object"}')
     eng.generate(["p"], 8)
