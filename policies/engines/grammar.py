@@ -19,9 +19,12 @@ MAX_SCHEMA_CHARS = 32_000
 SPACING = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def response_grammar(response_format: dict | None, tools: list[ToolSpec] = (), forced: bool = False) -> str | None:
-    """The Lark grammar a request's `response_format` asks for, None for text (or a forced call). ValueError names
-    what is wrong: an unknown type, a json_schema without a schema object, a schema the compiler refuses."""
+def response_grammar(
+    response_format: dict | None, tools: list[ToolSpec] = (), forced: bool = False, one_call: bool = False
+) -> str | None:
+    """The Lark grammar a request's `response_format` asks for, None for text (or a forced call); `one_call`: at most
+    one call (`parallel_tool_calls: false`). ValueError names what is wrong: an unknown type, a json_schema without a
+    schema object, a schema the compiler refuses."""
     kind = (response_format or {}).get("type", "text")
     if kind == "text" or forced:
         return None
@@ -48,6 +51,7 @@ def response_grammar(response_format: dict | None, tools: list[ToolSpec] = (), f
             "x-guidance": SPACING,
             "type": "array",
             "minItems": 1,
+            **({"maxItems": 1} if one_call else {}),
             "items": {
                 "type": "object",
                 "properties": {"name": {"enum": [t.function.name for t in tools]}, "arguments": {"type": "object"}},

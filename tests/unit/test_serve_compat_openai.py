@@ -251,6 +251,7 @@ def test_a_response_format_reaches_the_engine_as_a_grammar_that_admits_a_call_on
     assert turn.generate()[0].text == '{"a": 1}' and "%json" in turn.engine.grammar and "<tool_call>" in turn.engine.grammar
     assert _turn([], forced=FORCED, response_format=fmt).grammar is None  # a forced call: the answer is a call
     assert _turn([]).grammar is None
+    assert '"maxItems": 1' in _turn([], response_format=fmt, parallel_tool_calls=False).grammar  # one call at most
     assert turn.interaction(turn.answer(turn.generate()[0]), "w-1", False, "r", "k", b"s" * 32).response_format == fmt
     texts, calls, finish = _stream(['{"a": ', "1}"], fmt=fmt)  # streamed: the same grammar
     assert "".join(texts) == '{"a": 1}' and not calls and finish == "stop"
