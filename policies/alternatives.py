@@ -34,7 +34,7 @@ from policies.chat import (
     trusted_calls,
     value_opening,
 )
-from policies.engines.grammar import response_grammar
+from policies.grammar import response_grammar
 from policies.rollout import forced_prefix
 
 VALUE_TOKENS = 64  # the most one guided value may take

@@ -17,7 +17,7 @@ from pathlib import Path
 from actors.events import ChatMessage, Interaction, RetrieveReply, ToolSpec, derived_id
 from config.private import secret_file
 from policies.chat import json_object, parse_forced, trusted_calls
-from policies.engines.grammar import response_grammar
+from policies.grammar import response_grammar
 from serve.schemas import ChatRequest
 from serve.wire import cut_at_stop
 

@@ -9,7 +9,7 @@ What the reference accepts and this deployment cannot do is refused by name, nev
 "function"), and, as the reference refuses it, `tool_choice` "required" or a named function without `tools`. A
 `max_tokens` above the deployment's cap is clamped to it (the answer then finishes with `length`), as clients send
 1024 or 4096 by default; `stop`, `parallel_tool_calls: false` and `response_format` (json_object, json_schema:
-decoded under its grammar, `policies.engines.grammar`) are honoured.
+decoded under its grammar, `policies.grammar`) are honoured.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from actors.events import ChatMessage, FunctionSpec, ToolCall, ToolSpec
 from policies.chat import tool_choice_prefix
-from policies.engines.grammar import response_grammar
+from policies.grammar import response_grammar
 from serve.schemas import ChatRequest
 
 

@@ -17,7 +17,7 @@ class Request:
     top_p: float
     stream_cb: object = None
     stops: tuple[str, ...] = ()  # the request's stop strings: its row ends at the first (`RowStops`)
-    matcher: object = None  # its response_format grammar's matcher (`policies.engines.grammar`), None: free text
+    matcher: object = None  # its response_format grammar's matcher (`policies.grammar`), None: free text
     result: Generation | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from policies.engines.batching import Batcher, Request, RowBudget, RowStops, RowStreamer
 from policies.engines.generation import Generation, KeptPrefill, LockedTokenizer, shared_prefix_logprobs, walk_choice
-from policies.engines.grammar import Grammars
+from policies.grammar import Grammars
 
 
 class TransformersEngine:

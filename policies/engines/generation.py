@@ -36,7 +36,7 @@ class Engine(Protocol):
     ) -> list[Generation]:
         """`stops`: stop strings (a request's `stop`); a row ends once its text holds one (the text may go on past it
         within its last token: callers cut at the stop, `serve.wire.cut_at_stop`). `grammar`: every row's text follows
-        it (a request's `response_format`, `policies.engines.grammar.response_grammar`)."""
+        it (a request's `response_format`, `policies.grammar.response_grammar`)."""
 
     def count_tokens(self, text: str) -> int: ...
 

@@ -258,7 +258,7 @@ class VllmEngine:
 
 
 def structured(grammar: str | None) -> dict:
-    """SamplingParams' structured-output argument for a response_format's Lark grammar (`policies.engines.grammar`), which
+    """SamplingParams' structured-output argument for a response_format's Lark grammar (`policies.grammar`), which
     the engine's `guidance` backend (llguidance, `_make`) compiles. Older releases named the field `guided_decoding`."""
     if not grammar:
         return {}

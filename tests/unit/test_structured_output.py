@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 
 from actors.events import ToolSpec
-from policies.engines.grammar import response_grammar
+from policies.grammar import response_grammar
 
 SCHEMA = {
     "type": "object",
