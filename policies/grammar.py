@@ -69,9 +69,9 @@ def response_grammar(
 
 
 def _lltokenizer(tok, eos: int):
-    """llguidance's tokenizer of a Hugging Face fast tokenizer. A decoder that is a sequence ending in ByteLevel (as
-    transformers writes a GGUF conversion's, SmolLM2's) is given as that ByteLevel alone, the way llguidance reads
-    byte-level vocabularies; the ByteFallback and Replace steps before it never apply to a byte-level vocabulary."""
+    """llguidance's tokenizer of a Hugging Face fast tokenizer. A decoder that is a sequence holding a ByteLevel step (as
+    transformers writes a GGUF conversion's, SmolLM2's) is given as that step alone, the way llguidance reads
+    byte-level vocabularies; the ByteFallback and Replace steps beside it never apply to a byte-level vocabulary."""
     import llguidance
 
     with getattr(tok, "_lock", threading.Lock()):  # a LockedTokenizer's lock: another thread may be encoding
@@ -130,7 +130,7 @@ class GrammarRows:
         bits = lln.allocate_token_bitmask(len(self.matchers), self.vocab)
         keep = torch.ones(scores.shape, dtype=torch.bool, device=scores.device)
         for i, m in enumerate(self.matchers):
-            if m is None or m.is_error():  # free (an error cannot happen on tokens the mask allowed)
+            if m is None or m.is_error():  # free; an error comes only from the pad token of a row another criterion ended
                 continue
             if input_ids.shape[1] > self.n_prompt and not m.is_stopped():
                 m.consume_token(int(input_ids[i, -1]))
