@@ -26,7 +26,7 @@ def trusted_calls(msg: ChatMessage, tools: list[ToolSpec], text: str, cut: bool,
     with arguments that are not a JSON object it goes out with their raw text, as the reference's non-strict mode
     can answer; later calls a client cannot run are left out."""
     declared = {t.function.name: t.function for t in tools}
-    cut = cut and text.rfind("<tool_call>") > text.rfind("</tool_call>")  # the limit cut a call, not the text after it
+    cut = call_cut(text, cut)
     as_text = ChatMessage(role="assistant", content=text.replace("<|im_end|>", "").strip())
     calls = []
     for i, c in enumerate(msg.tool_calls):
@@ -38,6 +38,11 @@ def trusted_calls(msg: ChatMessage, tools: list[ToolSpec], text: str, cut: bool,
         if vetted is not None:
             calls.append(vetted)
     return ChatMessage(role="assistant", content=msg.content, tool_calls=calls)
+
+
+def call_cut(text: str, cut: bool) -> bool:
+    """The token limit (`cut`) cut a call off, not the text after one: the last `<tool_call>` is still open."""
+    return cut and text.rfind("<tool_call>") > text.rfind("</tool_call>")
 
 
 def _runnable(c: ToolCall, declared: dict, cut: bool) -> ToolCall | None:

@@ -18,6 +18,7 @@ from actors.events import ChatMessage, Interaction, RetrieveReply, ToolSpec, der
 from config.private import secret_file
 from policies.chat import json_object, parse_forced, trusted_calls
 from policies.grammar import response_grammar
+from policies.vetting import call_cut
 from serve.schemas import ChatRequest
 from serve.wire import cut_at_stop
 
@@ -40,6 +41,7 @@ class Turn:
     stopped: bool = False  # the answer ended at one of the request's stop sequences
     t0: float = field(default_factory=time.perf_counter)
     peer: str = ""  # the client's address: who a request without `user` comes from
+    text: str = ""  # the answer's text as generated (after its forced prefix, cut at a stop sequence)
 
     @cached_property
     def grammar(self) -> str | None:
@@ -56,6 +58,7 @@ class Turn:
         (a forced call keeps its name, and is the answer even with arguments that do not parse) and vetted
         (`trusted_calls`), one call only when the client asked for no parallel calls."""
         text, self.stopped = cut_at_stop(gen.text, self.req.stop or [])
+        self.text = self.forced + text
         self.n_completion = gen.completion_tokens
         if not self.tools:
             return ChatMessage(role="assistant", content=text.strip())
@@ -66,9 +69,12 @@ class Turn:
         return msg
 
     def finish(self, answer: ChatMessage, gen) -> str:
+        """`length` when the token limit ended the answer; with calls, only when it cut the last one off (its markup
+        still open, its arguments no JSON object), as the reference's; a call that closed finishes with `tool_calls`."""
         cut = gen.finish_reason == "length" and not self.stopped
-        if answer.tool_calls:  # a call cut off by the token limit finishes with `length`, as the reference's does
-            return "length" if cut and json_object(answer.tool_calls[-1].arguments) is None else "tool_calls"
+        if answer.tool_calls:
+            cut = call_cut(self.text, cut) and json_object(answer.tool_calls[-1].arguments) is None
+            return "length" if cut else "tool_calls"
         return "length" if cut else "stop"
 
     def interaction(self, answer: ChatMessage, version: str, straddled: bool, replica: str, key: str, salt: bytes) -> Interaction:

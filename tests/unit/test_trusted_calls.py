@@ -1,7 +1,7 @@
 """Tool calls a client can trust (the serving edge): a call to an undeclared function, arguments that are not a JSON
 object, or an invented `_positional` argument never reach a client as `finish_reason: tool_calls`; the model's text
 is answered as text instead (its tokens unchanged, for the learner). A call cut off by the token limit finishes
-with `length`, as the reference's does."""
+with `length`, as the reference's does; one that closed before the limit cut the text after it, `tool_calls`."""
 
 import json
 
@@ -72,6 +72,11 @@ def test_a_call_cut_off_by_the_token_limit_finishes_with_length():
     assert msg.tool_calls[0].name == "get-weather" and finish == "length"
     msg, finish = _answer('{"city": "Paris"}}]</tool_call>', forced=forced)
     assert finish == "tool_calls" and json.loads(msg.tool_calls[0].arguments) == {"city": "Paris"}
+    # the call closed, then the limit cut the prose after it: the call was made whole, so `tool_calls`, as its arguments
+    # parse or not (a non-strict forced call goes out as written)
+    for args in ('{"city": "Paris"}', '{"city": "Paris}'):
+        msg, finish = _answer(args + "}]</tool_call>\n\nI will focus on", finish="length", forced=forced)
+        assert finish == "tool_calls" and msg.tool_calls[0].arguments == args
 
 
 def test_no_parallel_calls_keeps_the_first_and_a_text_answer_cut_off_finishes_with_length():
