@@ -10,6 +10,7 @@ JSON or a call, as the reference's is. A forced call needs no grammar (its answe
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 
@@ -60,12 +61,19 @@ def response_grammar(
             },
         }
         lark = f'start: answer | call\nanswer: %json {text}\ncall: "<tool_call>" %json {json.dumps(calls)} "</tool_call>"\n'
-    import llguidance
-
-    error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(lark))
+    error = _grammar_error(lark)
     if error:
         raise ValueError(f"response_format schema: {error.splitlines()[0][:300]}")
     return lark
+
+
+@functools.lru_cache(maxsize=64)
+def _grammar_error(lark: str) -> str:
+    """What the compiler says is wrong with a grammar ("" when nothing): once per grammar text, as the edge checks a
+    request's grammar before its turn builds the same one."""
+    import llguidance
+
+    return llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(lark)) or ""
 
 
 def _lltokenizer(tok, eos: int):

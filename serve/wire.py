@@ -217,7 +217,7 @@ def parse_chat(body, max_new_tokens: int, checked: bool = False) -> tuple[ChatRe
     except ValueError as exc:
         raise BadRequest(400, str(exc), "tool_choice") from None
     try:  # structured output: a grammar the engine enforces (`Turn.grammar`); one that cannot be built is a 400
-        response_grammar(req.response_format, tools, bool(forced))
+        response_grammar(req.response_format, tools, bool(forced), req.parallel_tool_calls is False)
     except ValueError as exc:
         raise BadRequest(400, str(exc), "response_format") from None
     return req, messages, tools, forced

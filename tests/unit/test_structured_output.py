@@ -43,6 +43,18 @@ def test_what_cannot_become_a_grammar_is_refused_by_name(fmt, words):
         response_grammar(fmt)
 
 
+def test_a_grammar_is_checked_once_however_often_a_request_asks_for_it():
+    from policies import grammar
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "once", "schema": {**SCHEMA, "title": "checked once"}}}
+    before = grammar._grammar_error.cache_info()
+    assert response_grammar(fmt) == response_grammar(fmt)  # the edge's check, then the turn's grammar
+    after = grammar._grammar_error.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
+    with pytest.raises(ValueError, match="strin"):  # a refusal is remembered as one too
+        response_grammar({"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "strin"}}})
+
+
 def test_a_schema_s_own_x_guidance_options_join_the_spacing_they_do_not_replace_it():
     g = response_grammar(
         {"type": "json_schema", "json_schema": {"name": "r", "schema": {**SCHEMA, "x-guidance": {"lenient": True}}}}
