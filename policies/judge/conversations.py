@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from actors.events import ChatMessage, Interaction, ToolSpec
 from envs.live import call_key
 from envs.tool_fit import misfit
+from policies.hygiene import scrub
 from policies.judge.next_turn import signal_of
 from policies.learning.hindsight import HINT_CHARS, HINTED, next_turn
 
@@ -126,12 +127,12 @@ def parent_key(it: Interaction) -> str | None:
 
 def hint_of(signal: str | None, served: ChatMessage, after: list[ChatMessage], tools: list[ToolSpec]) -> str:
     """The hindsight hint of a step whose signal says what was wrong: its next turn, led, for a call that does not
-    fit the declared tools, by why it does not fit; cut to `HINT_CHARS`."""
+    fit the declared tools, by why it does not fit; scrubbed of personal data, then cut to `HINT_CHARS`."""
     if signal not in HINTED:
         return ""
     nxt = next_turn(after)
     if signal == "invalid_call":
-        nxt = f"tool: Error: {misfit(served.tool_calls, tools)}" + (f"\n{nxt}" if nxt else "")
+        nxt = f"tool: Error: {scrub(misfit(served.tool_calls, tools))}" + (f"\n{nxt}" if nxt else "")
     return nxt[:HINT_CHARS]
 
 

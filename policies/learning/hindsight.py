@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 
 from actors.events import ChatMessage, Sample
+from policies.hygiene import scrub
 
 # signals that say what was wrong: the next turn (a correction, a re-ask, a tool's error), or why a call does not fit
 HINTED = ("invalid_call", "correction", "reask", "tool_error")
@@ -36,14 +37,15 @@ HINT = (
 
 
 def next_turn(after: list[ChatMessage]) -> str:
-    """What came after a step, as one quoted text: each tool result and the user's next message, cut to
-    `HINT_CHARS`."""
+    """What came after a step, as one quoted text: each tool result and the user's next message, scrubbed of personal
+    data (`policies.hygiene.scrub`) before it is cut to `HINT_CHARS`: a cut through an address or a number would
+    leave a piece no pattern finds."""
     parts = []
     for m in after:
         if m.role == "tool":
-            parts.append(f"tool: {m.content or ''}")
+            parts.append(f"tool: {scrub(m.content or '')}")
         elif m.role == "user":
-            parts.append(f"user: {m.content or ''}")
+            parts.append(f"user: {scrub(m.content or '')}")
             break  # the user's next message ends the next turn
     return _CLOSE.sub(r"</ \1", "\n".join(parts)[:HINT_CHARS])  # the quote cannot be closed early
 

@@ -23,6 +23,15 @@ def test_the_next_turn_is_the_tool_results_and_the_users_next_message_quoted_and
     assert len(next_turn([ChatMessage(role="user", content="x" * 5000)])) == HINT_CHARS
 
 
+def test_personal_data_is_scrubbed_before_the_hint_is_cut_where_a_cut_would_hide_it():
+    # the 600-character cut lands inside the address: "jane.doe@example" alone matches no e-mail pattern
+    pad = "x" * (HINT_CHARS - len("user: ") - len("jane.doe@example"))
+    hint = next_turn([ChatMessage(role="user", content=f"{pad}jane.doe@example.com wrote it")])
+    assert "jane.doe" not in hint and "@example" not in hint and len(hint) <= HINT_CHARS
+    card = next_turn([ChatMessage(role="tool", content="Error: card 4111 1111 1111 1111 declined")])
+    assert "4111 1111" not in card
+
+
 def test_the_hint_goes_into_the_last_user_message_before_the_step_and_nothing_else_changes():
     msgs = [ChatMessage(role="system", content="sys"), ChatMessage(role="user", content="area of 3x4?"), _call('{"a": 3}')]
     out = teacher_messages(msgs, 2, "tool: Error: missing b")
