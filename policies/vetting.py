@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from actors.events import ChatMessage, ToolCall, ToolSpec
 
@@ -27,6 +28,8 @@ def trusted_calls(msg: ChatMessage, tools: list[ToolSpec], text: str, cut: bool,
     can answer; later calls a client cannot run are left out."""
     declared = {t.function.name: t.function for t in tools}
     cut = call_cut(text, cut)
+    if cut and msg.tool_calls and msg.tool_calls[-1].name == "invalid_call":
+        msg = msg.model_copy(update={"tool_calls": [*msg.tool_calls[:-1], _open_call(text, msg.tool_calls[-1])]})
     as_text = ChatMessage(role="assistant", content=text.replace("<|im_end|>", "").strip())
     calls = []
     for i, c in enumerate(msg.tool_calls):
@@ -38,6 +41,19 @@ def trusted_calls(msg: ChatMessage, tools: list[ToolSpec], text: str, cut: bool,
         if vetted is not None:
             calls.append(vetted)
     return ChatMessage(role="assistant", content=msg.content, tool_calls=calls)
+
+
+_OPEN_CALL = re.compile(r'\s*\[?\s*\{\s*"name":\s*"([^"]+)",\s*"arguments":\s*')
+
+
+def _open_call(text: str, c: ToolCall) -> ToolCall:
+    """The call the token limit cut off inside its `<tool_call>`, as far as it got: its name and its partial arguments
+    (the reference's `length` answer), when the block opens one call by name; else `c` as parsed."""
+    block = text[text.rfind("<tool_call>") + len("<tool_call>") :].replace("<|im_end|>", "")
+    m = _OPEN_CALL.match(block)
+    if m is None or '"name":' in block[m.end() :]:  # not one call's opening: nothing to name it by
+        return c
+    return ToolCall(id=c.id, name=m.group(1), arguments=block[m.end() :].rstrip())
 
 
 def call_cut(text: str, cut: bool) -> bool:

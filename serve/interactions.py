@@ -19,7 +19,7 @@ from config.private import secret_file
 from policies.chat import json_object, parse_forced, trusted_calls
 from policies.grammar import response_grammar
 from policies.vetting import call_cut
-from serve.schemas import ChatRequest
+from serve.schemas import ChatRequest, NamedToolChoice
 from serve.wire import cut_at_stop
 
 
@@ -64,6 +64,8 @@ class Turn:
             return ChatMessage(role="assistant", content=text.strip())
         cut = gen.finish_reason == "length" and not self.stopped
         msg = trusted_calls(parse_forced(self.forced, text), self.tools, self.forced + text, cut, forced=bool(self.forced))
+        if isinstance(self.req.tool_choice, NamedToolChoice):  # a named function: calls of it alone, as the reference's
+            msg.tool_calls = [c for c in msg.tool_calls if c.name == self.req.tool_choice.function.name]
         if self.req.parallel_tool_calls is False and len(msg.tool_calls) > 1:
             msg.tool_calls = msg.tool_calls[:1]
         return msg

@@ -79,6 +79,33 @@ def test_a_call_cut_off_by_the_token_limit_finishes_with_length():
         assert finish == "tool_calls" and msg.tool_calls[0].arguments == args
 
 
+def test_an_unforced_call_cut_off_by_the_token_limit_is_a_call_with_its_partial_arguments():
+    msg, finish = _answer('Checking. <tool_call>[{"name": "get-weather", "arguments": {"city": "Par', finish="length")
+    assert [(c.name, c.arguments) for c in msg.tool_calls] == [("get-weather", '{"city": "Par')] and finish == "length"
+    assert msg.content == "Checking."  # its markup is no text
+    # an undeclared name stays the model's text
+    msg, finish = _answer('<tool_call>[{"name": "rm", "arguments": {"p', finish="length")
+    assert msg.tool_calls == [] and msg.content == '<tool_call>[{"name": "rm", "arguments": {"p' and finish == "length"
+
+
+def test_a_named_tool_choice_answers_with_calls_of_that_function_alone():
+    both = '{"city": "A"}}, {"name": "get-weather", "arguments": {"city": "B"}}, {"name": "delete", "arguments": {}}]</tool_call>'
+    tools = [*TOOLS, ToolSpec.model_validate({"type": "function", "function": {"name": "delete", "parameters": {}}})]
+    req = ChatRequest.model_validate(
+        {
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [t.model_dump() for t in tools],
+            "tool_choice": {"type": "function", "function": {"name": "get-weather"}},
+        }
+    )
+    forced = '<tool_call>[{"name": "get-weather", "arguments": '
+    turn = Turn(req=req, messages=[], tools=tools, memory=RetrieveReply(), prompt="p", forced=forced)
+    msg = turn.answer(Generation(both, 3, 9, "stop"))
+    assert [c.name for c in msg.tool_calls] == ["get-weather", "get-weather"]
+    req.tool_choice = "required"  # any declared function may follow the first
+    assert [c.name for c in turn.answer(Generation(both, 3, 9, "stop")).tool_calls] == ["get-weather", "get-weather", "delete"]
+
+
 def test_no_parallel_calls_keeps_the_first_and_a_text_answer_cut_off_finishes_with_length():
     two = (
         '<tool_call>[{"name": "get-weather", "arguments": {"city": "A"}}, '
