@@ -96,6 +96,7 @@ class FunctionSpec(Wire):
     name: str
     description: str = ""
     parameters: dict = Field(default_factory=dict, description="JSON Schema of the arguments object")
+    strict: bool = Field(False, description="calls must match `parameters` exactly (OpenAI's strict function calling)")
 
 
 class ToolSpec(Wire):

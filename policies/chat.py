@@ -76,15 +76,18 @@ def value_opening(spec: ToolSpec, key: str) -> str:
     return '"' if isinstance(prop, dict) and prop.get("type") == "string" else ""
 
 
-def call_opening(spec: ToolSpec) -> str:
+def call_opening(spec: ToolSpec, grammar: bool = False) -> str:
     """The start of a call of this function, with its first required argument opened, as
-    schema-guided decoding would write it."""
+    schema-guided decoding would write it; with `grammar`, for a `strict` function (whose arguments the serving
+    edge's grammar writes whole, `policies.grammar.response_grammar`), only the place of its arguments."""
+    if grammar and spec.function.strict:
+        return f'<tool_call>[{{"name": "{spec.function.name}", "arguments": '
     required = required_keys(spec)
     head = json.dumps(required[0]) + ": " + value_opening(spec, required[0]) if required else ""
     return f'<tool_call>[{{"name": "{spec.function.name}", "arguments": {{{head}'
 
 
-def tool_choice_prefix(choice, tools: list[ToolSpec]) -> str:
+def tool_choice_prefix(choice, tools: list[ToolSpec], grammar: bool = False) -> str:
     """Text that forces OpenAI's `tool_choice` (appended to the prompt, kept in the parsed answer):
     "auto" / None -> nothing; "required" -> the start of a call (an engine that can `choose` then
     picks one of the declared names by constrained decoding, see `call_opening`); {"type":
@@ -99,7 +102,7 @@ def tool_choice_prefix(choice, tools: list[ToolSpec]) -> str:
         spec = next((t for t in tools if t.function.name == name), None)
         if spec is None:
             raise ValueError(f"tool_choice names function {name!r}, which is not among the request's tools")
-        return call_opening(spec)
+        return call_opening(spec, grammar)
     raise ValueError(f"tool_choice {choice!r} is not supported; use auto, none, required or a function")
 
 

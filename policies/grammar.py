@@ -21,13 +21,17 @@ SPACING = {"whitespace_flexible": False, "item_separator": ", ", "key_separator"
 
 
 def response_grammar(
-    response_format: dict | None, tools: list[ToolSpec] = (), forced: bool = False, one_call: bool = False
+    response_format: dict | None, tools: list[ToolSpec] = (), forced: str | bool = False, one_call: bool = False
 ) -> str | None:
-    """The Lark grammar a request's `response_format` asks for, None for text (or a forced call); `one_call`: at most
-    one call (`parallel_tool_calls: false`). ValueError names what is wrong: an unknown type, a json_schema without a
-    schema object, a schema the compiler refuses."""
+    """The Lark grammar a request's `response_format` asks for, None for text; `one_call`: at most one call
+    (`parallel_tool_calls: false`). A `forced` call (its opening, `<tool_call>[{"name": "f", "arguments": `) is a call:
+    its grammar is its arguments' schema when f is `strict`, else none. ValueError names what is wrong: an unknown
+    type, a json_schema without a schema object, a schema the compiler refuses."""
     kind = (response_format or {}).get("type", "text")
-    if kind == "text" or forced:
+    if forced:
+        spec = next((t.function for t in tools if isinstance(forced, str) and forced.endswith(_opening(t))), None)
+        return strict_arguments_grammar(spec) if spec is not None and spec.strict else None
+    if kind == "text":
         return None
     if kind == "json_object":
         schema = {"type": "object"}
@@ -53,17 +57,44 @@ def response_grammar(
             "type": "array",
             "minItems": 1,
             **({"maxItems": 1} if one_call else {}),
-            "items": {
-                "type": "object",
-                "properties": {"name": {"enum": [t.function.name for t in tools]}, "arguments": {"type": "object"}},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            },
+            "items": {"anyOf": [_call_schema(t) for t in tools]},
         }
         lark = f'start: answer | call\nanswer: %json {text}\ncall: "<tool_call>" %json {json.dumps(calls)} "</tool_call>"\n'
+    return _checked(lark, "response_format schema")
+
+
+def _opening(t: ToolSpec) -> str:
+    return f'"name": "{t.function.name}", "arguments": '
+
+
+def _call_schema(t: ToolSpec) -> dict:
+    """One call of `t` in a call list: its name, and its arguments as its parameters say when it is strict."""
+    args = _strict_schema(t.function.parameters) if t.function.strict else {"type": "object"}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": t.function.name}, "arguments": args},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def _strict_schema(parameters: dict) -> dict:
+    return {"type": "object", **parameters, "x-guidance": SPACING}
+
+
+def strict_arguments_grammar(spec) -> str:
+    """A forced call of a `strict` function (OpenAI's strict function calling): arguments that match its
+    parameters exactly, then the markup that closes the call. ValueError when the compiler refuses the schema."""
+    text = json.dumps(_strict_schema(spec.parameters))
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise ValueError(f"function {spec.name}'s parameters are {len(text)} characters; at most {MAX_SCHEMA_CHARS}")
+    return _checked(f'start: arguments "}}]</tool_call>"\narguments: %json {text}\n', f"function {spec.name}'s parameters")
+
+
+def _checked(lark: str, what: str) -> str:
     error = _grammar_error(lark)
     if error:
-        raise ValueError(f"response_format schema: {error.splitlines()[0][:300]}")
+        raise ValueError(f"{what}: {error.splitlines()[0][:300]}")
     return lark
 
 

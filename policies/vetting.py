@@ -6,6 +6,7 @@ import json
 import re
 
 from actors.events import ChatMessage, ToolCall, ToolSpec
+from envs.tool_fit import misfit
 
 
 def json_object(text: str) -> dict | None:
@@ -62,7 +63,8 @@ def call_cut(text: str, cut: bool) -> bool:
 
 
 def _runnable(c: ToolCall, declared: dict, cut: bool) -> ToolCall | None:
-    """The call as a client can run it, or None; `cut`: the token limit cut it off (kept with partial arguments)."""
+    """The call as a client can run it, or None; `cut`: the token limit cut it off (kept with partial arguments). A
+    `strict` function's call runs only with arguments that match its parameters (`envs.tool_fit.misfit`)."""
     if c.name not in declared:
         return None
     args = json_object(c.arguments)
@@ -73,7 +75,9 @@ def _runnable(c: ToolCall, declared: dict, cut: bool) -> ToolCall | None:
         free = [p for p in (declared[c.name].parameters or {}).get("properties", {}) if p not in args]
         if not isinstance(given, list) or len(given) > len(free):
             return None
-        return ToolCall(id=c.id, name=c.name, arguments=json.dumps({**dict(zip(free, given)), **args}))
+        c = ToolCall(id=c.id, name=c.name, arguments=json.dumps({**dict(zip(free, given)), **args}))
+    if declared[c.name].strict and misfit([c], [ToolSpec(function=declared[c.name])]) is not None:
+        return None
     return c
 
 

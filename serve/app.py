@@ -230,7 +230,7 @@ class KaizenServer:
                 name = await asyncio.to_thread(
                     engine.choose, prompt + CALL_PREFIX, [t.function.name + '"' for t in tools], req.temperature
                 )
-                forced = call_opening(next(t for t in tools if t.function.name + '"' == name))
+                forced = call_opening(next(t for t in tools if t.function.name + '"' == name), grammar=True)
             prompt += forced
             n_prompt = await asyncio.to_thread(engine.count_tokens, prompt)
             if err := too_long(n_prompt, self.s.serve.max_prompt_tokens):

@@ -45,8 +45,9 @@ class Turn:
 
     @cached_property
     def grammar(self) -> str | None:
-        """The grammar its `response_format` asks for (None: free text), checked already by `serve.wire.parse_chat`."""
-        return response_grammar(self.req.response_format, self.tools, bool(self.forced), self.req.parallel_tool_calls is False)
+        """The grammar its `response_format`, or its forced call of a strict function, asks for (None: free text),
+        checked already by `serve.wire.parse_chat`."""
+        return response_grammar(self.req.response_format, self.tools, self.forced, self.req.parallel_tool_calls is False)
 
     def generate(self, stream_cb=None):
         """Its answer's generation, on the engine that answers it from start to end."""

@@ -47,6 +47,7 @@ class InFunction(_Tolerant):
     name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")  # the reference's pattern (MCP tools use dashes)
     description: str | None = ""
     parameters: dict = {}
+    strict: bool | None = None
 
     @field_validator("parameters")
     @classmethod

@@ -8,8 +8,9 @@ What the reference accepts and this deployment cannot do is refused by name, nev
 `logprobs`, a `response_format` schema its grammar compiler refuses; so are the deprecated `functions` / `function_call` (and role
 "function"), and, as the reference refuses it, `tool_choice` "required" or a named function without `tools`. A
 `max_tokens` above the deployment's cap is clamped to it (the answer then finishes with `length`), as clients send
-1024 or 4096 by default; `stop`, `parallel_tool_calls: false` and `response_format` (json_object, json_schema:
-decoded under its grammar, `policies.grammar`) are honoured.
+1024 or 4096 by default; `stop`, `parallel_tool_calls: false`, `response_format` (json_object, json_schema:
+decoded under its grammar, `policies.grammar`) and a function's `strict` (a forced call of it decoded under its
+parameters' grammar; a strict schema the compiler refuses is a 400 naming `tools`) are honoured.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 
 from actors.events import ChatMessage, FunctionSpec, ToolCall, ToolSpec
 from policies.chat import tool_choice_prefix
-from policies.grammar import response_grammar
+from policies.grammar import response_grammar, strict_arguments_grammar
 from serve.schemas import ChatRequest
 
 
@@ -203,7 +204,10 @@ def parse_chat(body, max_new_tokens: int, checked: bool = False) -> tuple[ChatRe
         [
             ToolSpec(
                 function=FunctionSpec(
-                    name=t.function.name, description=t.function.description or "", parameters=t.function.parameters
+                    name=t.function.name,
+                    description=t.function.description or "",
+                    parameters=t.function.parameters,
+                    strict=bool(t.function.strict),
                 )
             )
             for t in (req.tools or [])
@@ -213,11 +217,17 @@ def parse_chat(body, max_new_tokens: int, checked: bool = False) -> tuple[ChatRe
     )
     choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
     try:
-        forced = tool_choice_prefix(choice, tools)
+        forced = tool_choice_prefix(choice, tools, grammar=True)
     except ValueError as exc:
         raise BadRequest(400, str(exc), "tool_choice") from None
+    try:  # a strict function's arguments are decoded under its schema's grammar: one that cannot be built is a 400
+        for t in tools:
+            if t.function.strict:
+                strict_arguments_grammar(t.function)
+    except ValueError as exc:
+        raise BadRequest(400, str(exc), "tools") from None
     try:  # structured output: a grammar the engine enforces (`Turn.grammar`); one that cannot be built is a 400
-        response_grammar(req.response_format, tools, bool(forced), req.parallel_tool_calls is False)
+        response_grammar(req.response_format, tools, forced, req.parallel_tool_calls is False)
     except ValueError as exc:
         raise BadRequest(400, str(exc), "response_format") from None
     return req, messages, tools, forced

@@ -127,7 +127,7 @@ def test_litellm(system):  # noqa: F811
 
 def test_openai_agents_sdk(system):  # noqa: F811
     import openai
-    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
     from agents.exceptions import MaxTurnsExceeded
 
     set_tracing_disabled(True)  # no network: the SDK would export traces to OpenAI
@@ -164,6 +164,10 @@ def test_openai_agents_sdk(system):  # noqa: F811
 
     events, final = asyncio.run(streamed())
     assert events and isinstance(final, str)
+    # the SDK marks function tools strict: a forced call is decoded under its schema, its check passes and the tool runs
+    once = {"model_settings": ModelSettings(tool_choice="required"), "tool_use_behavior": "stop_on_first_tool"}
+    forced = agent([get_weather]).clone(**once)
+    assert Runner.run_sync(forced, "Weather in Paris?", max_turns=2).final_output.startswith("18 C in ")
     try:  # every call the model makes must run (an invalid one raises ModelBehaviorError, and fails this test)
         assert isinstance(Runner.run_sync(agent([get_weather]), "Weather in Paris?", max_turns=4).final_output, str)
     except MaxTurnsExceeded:  # a 135M model may keep calling the tool; each call ran

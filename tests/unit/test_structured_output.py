@@ -25,7 +25,7 @@ def test_text_and_forced_calls_need_no_grammar_and_json_asks_for_one():
     assert response_grammar({"type": "json_object"}, [TOOL], forced=True) is None  # the answer is a call anyway
     assert '"type": "object"' in response_grammar({"type": "json_object"})
     g = response_grammar({"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA, "strict": True}}, [TOOL])
-    assert '"enum": ["small", "large"]' in g and "<tool_call>" in g and '"enum": ["get_weather"]' in g
+    assert '"enum": ["small", "large"]' in g and "<tool_call>" in g and '"const": "get_weather"' in g
     assert '"maxItems"' not in g and '"maxItems": 1' in response_grammar({"type": "json_object"}, [TOOL], one_call=True)
 
 

@@ -1,0 +1,93 @@
+"""Strict function calling (`"strict": true` on a function tool, as the Agents SDK sends by default): a forced call of
+a strict function is decoded under its parameters' grammar, a call list under a response_format grammar holds each
+strict function's own schema, an unforced call that does not match its strict schema never goes out as a call, and
+a strict schema the compiler refuses is a 400 that names `tools`."""
+
+import json
+
+import jsonschema
+import pytest
+
+from actors.events import ChatMessage, RetrieveReply, ToolSpec
+from policies.chat import call_opening, tool_choice_prefix
+from policies.engines.generation import Generation
+from policies.grammar import response_grammar
+from serve.interactions import Turn
+from serve.schemas import ChatRequest
+from serve.wire import BadRequest, parse_chat
+
+PARAMS = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+
+
+def _tool(strict: bool, params=PARAMS, name="get_weather") -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": params, "strict": strict}}
+
+
+def _spec(strict: bool) -> ToolSpec:
+    return ToolSpec.model_validate(_tool(strict))
+
+
+def test_a_forced_call_of_a_strict_function_is_its_arguments_grammar_and_a_loose_one_has_none():
+    strict, loose = _spec(True), _spec(False)
+    opening = call_opening(strict, grammar=True)
+    assert opening == '<tool_call>[{"name": "get_weather", "arguments": ' and call_opening(strict) != opening
+    assert call_opening(loose, grammar=True) == call_opening(loose)  # a loose function keeps its opened first argument
+    g = response_grammar(None, [strict], opening)
+    assert g.startswith('start: arguments "}]</tool_call>"') and '"enum": ["C", "F"]' in g
+    assert response_grammar(None, [loose], call_opening(loose, grammar=True)) is None
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert tool_choice_prefix(named, [strict], grammar=True) == opening
+
+
+def test_a_call_list_under_response_format_holds_each_strict_function_s_own_schema():
+    other = ToolSpec.model_validate(_tool(False, {"type": "object", "properties": {}}, name="noop"))
+    g = response_grammar({"type": "json_object"}, [_spec(True), other])
+    calls = json.loads(g.split('call: "<tool_call>" %json ', 1)[1].rsplit(' "</tool_call>"', 1)[0])
+    strict_args, loose_args = (o["properties"]["arguments"] for o in calls["items"]["anyOf"])
+    assert strict_args["required"] == ["city", "unit"] and loose_args == {"type": "object"}
+
+
+def _answer(text: str, strict: bool):
+    req = ChatRequest.model_validate({"messages": [{"role": "user", "content": "weather?"}], "tools": [_tool(strict)]})
+    turn = Turn(req=req, messages=[], tools=[_spec(strict)], memory=RetrieveReply(), prompt="p")
+    return turn.answer(Generation(text, 3, 9, "stop"))
+
+
+def test_an_unforced_call_that_does_not_match_its_strict_schema_is_the_model_s_text():
+    missing = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_call>'
+    assert _answer(missing, strict=False).tool_calls[0].name == "get_weather"  # loose: any JSON object runs
+    assert _answer(missing, strict=True).tool_calls == [] and _answer(missing, strict=True).content == missing
+    whole = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}]</tool_call>'
+    assert json.loads(_answer(whole, strict=True).tool_calls[0].arguments) == {"city": "Oslo", "unit": "C"}
+
+
+def test_a_strict_schema_the_compiler_refuses_is_a_400_naming_tools():
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [_tool(True, {"type": "object", "properties": {"a": {"type": "strin"}}})],
+    }
+    with pytest.raises(BadRequest) as err:
+        parse_chat(body, 64)
+    assert err.value.param == "tools" and "get_weather" in str(err.value)
+    _, _, tools, forced = parse_chat({**body, "tools": [_tool(True)], "tool_choice": "required"}, 64)
+    assert tools[0].function.strict and forced == '<tool_call>[{"name": "'  # the name is chosen later, by the engine
+
+
+def test_a_forced_strict_call_decodes_arguments_that_match_its_schema(model_dir):
+    from policies.chat import parse_forced, render
+    from policies.engines.engine import TransformersEngine
+
+    eng = TransformersEngine(model_dir, dtype="float32")
+    spec = _spec(True)
+    opening = call_opening(spec, grammar=True)
+    prompt = render([ChatMessage(role="user", content="What is the weather in Paris, in Celsius?")], [spec]) + opening
+    grammar = response_grammar(None, [spec], opening)
+    for g in eng.generate([prompt] * 3, 48, temperature=1.0, grammar=grammar):
+        assert g.finish_reason == "stop", g.text
+        msg = parse_forced(opening, g.text)
+        assert jsonschema.validate(json.loads(msg.tool_calls[0].arguments), PARAMS) is None, g.text
