@@ -163,7 +163,8 @@ class Conversation:
 
 class ConversationBook:
     """Open conversations, bounded: at most `max_open`, each at most `max_steps` steps (the oldest close first);
-    a conversation idle for `idle_s` closes. When the book is full, a user with more than a quarter of `max_open` (at
+    a conversation idle for `idle_s` closes. A full one closes when the next request comes, which gives its last step
+    its signal and starts the conversation's next part. When the book is full, a user with more than a quarter of `max_open` (at
     least 2) open, explicit keys or not, loses their own oldest first: one user's burst does not close everyone else's."""
 
     def __init__(self, idle_s: float = 300.0, max_open: int = 200, max_steps: int = 16):
@@ -183,11 +184,14 @@ class ConversationBook:
         conv = self.open.get(self._take(self.by_key, parent_key(it) or ""))
         if conv is None and (conv := self._thread(it)) is not None:
             self._unkey(conv.conversation_id)  # its stale step key
+        full = ""
         if conv is not None:
             self._signal(conv.steps[-1], it)
-        else:
+            if len(conv.steps) >= self.max_steps:  # full: its last step has its signal, and this request starts the next
+                full, conv = conv.conversation_id, None
+        if conv is None:
             conv = self.open[it.interaction_id] = Conversation(it.interaction_id, scope_of(it))
-            if key := parent_key(it):
+            if (key := parent_key(it)) and not full:
                 self.orphans.setdefault(key, []).append(conv.conversation_id)
         conv.steps.append(Step(it, rated=it.interaction_id in self.rated))
         conv.last_at = max(conv.last_at, now)  # `now`: when the request came (redeliveries come out of order)
@@ -201,7 +205,8 @@ class ConversationBook:
             self.by_key.setdefault(step_key(it), []).append(conv.conversation_id)
         if it.conversation:
             self.threads[conv.scope] = conv.conversation_id
-        over = [conv.conversation_id] if len(conv.steps) >= self.max_steps else []
+        # a full conversation closes once the request after its last step gave that step its signal (or when idle)
+        over = [full] if full else [conv.conversation_id] if len(conv.steps) > self.max_steps else []
         if (excess := len(self.open) - len(over) - self.max_open) > 0:  # full: this user's own oldest first, if many
             oldest = sorted((c for c in self.open.values() if c.conversation_id not in over), key=lambda c: c.last_at)
             mine = [c for c in oldest if c.user == conv.user]

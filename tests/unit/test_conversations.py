@@ -124,7 +124,12 @@ def test_open_conversations_are_bounded_and_close_when_idle():
         ),
         4.0,
     )
-    assert over == ["b1"] and book.close("b1", idle=False).steps[0].signal == "thanks"  # max_steps
+    assert over == [] and book.open["b1"].steps[0].signal == "thanks"  # full at max_steps: open for its next turn
+    two = [_user("two"), ChatMessage(role="assistant", content="2"), _user("thanks"), ChatMessage(role="assistant", content="ok")]
+    b3, over = book.add(_it("b3", [*two, _user("no, that is wrong")], ChatMessage(role="assistant", content="4")), 4.5)
+    assert over == ["b1"] and b3.conversation_id == "b3" and not book.orphans  # the next request starts its next part
+    assert [s.signal for s in book.close("b1", idle=False).steps] == ["thanks", "correction"]  # the last step's signal
+    book.close("b3")
     assert book.idle(3.0 + 60) == ["c1"]
     book.close("c1")
     assert not book.open
