@@ -155,6 +155,7 @@ class Conversation:
     scope: str
     steps: list[Step] = field(default_factory=list)
     last_at: float = 0.0
+    orphan_of: str = ""  # the parent key it waits under, when it began with a request whose earlier one has not come
 
     @property
     def user(self) -> str:
@@ -193,6 +194,7 @@ class ConversationBook:
             conv = self.open[it.interaction_id] = Conversation(it.interaction_id, scope_of(it))
             if (key := parent_key(it)) and not full:
                 self.orphans.setdefault(key, []).append(conv.conversation_id)
+                conv.orphan_of = key
         conv.steps.append(Step(it, rated=it.interaction_id in self.rated))
         conv.last_at = max(conv.last_at, now)  # `now`: when the request came (redeliveries come out of order)
         if (later := self.open.pop(self._take(self.orphans, step_key(it)), None)) is not None:
@@ -267,6 +269,8 @@ class ConversationBook:
         """Put back a conversation whose close could not be carried out (the bus was down, say)."""
         self.open[conv.conversation_id] = conv
         self.by_key.setdefault(step_key(conv.steps[-1].interaction), []).insert(0, conv.conversation_id)  # the older
+        if conv.orphan_of:  # still waiting for its earlier request: that request, when it comes, joins it
+            self.orphans.setdefault(conv.orphan_of, []).insert(0, conv.conversation_id)
         if conv.steps[-1].interaction.conversation:
             self.threads[conv.scope] = conv.conversation_id
 
