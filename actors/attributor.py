@@ -126,6 +126,11 @@ class Attributor(EventActor):
         if not ev.samples:
             raise Poison("rollout group has no samples")
         if isinstance(ev.task, LiveStep):  # a live step and its alternatives, scored without a user (envs/live.py)
+            if f"rated:{ev.task.entry_id}" in self.applied:  # a user rated it while it was re-sampled: that trained it
+                self.signalled["rated_while_resampled"] = self.signalled.get("rated_while_resampled", 0) + 1
+                return self.log.info("live_group.rated", group_id=ev.group_id, interaction_id=ev.task.entry_id)
+            for e in ev.task.source_event_ids:  # from now on a rating is refused: this group trains the step
+                self.applied.add(f"signalled:{e}")
             out = live_judgement(ev)
             await self.bus.publish(out, weights_version=ev.weights_version)
             self.log.info("judged.live_group", group_id=ev.group_id, outcomes=out.outcomes, signal=ev.task.signal)
@@ -190,6 +195,7 @@ class Attributor(EventActor):
             return self.log.info("feedback.again", interaction_id=ev.interaction_id, score=ev.score)
         if self.book is not None:
             decided = f"alone:{it.event_id}" in self.applied or f"resample:{it.event_id}" in self.applied
+            decided = decided and f"consensus:{it.event_id}" not in self.applied  # trains only if its group comes back
             # sent on (a close that failed after it still holds it), or decided before steps were marked, and closed
             if f"signalled:{it.event_id}" in self.applied or (decided and not self.book.holds(ev.interaction_id)):
                 self.signalled["feedback_after_signal"] = self.signalled.get("feedback_after_signal", 0) + 1
@@ -249,7 +255,9 @@ class Attributor(EventActor):
                 continue
             go = await self._resampled(it, sample, c)  # re-sampled by the explorer, judged in handle_rollout
             out = live_task(it, st.signal, sample) if go else step_judgement(it, st.signal, sample)
-            self.applied.add(f"signalled:{it.event_id}")  # before: a rating from now on is recorded, not trained too
+            # before: a rating from now on is recorded, not trained too; a turned-down step under `consensus` trains
+            # only if a majority of its re-samples agree, so until its group comes back (handle_rollout) a rating trains
+            self.applied.add(f"consensus:{it.event_id}" if drop else f"signalled:{it.event_id}")
             await self.bus.publish(out, weights_version=it.weights_version)
             self.signalled[st.signal] = self.signalled.get(st.signal, 0) + 1
             self.log.info(

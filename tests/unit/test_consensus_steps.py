@@ -128,3 +128,34 @@ def test_a_turned_down_step_that_trained_nothing_still_trains_on_a_later_rating(
     asyncio.run(a.handle_feedback(Feedback(interaction_id="i1", score=1.0, interaction=it), Msg()))
     (j,) = a.bus.events
     assert isinstance(j, Judgement) and j.outcomes == [1.0] and "feedback_after_signal" not in a.signalled
+
+
+def test_a_rating_that_comes_while_a_consensus_step_is_re_sampled_trains_it_and_its_group_is_dropped(tmp_path):
+    """Under `consensus` a turned-down step sent to the explorer trains only if its re-samples agree: until its group
+    comes back a rating trains it (and the group is then dropped); once the group came back, a rating is refused."""
+    from actors.events import Feedback, Judgement
+
+    answers = ['Oslo", "days": 3}}]</tool_call>', 'oslo", "days": 3}}]</tool_call>', 'Rome", "days": 3}}]</tool_call>']
+
+    async def no_judge(samples, refs):
+        return [None]
+
+    for rated_first in (True, False):
+        a = _attributor(tmp_path / str(rated_first), Bus(backlog=0))
+        a.settings.conversations.teach, a.run_judge = "consensus", no_judge
+        it = interaction()  # a call that does not fit, and no next turn
+        asyncio.run(a.handle_interaction(it, Msg()))
+        asyncio.run(_close_all(a))
+        (task,) = a.bus.events
+        x = _explorer(tmp_path / f"x{rated_first}", answers, **{"conversations.teach": "consensus"})
+        asyncio.run(x.handle_live_step(task, Msg()))
+        (group,) = x.bus.events  # a majority: the group comes back
+        rate = Feedback(interaction_id="i1", score=1.0, interaction=it)
+        for step in (rate, group) if rated_first else (group, rate):
+            handle = a.handle_feedback if step is rate else a.handle_rollout
+            asyncio.run(handle(step, Msg()))
+        trained = [e for e in a.bus.events[1:] if isinstance(e, Judgement)]
+        assert [j.source for j in trained] == ["live"], trained  # one of the two trains, never both
+        assert trained[0].outcomes == ([1.0] if rated_first else [0.0, 1.0, 1.0, 0.0])  # the rating, or the majority
+        assert ("rated_while_resampled" in a.signalled) == rated_first
+        assert ("feedback_after_signal" in a.signalled) == (not rated_first)
