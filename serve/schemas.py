@@ -111,6 +111,9 @@ class ChatRequest(_Tolerant):
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="refused unless 0: not applied here")
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="refused unless 0: not applied here")
+    logit_bias: dict[str, float] | None = Field(None, description="refused unless empty: not applied here")
     user: str | None = None
     safety_identifier: str | None = Field(None, description="OpenAI's successor of `user`: the user when `user` is absent")
     functions: Any = Field(None, description="legacy (before tools): refused by name, never ignored")

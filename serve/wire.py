@@ -5,8 +5,9 @@ error object, `{"error": {"message", "type", "param", "code"}}` (`BadRequest`): 
 than `MAX_DEPTH`, text that is not valid Unicode, fields of the wrong shape, tool schemas the prompt cannot
 describe, a `tool_choice` naming an undeclared function (400, as the reference answers validation errors).
 What the reference accepts and this deployment cannot do is refused by name, never ignored: `n` > 1, `seed`,
-`logprobs`, a `response_format` schema its grammar compiler refuses; so are the deprecated `functions` / `function_call` (and role
-"function"), and, as the reference refuses it, `tool_choice` "required" or a named function without `tools`. A
+`logprobs`, a non-zero `presence_penalty` or `frequency_penalty`, a non-empty `logit_bias`, a `response_format`
+schema its grammar compiler refuses; so are the deprecated `functions` / `function_call` (and role "function"),
+and, as the reference refuses it, `tool_choice` "required" or a named function without `tools`. A
 `max_tokens` above the deployment's cap is clamped to it (the answer then finishes with `length`), as clients send
 1024 or 4096 by default; `stop`, `parallel_tool_calls: false`, `response_format` (json_object, json_schema:
 decoded under its grammar, `policies.grammar`) and a function's `strict` (a forced call of it decoded under its
@@ -248,6 +249,9 @@ def refuse(req: ChatRequest) -> None:
         )
     if req.logprobs or req.top_logprobs:
         raise BadRequest(400, "logprobs are not supported by this deployment", "logprobs")
+    for name in ("presence_penalty", "frequency_penalty", "logit_bias"):  # accepted only where they change nothing
+        if getattr(req, name):
+            raise BadRequest(400, f"{name} is not supported by this deployment (send 0, or leave it out)", name)
 
 
 def legacy(req: ChatRequest) -> None:

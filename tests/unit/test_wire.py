@@ -108,9 +108,13 @@ def test_bad_chat_requests_are_4xx(body, status):
 def test_a_budget_beyond_the_cap_is_clamped_and_refusals_name_the_parameter():
     req, *_ = parse_chat({"messages": USER, "max_tokens": 4096}, CAP)
     assert req.max_tokens == CAP and req.temperature == 0.7 and req.n == 1 and req.stream is False
+    parse_chat({"messages": USER, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}}, CAP)  # no change: taken
     for body, param in [
         ({"messages": USER, "n": 3}, "n"),
         ({"messages": USER, "seed": 1}, "seed"),
+        ({"messages": USER, "presence_penalty": 0.5}, "presence_penalty"),
+        ({"messages": USER, "frequency_penalty": -1}, "frequency_penalty"),
+        ({"messages": USER, "logit_bias": {"50256": -100}}, "logit_bias"),
         ({"messages": USER, "max_tokens": "x"}, "max_tokens"),
         ({"messages": "x"}, "messages"),
     ]:
