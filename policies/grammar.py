@@ -6,7 +6,9 @@ one Lark grammar text (`%json` embeds the schema), the form both engines take: v
 grammar, the transformers engine through `GrammarRows`, a logits processor that masks each constrained row of a
 padded batch by its own matcher. With tools a client may still call (`tool_choice` auto), the grammar also admits
 a call in this policy's markup, `<tool_call>[{"name": <declared>, "arguments": {...}}]</tool_call>`: the answer is
-JSON or a call, as the reference's is. A forced call needs no grammar (its answer is a call)."""
+JSON or a call, as the reference's is, each strict function's call with its own parameters. A forced call needs no
+grammar (its answer is a call), unless its function is `strict` (OpenAI's strict function calling): then its
+arguments are decoded under their schema (`strict_arguments_grammar`)."""
 
 from __future__ import annotations
 
