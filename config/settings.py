@@ -183,11 +183,7 @@ class ConversationSettings(_Section):
     )
     idle_s: float = Field(120.0, description="A conversation with no request for this long closes")
     max_open: int = Field(50, description="Open conversations kept (the least recent closes first)")
-    max_steps: int = Field(
-        12,
-        description="A conversation holds at most this many answers: the next request gives the last its signal, "
-        "closes it and starts the conversation's next part",
-    )
+    max_steps: int = Field(12, description="Answers a conversation holds: the next request signals the last, closes it")
     alternatives: int = Field(
         3,
         description="Answers the explorer re-samples for an unrated live step with a signal, scored against the "

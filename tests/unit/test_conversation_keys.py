@@ -2,6 +2,8 @@
 joining one leaves the other's key in the book (`ConversationBook.by_key` holds every open conversation of a key,
 and `orphans` every one that began with a later request)."""
 
+from test_conversations import _agent_conversation  # tests/unit is on sys.path
+
 from actors.events import ChatMessage, Interaction, ToolCall
 from policies.judge.conversations import ConversationBook, step_key
 
@@ -75,3 +77,13 @@ def test_closing_an_orphan_takes_it_off_its_parent_key():
     assert list(book.orphans.values()) == [["b2"]]
     joined, _ = book.add(_it("a1", [ASK], CALL), 5.0)
     assert [s.interaction.interaction_id for s in joined.steps] == ["a1", "b2"] and not book.orphans
+
+
+def test_a_later_request_whose_close_failed_still_waits_for_its_earlier_one():
+    its = _agent_conversation("Error: city not found", "No, that's not what I asked.")
+    book = ConversationBook()
+    book.add(its[1], 2.0)  # request 2 first: it waits for request 1
+    book.reopen(book.close("i2"))  # its close could not be carried out (the bus was down): back in the book
+    conv, _ = book.add(its[0], 1.0)
+    assert [s.interaction.interaction_id for s in conv.steps] == ["i1", "i2"] and list(book.open) == ["i1"]
+    assert conv.steps[0].signal == "tool_error" and not book.orphans
