@@ -17,6 +17,7 @@ import json
 import threading
 
 from actors.events import ToolSpec
+from policies.chat import call_opening
 
 MAX_SCHEMA_CHARS = 32_000
 SPACING = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -31,7 +32,7 @@ def response_grammar(
     type, a json_schema without a schema object, a schema the compiler refuses."""
     kind = (response_format or {}).get("type", "text")
     if forced:
-        spec = next((t.function for t in tools if isinstance(forced, str) and forced.endswith(_opening(t))), None)
+        spec = next((t.function for t in tools if forced == call_opening(t, grammar=True)), None)
         return strict_arguments_grammar(spec) if spec is not None and spec.strict else None
     if kind == "text":
         return None
@@ -63,10 +64,6 @@ def response_grammar(
         }
         lark = f'start: answer | call\nanswer: %json {text}\ncall: "<tool_call>" %json {json.dumps(calls)} "</tool_call>"\n'
     return _checked(lark, "response_format schema")
-
-
-def _opening(t: ToolSpec) -> str:
-    return f'"name": "{t.function.name}", "arguments": '
 
 
 def _call_schema(t: ToolSpec) -> dict:
