@@ -14,7 +14,7 @@ import uuid
 
 from actors.events import DEFAULT_SYSTEM, ChatMessage, ToolCall, ToolSpec
 from envs.tool_calls import CallError, parse_python_call
-from policies.vetting import json_object, raw_arguments, trusted_calls  # noqa: F401  (re-exported: callers import them from here)
+from policies.vetting import CALL_HEAD, json_object, raw_arguments, trusted_calls  # noqa: F401  (re-exported: callers import them from here)
 
 _CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 
@@ -194,15 +194,12 @@ def assistant_spans(
     return render(messages, tools, experiences, add_generation_prompt=False), spans
 
 
-_OPENING_RE = re.compile(r'<tool_call>\[\{"name": "([^"]+)", "arguments": ')
-
-
 def parse_forced(forced: str, text: str) -> ChatMessage:
     """The answer to a request whose call was forced (`tool_choice`): a call cut off by the token limit
     keeps the forced name, with the partial arguments text as its arguments (as OpenAI returns a
     truncated call), instead of becoming `invalid_call`; a call that closed keeps only what it wrote before closing."""
     msg = parse_assistant(forced + text)
-    m = _OPENING_RE.match(forced)
+    m = CALL_HEAD.match(forced, len(CALL_OPEN)) if forced.startswith(CALL_OPEN) else None
     if m and msg.tool_calls and msg.tool_calls[0].name == "invalid_call":
         args = raw_arguments((forced + text)[m.end() :].replace("<|im_end|>", "").strip())
         msg.tool_calls[0] = ToolCall(id=msg.tool_calls[0].id, name=m.group(1), arguments=args)

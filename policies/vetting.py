@@ -44,14 +44,15 @@ def trusted_calls(msg: ChatMessage, tools: list[ToolSpec], text: str, cut: bool,
     return ChatMessage(role="assistant", content=msg.content, tool_calls=calls)
 
 
-_OPEN_CALL = re.compile(r'\s*\[?\s*\{\s*"name":\s*"([^"]+)",\s*"arguments":\s*')
+# one call's opening inside a `<tool_call>` block, up to its arguments (serve's forced prefix and the model's own text)
+CALL_HEAD = re.compile(r'\s*\[?\s*\{\s*"name":\s*"([^"]+)",\s*"arguments":\s*')
 
 
 def _open_call(text: str, c: ToolCall) -> ToolCall:
     """The call the token limit cut off inside its `<tool_call>`, as far as it got: its name and its partial arguments
     (the reference's `length` answer), when the block opens one call by name; else `c` as parsed."""
     block = text[text.rfind("<tool_call>") + len("<tool_call>") :].replace("<|im_end|>", "")
-    m = _OPEN_CALL.match(block)
+    m = CALL_HEAD.match(block)
     if m is None or '"name":' in block[m.end() :]:  # not one call's opening: nothing to name it by
         return c
     return ToolCall(id=c.id, name=m.group(1), arguments=block[m.end() :].rstrip())
