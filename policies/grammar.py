@@ -6,7 +6,9 @@ one Lark grammar text (`%json` embeds the schema), the form both engines take: v
 grammar, the transformers engine through `GrammarRows`, a logits processor that masks each constrained row of a
 padded batch by its own matcher. With tools a client may still call (`tool_choice` auto), the grammar also admits
 a call in this policy's markup, `<tool_call>[{"name": <declared>, "arguments": {...}}]</tool_call>`: the answer is
-JSON or a call, as the reference's is, each strict function's call with its own parameters. A forced call needs no
+JSON or a call, as the reference's is, each strict function's call with its own parameters. Without a
+`response_format`, a `strict` function (OpenAI's strict function calling, the Agents SDK's default) asks for a grammar
+too: free text, then perhaps a call block, its strict calls with their own parameters. A forced call needs no
 grammar (its answer is a call), unless its function is `strict` (OpenAI's strict function calling): then its
 arguments are decoded under their schema (`strict_arguments_grammar`)."""
 
@@ -35,7 +37,7 @@ def response_grammar(
         spec = next((t.function for t in tools if forced == call_opening(t, grammar=True)), None)
         return strict_arguments_grammar(spec) if spec is not None and spec.strict else None
     if kind == "text":
-        return None
+        return _prose_or_calls(tools, one_call) if any(t.function.strict for t in tools) else None
     if kind == "json_object":
         schema = {"type": "object"}
     elif kind == "json_schema":
@@ -55,15 +57,34 @@ def response_grammar(
         raise ValueError(f"response_format schema is {len(text)} characters; at most {MAX_SCHEMA_CHARS}")
     lark = f"start: answer\nanswer: %json {text}\n"
     if tools:
-        calls = {
-            "x-guidance": SPACING,
-            "type": "array",
-            "minItems": 1,
-            **({"maxItems": 1} if one_call else {}),
-            "items": {"anyOf": [_call_schema(t) for t in tools]},
-        }
-        lark = f'start: answer | call\nanswer: %json {text}\ncall: "<tool_call>" %json {json.dumps(calls)} "</tool_call>"\n'
+        lark = f'start: answer | call\nanswer: %json {text}\ncall: "<tool_call>" %json {_calls(tools, one_call)} "</tool_call>"\n'
     return _checked(lark, "response_format schema")
+
+
+def _prose_or_calls(tools: list[ToolSpec], one_call: bool) -> str:
+    """Text, as free as without a grammar, or text that opens one call block whose calls name declared functions,
+    each strict one's arguments matching its parameters: OpenAI's strict function calling while the model may still
+    answer in words (`tool_choice` auto). The text before a call is one lexeme with its opening, as the lexer takes
+    the longest match and would not give back a `<tool_call` it had read as text."""
+    return _checked(
+        'start: prose | OPEN calls "</tool_call>"\nprose: PROSE?\n'
+        "PROSE: /(?s:.+)/ & ~/(?s:.*<tool_call>.*)/\n"  # anything that does not open a call
+        "OPEN: /(?s:.*<tool_call>)/ & ~/(?s:.*<tool_call>.+)/\n"  # anything up to the first opening
+        f"calls: %json {_calls(tools, one_call)}\n",
+        "strict tools' parameters",
+    )
+
+
+def _calls(tools: list[ToolSpec], one_call: bool) -> str:
+    """The JSON schema of one `<tool_call>` block's list of calls of `tools`, as grammar text."""
+    calls = {
+        "x-guidance": SPACING,
+        "type": "array",
+        "minItems": 1,
+        **({"maxItems": 1} if one_call else {}),
+        "items": {"anyOf": [_call_schema(t) for t in tools]},
+    }
+    return json.dumps(calls)
 
 
 def _call_schema(t: ToolSpec) -> dict:

@@ -45,7 +45,7 @@ class Turn:
 
     @cached_property
     def grammar(self) -> str | None:
-        """The grammar its `response_format`, or its forced call of a strict function, asks for (None: free text),
+        """The grammar its `response_format`, or its strict functions, ask for (None: free text),
         checked already by `serve.wire.parse_chat`."""
         return response_grammar(self.req.response_format, self.tools, self.forced, self.req.parallel_tool_calls is False)
 

@@ -1,7 +1,8 @@
 """Strict function calling (`"strict": true` on a function tool, as the Agents SDK sends by default): a forced call of
 a strict function is decoded under its parameters' grammar, a call list under a response_format grammar holds each
-strict function's own schema, an unforced call that does not match its strict schema never goes out as a call, and
-a strict schema the compiler refuses is a 400 that names `tools`."""
+strict function's own schema, an unforced answer is free text or a call block whose strict calls match their schema,
+a call that does not match its strict schema never goes out as a call, and a strict schema the compiler refuses is a
+400 that names `tools`."""
 
 import json
 
@@ -91,3 +92,27 @@ def test_a_forced_strict_call_decodes_arguments_that_match_its_schema(model_dir)
         assert g.finish_reason == "stop", g.text
         msg = parse_forced(opening, g.text)
         assert jsonschema.validate(json.loads(msg.tool_calls[0].arguments), PARAMS) is None, g.text
+
+
+def test_an_unforced_request_with_a_strict_function_decodes_text_or_a_call_that_matches_its_schema(model_dir):
+    from policies.chat import parse_assistant, render
+    from policies.engines.engine import TransformersEngine
+
+    eng = TransformersEngine(model_dir, dtype="float32")
+    spec, loose = _spec(True), ToolSpec.model_validate(_tool(False, {"type": "object", "properties": {}}, name="noop"))
+    assert response_grammar(None, [loose]) is None  # nothing strict: free text, as before
+    grammar = response_grammar(None, [spec, loose])
+
+    def valid(text: str) -> bool:  # the grammar takes every token of it
+        ids = eng.tok.encode(text, add_special_tokens=False)
+        return eng.grammars.matcher(grammar).validate_tokens(ids) == len(ids)
+
+    whole = 'Let me look. <tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}]</tool_call>'
+    assert valid("It is sunny in Oslo, <b>22</b> degrees.") and valid(whole) and valid(whole[len("Let me look. ") :])
+    assert valid('<tool_call>[{"name": "noop", "arguments": {"any": 1}}]</tool_call>')  # a loose one: any object
+    assert not valid('<tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_call>')
+    assert not valid('<tool_call>[{"name": "delete_all", "arguments": {}}]</tool_call>') and not valid(whole + " more")
+    prompt = render([ChatMessage(role="user", content="What is the weather in Paris, in Celsius?")], [spec, loose])
+    for g in eng.generate([prompt] * 4, 64, temperature=1.0, grammar=grammar):
+        for c in parse_assistant(g.text).tool_calls if g.finish_reason == "stop" and "<tool_call>" in g.text else ():
+            assert c.name == "noop" or jsonschema.validate(json.loads(c.arguments), PARAMS) is None, g.text
