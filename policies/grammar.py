@@ -76,26 +76,57 @@ def _prose_or_calls(tools: list[ToolSpec], one_call: bool) -> str:
 
 
 def _calls(tools: list[ToolSpec], one_call: bool) -> str:
-    """The JSON schema of one `<tool_call>` block's list of calls of `tools`, as grammar text."""
+    """The JSON schema of one `<tool_call>` block's list of calls of `tools`, as grammar text. Each strict function's
+    parameters sit in the list's `$defs` (as `f<i>`, their own `$defs` beside them as `f<i>.<name>`), so the local
+    references a schema makes (`#/$defs/X`, pydantic's nested models; `#/properties/...`; `#`) still point at its
+    own parts."""
+    defs, items = {}, []
+    for i, t in enumerate(tools):
+        args = {"type": "object"}
+        if t.function.strict:
+            own = {k: v for k, v in _strict_schema(t.function.parameters).items() if k not in ("$defs", "definitions")}
+            defs[f"f{i}"] = _local_refs(own, i)
+            for key in ("$defs", "definitions"):
+                for name, sub in (t.function.parameters.get(key) or {}).items():
+                    defs[f"f{i}.{name}"] = _local_refs(sub, i)
+            args = {"$ref": f"#/$defs/f{i}"}
+        items.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": t.function.name}, "arguments": args},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
     calls = {
         "x-guidance": SPACING,
         "type": "array",
         "minItems": 1,
         **({"maxItems": 1} if one_call else {}),
-        "items": {"anyOf": [_call_schema(t) for t in tools]},
+        "items": {"anyOf": items},
+        **({"$defs": defs} if defs else {}),
     }
     return json.dumps(calls)
 
 
-def _call_schema(t: ToolSpec) -> dict:
-    """One call of `t` in a call list: its name, and its arguments as its parameters say when it is strict."""
-    args = _strict_schema(t.function.parameters) if t.function.strict else {"type": "object"}
-    return {
-        "type": "object",
-        "properties": {"name": {"const": t.function.name}, "arguments": args},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
+def _local_refs(schema, i: int):
+    """`schema` (function i's parameters, or a part of them) with its local references moved to where `_calls` puts
+    function i: `#/$defs/X` and `#/definitions/X` to `#/$defs/f<i>.X`, any other `#...` under `#/$defs/f<i>`."""
+    if isinstance(schema, list):
+        return [_local_refs(x, i) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _local_refs(v, i) for k, v in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        for key in ("#/$defs/", "#/definitions/"):
+            if ref.startswith(key):
+                name, _, rest = ref[len(key) :].partition("/")
+                out["$ref"] = f"#/$defs/f{i}.{name}" + (f"/{rest}" if rest else "")
+                break
+        else:
+            out["$ref"] = f"#/$defs/f{i}{ref[1:]}"
+    return out
 
 
 def _strict_schema(parameters: dict) -> dict:
@@ -162,7 +193,7 @@ class Grammars:
             if m is None:
                 m = llguidance.LLMatcher(self._lt, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0)
                 if m.is_error():
-                    raise ValueError(f"response_format grammar: {m.get_error()[:300]}")
+                    raise ValueError(f"the request's grammar: {m.get_error()[:300]}")
             self._compiled[lark] = m  # the newest last: the oldest goes first
             while len(self._compiled) > self.KEEP:
                 self._compiled.pop(next(iter(self._compiled)))

@@ -10,8 +10,8 @@ schema its grammar compiler refuses; so are the deprecated `functions` / `functi
 and, as the reference refuses it, `tool_choice` "required" or a named function without `tools`. A
 `max_tokens` above the deployment's cap is clamped to it (the answer then finishes with `length`), as clients send
 1024 or 4096 by default; `stop`, `parallel_tool_calls: false`, `response_format` (json_object, json_schema:
-decoded under its grammar, `policies.grammar`) and a function's `strict` (a forced call of it decoded under its
-parameters' grammar; a strict schema the compiler refuses is a 400 naming `tools`) are honoured.
+decoded under its grammar, `policies.grammar`) and a function's `strict` (a call of it decoded under its
+parameters' grammar, forced or not; a strict schema the compiler refuses is a 400 naming `tools`) are honoured.
 """
 
 from __future__ import annotations
@@ -227,10 +227,11 @@ def parse_chat(body, max_new_tokens: int, checked: bool = False) -> tuple[ChatRe
                 strict_arguments_grammar(t.function)
     except ValueError as exc:
         raise BadRequest(400, str(exc), "tools") from None
-    try:  # structured output: a grammar the engine enforces (`Turn.grammar`); one that cannot be built is a 400
+    try:  # structured output, or strict tools: a grammar the engine enforces (`Turn.grammar`); one that cannot be built is a 400
         response_grammar(req.response_format, tools, forced, req.parallel_tool_calls is False)
     except ValueError as exc:
-        raise BadRequest(400, str(exc), "response_format") from None
+        asked = (req.response_format or {}).get("type", "text") != "text"
+        raise BadRequest(400, str(exc), "response_format" if asked else "tools") from None
     return req, messages, tools, forced
 
 

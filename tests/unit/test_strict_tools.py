@@ -24,6 +24,14 @@ PARAMS = {
     "additionalProperties": False,
 }
 
+NESTED = {  # as pydantic writes a nested model, the OpenAI Agents SDK keeps its `$defs`
+    "type": "object",
+    "properties": {"at": {"$ref": "#/$defs/Place"}, "again": {"$ref": "#/properties/at"}},
+    "required": ["at", "again"],
+    "additionalProperties": False,
+    "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+}
+
 
 def _tool(strict: bool, params=PARAMS, name="get_weather") -> dict:
     return {"type": "function", "function": {"name": name, "parameters": params, "strict": strict}}
@@ -50,7 +58,20 @@ def test_a_call_list_under_response_format_holds_each_strict_function_s_own_sche
     g = response_grammar({"type": "json_object"}, [_spec(True), other])
     calls = json.loads(g.split('call: "<tool_call>" %json ', 1)[1].rsplit(' "</tool_call>"', 1)[0])
     strict_args, loose_args = (o["properties"]["arguments"] for o in calls["items"]["anyOf"])
-    assert strict_args["required"] == ["city", "unit"] and loose_args == {"type": "object"}
+    assert strict_args == {"$ref": "#/$defs/f0"} and loose_args == {"type": "object"}
+    assert calls["$defs"]["f0"]["required"] == ["city", "unit"]
+
+
+def test_a_strict_schema_s_own_references_still_point_at_its_parts_in_a_call_list():
+    tools = [_spec(True), ToolSpec.model_validate(_tool(True, NESTED, name="go"))]
+    g = response_grammar(None, tools)  # compiles: every reference resolves
+    calls = json.loads(g.split("calls: %json ", 1)[1])
+    assert calls["$defs"]["f1"]["properties"] == {
+        "at": {"$ref": "#/$defs/f1.Place"},
+        "again": {"$ref": "#/$defs/f1/properties/at"},
+    }
+    assert calls["$defs"]["f1.Place"]["required"] == ["city"] and "$defs" not in calls["$defs"]["f1"]
+    assert response_grammar({"type": "json_object"}, tools)  # and under a response_format
 
 
 def _answer(text: str, strict: bool):
@@ -112,6 +133,10 @@ def test_an_unforced_request_with_a_strict_function_decodes_text_or_a_call_that_
     assert valid('<tool_call>[{"name": "noop", "arguments": {"any": 1}}]</tool_call>')  # a loose one: any object
     assert not valid('<tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_call>')
     assert not valid('<tool_call>[{"name": "delete_all", "arguments": {}}]</tool_call>') and not valid(whole + " more")
+    grammar = response_grammar(None, [ToolSpec.model_validate(_tool(True, NESTED, name="go"))])
+    assert valid('<tool_call>[{"name": "go", "arguments": {"at": {"city": "Oslo"}, "again": {"city": "Rome"}}}]</tool_call>')
+    assert not valid('<tool_call>[{"name": "go", "arguments": {"at": {"town": "Oslo"}, "again": {"city": "Rome"}}}]</tool_call>')
+    grammar = response_grammar(None, [spec, loose])
     prompt = render([ChatMessage(role="user", content="What is the weather in Paris, in Celsius?")], [spec, loose])
     for g in eng.generate([prompt] * 4, 64, temperature=1.0, grammar=grammar):
         for c in parse_assistant(g.text).tool_calls if g.finish_reason == "stop" and "<tool_call>" in g.text else ():

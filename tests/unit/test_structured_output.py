@@ -67,7 +67,7 @@ def test_a_grammar_that_cannot_be_built_fails_its_own_call_and_never_the_batch_b
     from policies.engines.engine import TransformersEngine
 
     eng = TransformersEngine(model_dir, dtype="float32", max_batch=4, batch_window_ms=50)
-    with pytest.raises(ValueError, match="response_format grammar"):
+    with pytest.raises(ValueError, match="the request.s grammar"):
         eng.generate(["p"], 4, grammar="start: %json {")  # refused before it joins a batch
     assert eng.batcher.requests == 0 and eng.generate(["p"], 2)[0].completion_tokens > 0
 
