@@ -140,8 +140,8 @@ def resample_step(
     chosen by constrained decoding for "required"). Where the served answer called a declared function, every
     alternative calls that one (the declared schema can judge a call's arguments, not which function the user meant,
     so the group differs only where it is scored), and the first `guided` of them are schema-guided (`guided_calls`).
-    An answer that is not a call follows the request's `response_format` grammar, as Serve's did. Answers our budget cut
-    off inside a call are left out. Returns the answers and the tokens generated."""
+    An answer that is not a call follows the grammar Serve's followed (the request's `response_format`, or its strict
+    functions'). Answers our budget cut off inside a call are left out. Returns the answers and the tokens generated."""
     i = step.step_indices[-1]
     context = render(step.messages[:i], step.tools)
     forced = tool_choice_prefix(tool_choice, step.tools)
