@@ -80,6 +80,13 @@ class ServeSettings(_Section):
         "ready once each replica has a node)",
     )
     api_key: str | None = Field(None, description="Bearer key; generated into the state dir (0600) when unset")
+    user_keys_file: str | None = Field(
+        None,
+        description="Per-user bearer keys, one `name key` a line (`#` comments; keys of 16+ characters), read when serve "
+        "starts: a request with one is that named user to the per-user caps, conversation stitching and provenance, "
+        "whatever its `user` field says; the deployment key's clients name their users by `user`. These keys reach "
+        "chat, feedback and the model list; /metrics and the page take the deployment key alone",
+    )
     max_body_bytes: int = Field(1_000_000, description="Largest accepted request body")
     max_new_tokens: int = Field(256, description="Cap on generated tokens per request (a larger max_tokens is clamped to it)")
     model_aliases: list[str] = Field(

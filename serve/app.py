@@ -2,8 +2,8 @@
 
 Routes (DESIGN.md "HTTP"): POST /v1/chat/completions (tools, stream), GET /v1/models,
 POST /v1/feedback, GET /healthz, GET /readyz, GET /metrics (Prometheus, `serve/metrics.py`), and the live page of the
-evolution: GET /page, /page/state, /page/events (`serve/page.py`). Every /v1 route, /metrics and the page's data
-need `Authorization: Bearer <key>`.
+evolution: GET /page, /page/state, /page/events (`serve/page.py`). Every /v1 route needs `Authorization: Bearer <key>`,
+the deployment's key or a per-user one (`serve.user_keys_file`); /metrics and the page's data the deployment's alone.
 Bodies are size-checked and validated before the model runs; bad input is a 4xx with a message.
 
 Each replica retrieves experiences from the navigator for the live request (the fast loop) and
@@ -35,7 +35,7 @@ from policies.engines.live_policy import LivePolicy
 from serve.feedback import take_feedback
 from serve.interactions import Turn, user_salt
 from serve.metrics import CONTENT_TYPE, Metrics
-from serve.net import authorized, loopback_replica_grpc, read_body, unauthorized
+from serve.net import Keys, authorized, load_user_keys, loopback_replica_grpc, read_body, unauthorized
 from serve.outbox import Outbox
 from serve.page import Page
 from serve.page import router as page_router
@@ -51,7 +51,7 @@ answer_errors(app)
 @serve.deployment(max_ongoing_requests=8, health_check_period_s=10, graceful_shutdown_timeout_s=20)
 @serve.ingress(app)
 class KaizenServer:
-    def __init__(self, settings_json: str, api_key: str, salt: str):
+    def __init__(self, settings_json: str, api_key: str, salt: str, user_keys: dict[str, str] | None = None):
         loopback_replica_grpc()
         self.s = Settings.model_validate_json(settings_json)
         if self.s.telemetry.strict_events:
@@ -63,7 +63,7 @@ class KaizenServer:
             self.s.telemetry.otlp_endpoint,
             stream=open(self.s.state / "logs" / "serve.log", "a", buffering=1),
         )
-        self.key = api_key
+        self.key, self.keys = api_key, Keys(api_key, user_keys)  # user_keys: {key: name}, `serve.user_keys_file`
         self.salt = bytes.fromhex(salt)  # `user_salt`: the deployment's, the same on every host
         try:
             self.replica = serve.get_replica_context().replica_tag
@@ -78,8 +78,7 @@ class KaizenServer:
         self.outbox = Outbox(self.s.state / "serve" / "outbox.db")
         self._drainer: asyncio.Task | None = None
         self._bus_lock = asyncio.Lock()
-        self.served = 0
-        self.metrics = Metrics(self.outbox.size)
+        self.served, self.metrics = 0, Metrics(self.outbox.size)
         self.weights = ReplicaWeights(
             LivePolicy(self.s, "serve", log=self.log), self.replica, self.s.nats.subject_prefix, self._report, self.log
         )  # the live version (and canary) before traffic
@@ -125,7 +124,7 @@ class KaizenServer:
         return self.weights.engine
 
     async def _body(self, request: Request):
-        return await read_body(request, self.key, self.s.serve.max_body_bytes)
+        return await read_body(request, self.keys, self.s.serve.max_body_bytes)
 
     async def _retrieve(self, query: str) -> RetrieveReply:
         if self.bus is not None and not self.bus.connected:  # down: answer without memory, at once
@@ -174,13 +173,13 @@ class KaizenServer:
 
     @app.get("/v1/models")
     async def models(self, request: Request):
-        if not authorized(request, self.key):
+        if self.keys.holder(request) is None:
             return unauthorized()
         return {"object": "list", "data": [self._model(n) for n in self._model_names()]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(self, model_id: str, request: Request):
-        if not authorized(request, self.key):
+        if self.keys.holder(request) is None:
             return unauthorized()
         return self._model(model_id) if model_id in self._model_names() else no_such_model(model_id, self.s.model.name)
 
@@ -253,6 +252,7 @@ class KaizenServer:
                 engine=engine,
                 n_prompt=n_prompt,
                 peer=request.client.host if request.client else "",
+                holder=self.keys.holder(request) or "",
             )
             if req.stream:
                 return sse_response(self, turn)  # server-sent events, unbuffered by proxies
@@ -280,7 +280,7 @@ def build_app(settings: Settings, api_key: str):
         max_ongoing_requests=s.max_ongoing_requests,
         ray_actor_options={"num_cpus": s.replica_cpus, "num_gpus": s.replica_gpus},
         **spread,
-    ).bind(settings.model_dump_json(), api_key, user_salt(settings.state).hex())
+    ).bind(settings.model_dump_json(), api_key, user_salt(settings.state).hex(), load_user_keys(s.user_keys_file, api_key))
 
 
 def app_builder(args: dict):

@@ -41,6 +41,7 @@ class Turn:
     stopped: bool = False  # the answer ended at one of the request's stop sequences
     t0: float = field(default_factory=time.perf_counter)
     peer: str = ""  # the client's address: who a request without `user` comes from
+    holder: str = ""  # the name of the per-user key it came with ("": the deployment's key, its users named by `user`)
     text: str = ""  # the answer's text as generated (after its forced prefix, cut at a stop sequence)
 
     @cached_property
@@ -82,10 +83,13 @@ class Turn:
 
     def interaction(self, answer: ChatMessage, version: str, straddled: bool, replica: str, key: str, salt: bytes) -> Interaction:
         # a request without `user` (or `safety_identifier`, OpenAI's newer name for it) is its connection's: one API key's
-        # anonymous clients are not one user to the per-user caps and to conversation stitching. Keyed by the deployment's
-        # secret salt (`user_salt`): an address or a `user` name cannot be found again from its hash by trying every candidate
+        # anonymous clients are not one user to the per-user caps and to conversation stitching. A per-user key
+        # (`serve.user_keys_file`) is its holder whatever `user` says: a new `user` a request makes no new user there;
+        # hashed under a salt of their own, so that no `user` string a deployment-key client sends is taken for one.
+        # Keyed by the deployment's secret salt (`user_salt`): an address or a name cannot be found again from its hash
         who = self.req.user or self.req.safety_identifier or f"peer:{self.peer}"
-        user = who + "|" + hashlib.sha256(key.encode()).hexdigest()[:8]
+        user = self.holder or who + "|" + hashlib.sha256(key.encode()).hexdigest()[:8]
+        salt = salt + b"|user key" if self.holder else salt
         choice = self.req.tool_choice
         choice = choice.model_dump(exclude_none=True) if hasattr(choice, "model_dump") else choice
         ev = Interaction(

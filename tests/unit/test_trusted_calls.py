@@ -155,4 +155,4 @@ def test_every_replica_gets_the_deployments_salt_from_where_the_app_is_built(tmp
     s = load_settings(None)
     s.state_dir = str(tmp_path)
     args = build_app(s, "k")._bound_deployment.init_args  # what Serve hands each replica, on whichever host
-    assert args[1:] == ("k", user_salt(tmp_path).hex())
+    assert args[1:3] == ("k", user_salt(tmp_path).hex())
