@@ -27,7 +27,7 @@ async def connect(s: Settings, run: dict):
 def summarize(ev: Event) -> str:
     """One line per event, read through its model."""
     if isinstance(ev, E.Interaction):
-        return f"{ev.interaction_id} replica={ev.replica} experiences={len(ev.experience_ids)}"
+        return f"{ev.interaction_id} user={ev.user_hash[:8]} replica={ev.replica} experiences={len(ev.experience_ids)}"
     if isinstance(ev, E.Feedback):
         return f"{ev.interaction_id} score={ev.score}"
     if isinstance(ev, T.Task):

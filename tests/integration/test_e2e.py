@@ -1,11 +1,10 @@
 """End to end: `main.py up` on real parts, an OpenAI client talking to it, a promoted version served.
 
-Starts the whole system as a user would (subprocess, its own state dir and ports), sends chat
-requests and feedback with the `openai` client until the served `system_fingerprint` changes to
-a newly promoted version, and asserts no request failed. Then checks the event kinds on the
-stream, kills one actor process with SIGKILL and checks it comes back while the endpoint keeps
-answering, and stops everything with `main.py down`. The HTTP edge of the same `up` (4xx, loopback only,
-tools and streaming) is in test_e2e_edge.py."""
+Starts the whole system as a user would (subprocess, its own state dir and ports), sends chat requests and feedback
+with the `openai` client until the served `system_fingerprint` changes to a newly promoted version, and asserts no
+request failed. Then checks the event kinds on the stream, kills one actor process with SIGKILL and checks it comes
+back while the endpoint keeps answering, and stops everything with `main.py down`. The HTTP edge of the same `up`
+(4xx, per-user keys, loopback only, tools and streaming) is in test_e2e_edge.py."""
 
 import json
 import os
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from deploy.nats import free_port
 
@@ -41,18 +41,15 @@ def _cli(state, *args, timeout=120):
 def _comm(pid: int) -> str:
     """A process's name, or "" when it ended between listing and reading (a worker thread or a short-lived child)."""
     try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
+        return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
 
 
 def _self_questioning(lines: list[str]) -> tuple[bool, bool]:
     """(a synthetic task was verified, one was issued), from lines of `main.py events`."""
-    return (
-        any(" task_status " in ln and " verified" in ln for ln in lines),
-        any(" task " in ln and "origin=synthetic" in ln for ln in lines),
-    )
+    verified = any(" task_status " in ln and " verified" in ln for ln in lines)
+    return verified, any(" task " in ln and "origin=synthetic" in ln for ln in lines)
 
 
 def _status(state) -> dict:
@@ -77,12 +74,15 @@ def system(tmp_path_factory, model_dir):
     state = tmp_path_factory.mktemp("e2e") / "state"
     (state / "model").mkdir(parents=True)
     shutil.copytree(model_dir, state / "model" / "smollm2-135m-instruct")  # skip the one-time conversion
-    port = free_port()
-    env = {**os.environ, "KAIZEN_STATE_DIR": str(state), "KAIZEN_SERVE_PORT": str(port)}
-    log = open(state / "up.out", "w")
+    port, preset = free_port(), yaml.safe_load((ROOT / "config" / "cpu.yaml").read_text())
+    (state / "user_keys").write_text("alice alice-e2e-key-0123456789abcdef\n")  # the default preset and a per-user key
+    (state / "preset.yaml").write_text(
+        yaml.safe_dump({**preset, "serve": {**preset["serve"], "user_keys_file": str(state / "user_keys")}})
+    )
+    env, log = {**os.environ, "KAIZEN_STATE_DIR": str(state), "KAIZEN_SERVE_PORT": str(port)}, open(state / "up.out", "w")
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "main.py"), "up"],
+        [sys.executable, str(ROOT / "main.py"), "up", "--config", str(state / "preset.yaml")],
         cwd=ROOT,
         env=env,
         stdout=log,

@@ -69,6 +69,26 @@ def test_auth_and_bad_input_are_4xx(system):  # noqa: F811
         assert 400 <= r.status_code < 500 and r.json()["error"]["message"], (body[:80], r.status_code, r.text[:300])
 
 
+def test_a_per_user_key_reaches_chat_and_the_models_but_not_the_operators_routes(system):  # noqa: F811
+    base = system["endpoint"]
+    alice = {"Authorization": "Bearer " + (system["state"] / "user_keys").read_text().split()[1]}  # serve.user_keys_file
+    assert HTTP.get(base + "/models", headers=alice).json()["data"][0]["id"] == system["model"]
+    ids = []
+    for user in ("u1", "u2"):  # a new `user` on each request: still the key's one user
+        body = {"model": system["model"], "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "user": user}
+        r = HTTP.post(base + "/chat/completions", headers=alice, json=body, timeout=300)
+        assert r.status_code == 200, r.text[:300]
+        ids.append(r.json()["id"])
+    assert HTTP.get(base.replace("/v1", "/metrics"), headers=alice).status_code == 401  # the deployment's key alone
+    assert HTTP.get(base.replace("/v1", "/page/state"), headers=alice).status_code == 401
+    for _ in range(30):  # both on the stream as one user (`events` shows a user hash's first 8 characters)
+        out = _cli(system["state"], "events", "interaction", "--all", "--seconds", "4", timeout=120).stdout
+        lines = [ln for ln in out.splitlines() if any(i in ln for i in ids)]
+        if len(lines) == 2:
+            break
+    assert len(lines) == 2 and len({ln.split(" user=")[1].split()[0] for ln in lines}) == 1, out[-2000:]
+
+
 def test_nothing_listens_beyond_loopback(system):  # noqa: F811
     from deploy.procs import descendants, exposed, listeners
 
