@@ -158,7 +158,7 @@ def resample_step(
         forced_prefix(step.tools, engine, context, temperature) if forced == CALL_PREFIX else forced for _ in range(n - guided)
     ]
     if prefixes:
-        grammar = response_grammar(response_format, step.tools, bool(forced))
+        grammar = response_grammar(response_format, step.tools, bool(forced), call_tokens=getattr(engine, "call_tokens", False))
         gens = engine.generate(
             [context + p for p in prefixes], max_new_tokens, temperature=temperature, top_p=top_p, grammar=grammar
         )

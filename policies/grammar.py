@@ -10,7 +10,9 @@ JSON or a call, as the reference's is, each strict function's call with its own 
 `response_format`, a `strict` function (OpenAI's strict function calling, the Agents SDK's default) asks for a grammar
 too: free text, then perhaps a call block, its strict calls with their own parameters. A forced call needs no
 grammar (its answer is a call), unless its function is `strict` (OpenAI's strict function calling): then its
-arguments are decoded under their schema (`strict_arguments_grammar`)."""
+arguments are decoded under their schema (`strict_arguments_grammar`). Where a vocabulary writes the call markup as
+one token each (`has_call_tokens`: Qwen2.5's and Qwen3's `<tool_call>`, `</tool_call>`), the grammar admits those tokens
+too: llguidance reads every added token as a special one, which no grammar text matches."""
 
 from __future__ import annotations
 
@@ -19,25 +21,32 @@ import json
 import threading
 
 from actors.events import ToolSpec
-from policies.chat import call_opening
+from policies.chat import CALL_OPEN, call_opening
+
+CALL_CLOSE = "</tool_call>"
 
 MAX_SCHEMA_CHARS = 32_000
 SPACING = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def response_grammar(
-    response_format: dict | None, tools: list[ToolSpec] = (), forced: str | bool = False, one_call: bool = False
+    response_format: dict | None,
+    tools: list[ToolSpec] = (),
+    forced: str | bool = False,
+    one_call: bool = False,
+    call_tokens: bool = False,
 ) -> str | None:
     """The Lark grammar a request's `response_format` asks for, None for text; `one_call`: at most one call
     (`parallel_tool_calls: false`). A `forced` call (its opening, `<tool_call>[{"name": "f", "arguments": `) is a call:
-    its grammar is its arguments' schema when f is `strict`, else none. ValueError names what is wrong: an unknown
-    type, a json_schema without a schema object, a schema the compiler refuses."""
+    its grammar is its arguments' schema when f is `strict`, else none. `call_tokens`: the engine's vocabulary has the
+    call markup as tokens of its own (`has_call_tokens`). ValueError names what is wrong: an unknown type, a json_schema
+    without a schema object, a schema the compiler refuses."""
     kind = (response_format or {}).get("type", "text")
     if forced:
         spec = next((t.function for t in tools if forced == call_opening(t, grammar=True)), None)
-        return strict_arguments_grammar(spec) if spec is not None and spec.strict else None
+        return strict_arguments_grammar(spec, call_tokens) if spec is not None and spec.strict else None
     if kind == "text":
-        return _prose_or_calls(tools, one_call) if any(t.function.strict for t in tools) else None
+        return _prose_or_calls(tools, one_call, call_tokens) if any(t.function.strict for t in tools) else None
     if kind == "json_object":
         schema = {"type": "object"}
     elif kind == "json_schema":
@@ -57,17 +66,20 @@ def response_grammar(
         raise ValueError(f"response_format schema is {len(text)} characters; at most {MAX_SCHEMA_CHARS}")
     lark = f"start: answer\nanswer: %json {text}\n"
     if tools:
-        lark = f'start: answer | call\nanswer: %json {text}\ncall: "<tool_call>" %json {_calls(tools, one_call)} "</tool_call>"\n'
+        calls = _calls(tools, one_call)
+        lark = f"start: answer | call\nanswer: %json {text}\ncall: {_open(call_tokens)} %json {calls} {_close(call_tokens)}\n"
     return _checked(lark, "response_format schema")
 
 
-def _prose_or_calls(tools: list[ToolSpec], one_call: bool) -> str:
+def _prose_or_calls(tools: list[ToolSpec], one_call: bool, call_tokens: bool = False) -> str:
     """Text, as free as without a grammar, or text that opens one call block whose calls name declared functions,
     each strict one's arguments matching its parameters: OpenAI's strict function calling while the model may still
     answer in words (`tool_choice` auto). The text before a call is one lexeme with its opening, as the lexer takes
-    the longest match and would not give back a `<tool_call` it had read as text."""
+    the longest match and would not give back a `<tool_call` it had read as text; the opening's own token (a special
+    one to llguidance) ends the text before it."""
+    token = f" | prose {CALL_OPEN} calls {_close(True)}" if call_tokens else ""
     return _checked(
-        'start: prose | OPEN calls "</tool_call>"\nprose: PROSE?\n'
+        f"start: prose | OPEN calls {_close(call_tokens)}{token}\nprose: PROSE?\n"
         "PROSE: /(?s:.+)/ & ~/(?s:.*<tool_call>.*)/\n"  # anything that does not open a call
         "OPEN: /(?s:.*<tool_call>)/ & ~/(?s:.*<tool_call>.+)/\n"  # anything up to the first opening
         f"calls: %json {_calls(tools, one_call)}\n",
@@ -133,13 +145,31 @@ def _strict_schema(parameters: dict) -> dict:
     return {"type": "object", **parameters, "x-guidance": SPACING}
 
 
-def strict_arguments_grammar(spec) -> str:
+def strict_arguments_grammar(spec, call_tokens: bool = False) -> str:
     """A forced call of a `strict` function (OpenAI's strict function calling): arguments that match its
     parameters exactly, then the markup that closes the call. ValueError when the compiler refuses the schema."""
     text = json.dumps(_strict_schema(spec.parameters))
     if len(text) > MAX_SCHEMA_CHARS:
         raise ValueError(f"function {spec.name}'s parameters are {len(text)} characters; at most {MAX_SCHEMA_CHARS}")
-    return _checked(f'start: arguments "}}]</tool_call>"\narguments: %json {text}\n', f"function {spec.name}'s parameters")
+    close = f'"}}]" {_close(True)}' if call_tokens else f'"}}]{CALL_CLOSE}"'
+    lark = f"start: arguments {close}\narguments: %json {text}\n"
+    return _checked(lark, f"function {spec.name}'s parameters")
+
+
+def has_call_tokens(tok) -> bool:
+    """Whether a tokenizer has `<tool_call>` and `</tool_call>` as added tokens of their own (Qwen2.5's and Qwen3's
+    151657 and 151658, not special to transformers): llguidance reads every added token as a special one, so a grammar
+    for that vocabulary names them as tokens (`<tool_call>`), or the model could only spell the markup out."""
+    added = tok.get_added_vocab()
+    return all(t in added for t in (CALL_OPEN, CALL_CLOSE))
+
+
+def _open(call_tokens: bool) -> str:
+    return f'("{CALL_OPEN}" | {CALL_OPEN})' if call_tokens else f'"{CALL_OPEN}"'
+
+
+def _close(call_tokens: bool) -> str:
+    return f'("{CALL_CLOSE}" | {CALL_CLOSE})' if call_tokens else f'"{CALL_CLOSE}"'
 
 
 def _checked(lark: str, what: str) -> str:

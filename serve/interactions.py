@@ -48,7 +48,8 @@ class Turn:
     def grammar(self) -> str | None:
         """The grammar its `response_format`, or its strict functions, ask for (None: free text),
         checked already by `serve.wire.parse_chat`."""
-        return response_grammar(self.req.response_format, self.tools, self.forced, self.req.parallel_tool_calls is False)
+        r, call_tokens = self.req, getattr(self.engine, "call_tokens", False)
+        return response_grammar(r.response_format, self.tools, self.forced, r.parallel_tool_calls is False, call_tokens)
 
     def generate(self, stream_cb=None):
         """Its answer's generation, on the engine that answers it from start to end."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from policies.engines.batching import Batcher, Request, RowBudget, RowStops, RowStreamer
 from policies.engines.generation import Generation, KeptPrefill, LockedTokenizer, shared_prefix_logprobs, walk_choice
-from policies.grammar import Grammars
+from policies.grammar import Grammars, has_call_tokens
 
 
 class TransformersEngine:
@@ -67,7 +67,7 @@ class TransformersEngine:
         self.share_prefill = share_prefill  # batches via policies/engines/shared_decode.py (the scorers' and the explorer's)
         self.kept = KeptPrefill()  # `choose`'s last prompt, for the next choice on it and the generation after it
         self.im_end = self.tok.convert_tokens_to_ids("<|im_end|>")
-        self.grammars = Grammars(self.tok, self.im_end)  # structured output (`response_format`)
+        self.grammars, self.call_tokens = Grammars(self.tok, self.im_end), has_call_tokens(self.tok)  # structured output
         # concurrent single-prompt calls (serving threads) are answered in batches of up to max_batch
         self.batcher = Batcher(self._run_batch, max_batch, batch_window_ms / 1000) if max_batch > 1 else None
 

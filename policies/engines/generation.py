@@ -23,6 +23,7 @@ class Engine(Protocol):
     """What callers use of an engine (`engine.py` TransformersEngine, `vllm_engine.py` VllmEngine, both in this package)."""
 
     version: str
+    call_tokens: bool  # its vocabulary has `<tool_call>` and `</tool_call>` as tokens of their own (`policies.grammar`)
 
     def generate(
         self,

@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 
 from policies.engines.generation import Generation, LockedTokenizer, trie_step
+from policies.grammar import has_call_tokens
 
 
 class VllmEngine:
@@ -49,6 +50,7 @@ class VllmEngine:
         self.version = version
         self.tok = tokenizer or LockedTokenizer(AutoTokenizer.from_pretrained(str(model_dir)))
         self.stop_ids = [t for t in {self.tok.convert_tokens_to_ids("<|im_end|>"), self.tok.eos_token_id} if t is not None]
+        self.call_tokens = has_call_tokens(self.tok)  # Qwen's `<tool_call>` is a token of its own (`policies/grammar.py`)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
         self._thread.start()

@@ -141,3 +141,36 @@ def test_an_unforced_request_with_a_strict_function_decodes_text_or_a_call_that_
     for g in eng.generate([prompt] * 4, 64, temperature=1.0, grammar=grammar):
         for c in parse_assistant(g.text).tool_calls if g.finish_reason == "stop" and "<tool_call>" in g.text else ():
             assert c.name == "noop" or jsonschema.validate(json.loads(c.arguments), PARAMS) is None, g.text
+
+
+@pytest.mark.parametrize("special", [False, True])
+def test_a_vocabulary_with_call_tokens_may_write_the_markup_as_those_tokens(model_dir, special):
+    """Qwen2.5 and Qwen3 write `<tool_call>` and `</tool_call>` as one added token each (not special to transformers);
+    llguidance reads every added token as a special one, which grammar text never matches: without the tokens named
+    in the grammar, the model could only spell the markup out. SmolLM2's tokenizer with the two tokens added stands
+    in for Qwen's here (no model hub)."""
+    from transformers import AutoTokenizer
+
+    from policies.grammar import Grammars, has_call_tokens
+
+    plain, tok = AutoTokenizer.from_pretrained(str(model_dir)), AutoTokenizer.from_pretrained(str(model_dir))
+    assert not has_call_tokens(plain)
+    tok.add_tokens(["<tool_call>", "</tool_call>"], special_tokens=special)
+    assert has_call_tokens(tok)
+    grammars = Grammars(tok, tok.eos_token_id)
+    opening = call_opening(_spec(True), grammar=True)
+    call = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C"}}]</tool_call>'
+
+    def taken(grammar: str, text: str, spelled: bool = False) -> bool:  # one token each, or spelled out
+        ids = (plain if spelled else tok).encode(text, add_special_tokens=False)
+        return grammars.matcher(grammar).validate_tokens(ids) == len(ids)
+
+    assert len(tok.encode(call, add_special_tokens=False)) < len(plain.encode(call, add_special_tokens=False))
+    text = response_grammar(None, [_spec(True)], call_tokens=True)
+    assert taken(text, "Let me look. " + call) and taken(text, call) and taken(text, "Let me look. " + call, spelled=True)
+    assert taken(text, "It is sunny.") and not taken(text, call + " more")
+    assert not taken(response_grammar(None, [_spec(True)]), call)  # the text-only grammar refuses the tokens
+    json_or_call = response_grammar({"type": "json_object"}, [_spec(True)], call_tokens=True)
+    assert taken(json_or_call, call) and taken(json_or_call, call, spelled=True) and taken(json_or_call, '{"a": 1}')
+    forced = response_grammar(None, [_spec(True)], opening, call_tokens=True)
+    assert taken(forced, '{"city": "Oslo", "unit": "C"}}]</tool_call>') and not taken(forced, '{"city": "Oslo"}}]</tool_call>')
