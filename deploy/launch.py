@@ -68,6 +68,13 @@ def up(s: Settings, args) -> int:
         s.serve.api_key = secret_file(key_file, lambda: secrets.token_urlsafe(32))
     else:
         key_file = None
+    if s.serve.user_keys_file:  # a malformed per-user keys file stops `up` here, naming its line, before anything starts
+        from serve.net import load_user_keys
+
+        try:
+            say(f"user keys: {len(load_user_keys(s.serve.user_keys_file, s.serve.api_key))} from {s.serve.user_keys_file}")
+        except (OSError, ValueError) as exc:
+            sys.exit(f"serve.user_keys_file: {exc}")
     stop = asyncio.Event()
     nats_server = None
     if not s.nats.url:

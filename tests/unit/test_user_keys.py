@@ -110,3 +110,27 @@ def test_the_keys_file_reaches_every_replica_from_where_the_app_is_built(tmp_pat
     s.serve.user_keys_file = str(_keys_file(tmp_path, f"alice {MAIN}\n"))
     with pytest.raises(ValueError, match="the deployment's own key"):  # refused where `up` starts, before any replica
         build_app(s, MAIN)
+
+
+def test_up_stops_at_a_malformed_keys_file_before_starting_anything(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    preset = yaml.safe_load((root / "config" / "cpu.yaml").read_text())
+    preset["serve"]["user_keys_file"] = str(_keys_file(tmp_path, f"alice {ALICE}\nbob short\n"))
+    (tmp_path / "preset.yaml").write_text(yaml.safe_dump(preset))
+    env = {**os.environ, "KAIZEN_STATE_DIR": str(tmp_path / "state")}
+    r = subprocess.run(
+        [sys.executable, str(root / "main.py"), "up", "--config", str(tmp_path / "preset.yaml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode != 0 and "line 2: the key of 'bob' is shorter than 16" in r.stderr, r.stderr[-1000:]
+    assert not (tmp_path / "state" / "nats").exists() and not (tmp_path / "state" / "run.json").exists()
