@@ -160,7 +160,7 @@ def has_call_tokens(tok) -> bool:
     """Whether a tokenizer has `<tool_call>` and `</tool_call>` as added tokens of their own (Qwen2.5's and Qwen3's
     151657 and 151658, not special to transformers): llguidance reads every added token as a special one, so a grammar
     for that vocabulary names them as tokens (`<tool_call>`), or the model could only spell the markup out."""
-    added = tok.get_added_vocab()
+    added = getattr(tok, "get_added_vocab", dict)()  # (a tokenizer with no added vocabulary has none)
     return all(t in added for t in (CALL_OPEN, CALL_CLOSE))
 
 
