@@ -20,8 +20,9 @@ def forced_prefix(tools, engine=None, prompt: str = "", temperature: float = 0.0
     """The start of a forced tool call (tool_choice="required"); with a single tool its name and first
     required argument are forced too. Given an engine, the name is chosen among the declared ones by
     constrained decoding (sampled at `temperature`), as Serve does for tool_choice="required": the
-    explorer uses this so the samples of a group try different functions. The held-out gate and
-    `main.py eval` do not (they measure the policy's own choice of name)."""
+    explorer uses this so the samples of a group try different functions, and held-out scoring (`evaluate`)
+    so that it measures what a client asking for a call gets from Serve: the policy's own choice of name, among
+    the declared ones."""
     if len(tools) == 1:
         return call_opening(tools[0])
     if engine is not None and tools:
@@ -221,13 +222,16 @@ def run_episodes(
     call_prefix: bool = False,
 ) -> list[list[Sample]]:
     """`n` episodes of each of several entries in one lockstep batch (unguided): per entry, its samples. One
-    batched generation serves every entry's episodes at once, which is what makes held-out scoring cheap."""
+    batched generation serves every entry's episodes at once, which is what makes held-out scoring cheap. A forced
+    call (`call_prefix`) names one of the declared functions, chosen by the engine at `temperature` as Serve
+    chooses it for tool_choice="required" (`forced_prefix`): left to write the name freely, SmolLM2-135M named
+    an undeclared function in every sample of BFCL `multiple`, a score no client of the endpoint ever sees."""
     t0 = time.monotonic()
     eps = []
     try:
         for eid in entry_ids:
             eps.extend(env.episode(eid) for _ in range(n))
-        res = _run(engine, eps, len(eps), t0, max_new_tokens, temperature, top_p, None, 0, None, None, call_prefix)
+        res = _run(engine, eps, len(eps), t0, max_new_tokens, temperature, top_p, None, 0, None, None, call_prefix, call_prefix)
     finally:
         for ep in eps:
             release = getattr(ep, "release", None)

@@ -78,3 +78,54 @@ def test_run_episodes_returns_each_entrys_samples_in_order():
     assert [s.messages[1].content for s in groups[0]] == ["say 3"] * 3
     assert [s.outcome for s in groups[1]] == [1.0, 1.0, 1.0]
     assert [len(s.step_indices) for s in groups[1]] == [2, 2, 2]
+
+
+class _TwoToolEpisode(_Episode):
+    """One turn with two declared functions; right when the call names `cd` with folder "b"."""
+
+    def __init__(self, entry_id: str):
+        super().__init__(entry_id)
+        from actors.events import ToolSpec
+
+        self.tools = [
+            ToolSpec(function={"name": "ls", "parameters": {"type": "object", "properties": {}}}),
+            ToolSpec(
+                function={
+                    "name": "cd",
+                    "parameters": {"type": "object", "required": ["folder"], "properties": {"folder": {"type": "string"}}},
+                }
+            ),
+        ]
+
+    def step(self, action: ChatMessage) -> StepResult:
+        self.right += [(c.name, c.arguments) for c in action.tool_calls] == [("cd", '{"folder": "b"}')]
+        return StepResult([], 1.0, True)
+
+
+class _ChoosingEngine(_Engine):
+    """Picks `cd` when asked to choose, then writes the rest of its call; left to itself it names `rm`."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked = []
+
+    def choose(self, prompt, options, temperature=0.0):
+        self.asked.append((options, temperature))
+        return 'cd"'
+
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0):
+        self.batches.append(len(prompts))
+        tail = ['b"}}]</tool_call>' if p.endswith('"folder": "') else 'rm", "arguments": {}}]</tool_call>' for p in prompts]
+        return [Generation(t, 1, 1, "stop", "w-000000") for t in tail]
+
+
+def test_a_forced_call_in_heldout_scoring_names_a_declared_function_as_serve_would():
+    """Held-out scoring measures what a client asking for a call (tool_choice="required") gets: Serve picks the name
+    among the declared functions with the policy's own probabilities, so the suite does too, at its temperature."""
+    env, eng = _Env(), _ChoosingEngine()
+    env.episode = lambda entry_id, spec=None: _TwoToolEpisode(entry_id)
+    got = evaluate(eng, env, ["t1_x"], k=2, temperature=0.7, call_prefix=True, batch=2)
+    assert got["entries"] == {"t1_x": [1.0, 1.0]}
+    assert eng.asked == [(['ls"', 'cd"'], 0.7)] * 2
+    free = evaluate(_ChoosingEngine(), env, ["t1_x"], k=2, call_prefix=False)  # no forced call: nothing is chosen
+    assert free["entries"] == {"t1_x": [0.0, 0.0]}

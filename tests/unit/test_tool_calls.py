@@ -161,7 +161,7 @@ def test_forced_prefix_chooses_a_declared_name_only_when_given_an_engine():
             }
         ),
     ]
-    assert forced_prefix(tools) == CALL_PREFIX  # the gate measures the policy's own choice
+    assert forced_prefix(tools) == CALL_PREFIX  # no engine: the name is left to whatever writes next
     eng = _Chooser()
     got = forced_prefix(tools, eng, "PROMPT", 0.7)
     assert got == '<tool_call>[{"name": "cd", "arguments": {"folder": "'
