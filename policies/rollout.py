@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from actors.events import ChatMessage, Sample
 from envs.base import Environment
-from policies.chat import CALL_PREFIX, call_opening, parse_assistant, render
+from policies.chat import CALL_PREFIX, call_opening, parse_assistant, parse_forced, render
+from policies.vetting import trusted_calls
 
 
 def forced_prefix(tools, engine=None, prompt: str = "", temperature: float = 0.0) -> str:
@@ -29,6 +30,15 @@ def forced_prefix(tools, engine=None, prompt: str = "", temperature: float = 0.0
         names = {t.function.name + '"': t for t in tools}
         return call_opening(names[engine.choose(prompt + CALL_PREFIX, list(names), temperature)])
     return CALL_PREFIX
+
+
+def served(prefix: str, gen, tools) -> ChatMessage:
+    """The answer Serve sends for a forced call (`serve/interactions.py`): its name kept when the token limit cut it
+    off, and only calls a client can run (`trusted_calls`: later calls to undeclared functions, or with arguments
+    that are no JSON object, are left out). The explorer trains on the text as written (`parse_assistant`), so
+    what follows a call still counts against a sample there; held-out scoring measures what a client receives."""
+    cut = gen.finish_reason == "length"
+    return trusted_calls(parse_forced(prefix, gen.text), tools, prefix + gen.text, cut, forced=True)
 
 
 @dataclass
@@ -102,6 +112,7 @@ def _run(
     on_step,
     call_prefix,
     choose_names=False,
+    as_served=False,
 ) -> GroupResult:
     msgs = [[ChatMessage(role="system", content=ep.system_prompt)] for ep in eps]
     steps: list[list[int]] = [[] for _ in eps]
@@ -132,7 +143,9 @@ def _run(
             first = False
             for i, g in zip(idx, gens):
                 tokens += g.completion_tokens
-                action = parse_assistant(prefixes[i] + g.text)
+                action = (
+                    served(prefixes[i], g, eps[i].tools) if as_served and prefixes[i] else parse_assistant(prefixes[i] + g.text)
+                )
                 steps[i].append(len(msgs[i]))
                 msgs[i].append(action)
                 r = eps[i].step(action)
@@ -225,13 +238,16 @@ def run_episodes(
     batched generation serves every entry's episodes at once, which is what makes held-out scoring cheap. A forced
     call (`call_prefix`) names one of the declared functions, chosen by the engine at `temperature` as Serve
     chooses it for tool_choice="required" (`forced_prefix`): left to write the name freely, SmolLM2-135M named
-    an undeclared function in every sample of BFCL `multiple`, a score no client of the endpoint ever sees."""
+    an undeclared function in every sample of BFCL `multiple`, a score no client of the endpoint ever sees. The
+    forced answer is then the one Serve would send (`served`)."""
     t0 = time.monotonic()
     eps = []
     try:
         for eid in entry_ids:
             eps.extend(env.episode(eid) for _ in range(n))
-        res = _run(engine, eps, len(eps), t0, max_new_tokens, temperature, top_p, None, 0, None, None, call_prefix, call_prefix)
+        res = _run(
+            engine, eps, len(eps), t0, max_new_tokens, temperature, top_p, None, 0, None, None, call_prefix, call_prefix, True
+        )
     finally:
         for ep in eps:
             release = getattr(ep, "release", None)

@@ -5,8 +5,8 @@ The suite is the first `per_category` held-out entries of every category of ever
 category of the code env is a rung of its ladder), scored avg@k with sampling (`temperature`), k >= 4
 by default. Scores are cached per version in `<state>/evals/heldout.json` under the suite's
 fingerprint (entries, k, temperature, token budget, forced call prefix, how a forced call's name is
-picked): a different suite starts a new cache. The paired comparison with the base (`policies/stats.py`) uses the same entries.
-Held-out entries are only ever evaluated, never trained on (tests pin that).
+picked and its answer read): a different suite starts a new cache. The paired comparison with the base
+(`policies/stats.py`) uses the same entries. Held-out entries are only ever evaluated, never trained on (tests pin that).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from policies.device_lock import file_lock
 from policies.stats import paired_test
 from policies.weights.model_store import atomic_write_bytes
 
-NAMES = "declared"  # a forced call's name: one of the declared functions, as Serve picks it
+# a forced call names one of the declared functions, as Serve picks it, and is scored as Serve sends it (`rollout.served`)
+NAMES = "declared, as served"
 
 
 def suite(envs: dict, per_category: int | dict[str, int], categories: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
@@ -45,7 +46,7 @@ class HeldoutCache:
     ):
         self.path, self.entries, self.k = Path(path), entries, k
         self.opts = {"temperature": temperature, "max_new_tokens": max_new_tokens, "call_prefix": call_prefix}
-        # scores from before a forced call's name was chosen among the declared ones (`run_episodes`) are another suite's
+        # scores from before a forced call was named and read as Serve does (`run_episodes`) are another suite's
         measure = [entries, k, self.opts, NAMES]
         self.fingerprint = hashlib.sha256(json.dumps(measure, sort_keys=True).encode()).hexdigest()[:16]
         data = json.loads(self.path.read_text()) if self.path.exists() else {}

@@ -129,3 +129,25 @@ def test_a_forced_call_in_heldout_scoring_names_a_declared_function_as_serve_wou
     assert eng.asked == [(['ls"', 'cd"'], 0.7)] * 2
     free = evaluate(_ChoosingEngine(), env, ["t1_x"], k=2, call_prefix=False)  # no forced call: nothing is chosen
     assert free["entries"] == {"t1_x": [0.0, 0.0]}
+
+
+class _RamblingEngine(_ChoosingEngine):
+    """Writes the right call, then rambles on into a second call block of a function nobody declared."""
+
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0):
+        tail = 'b"}}]</tool_call>\nOr maybe <tool_call>[{"name": "rm", "arguments": {"path": "/"}}]</tool_call>'
+        return [Generation(tail, 9, 9, "length", "w-000000") for _ in prompts]
+
+
+def test_heldout_scoring_scores_the_answer_serve_sends_and_the_explorer_the_text_as_written():
+    """Serve leaves out a forced answer's later calls a client cannot run (`trusted_calls`); held-out scoring scores
+    that answer. The explorer's samples keep what was written, so the rambling still counts against them."""
+    from policies.rollout import run_group
+
+    env = _Env()
+    env.episode = lambda entry_id, spec=None: _TwoToolEpisode(entry_id)
+    got = evaluate(_RamblingEngine(), env, ["t1_x"], k=2, temperature=0.7, call_prefix=True, batch=2)
+    assert got["entries"] == {"t1_x": [1.0, 1.0]}
+    group = run_group(_RamblingEngine(), env, "t1_x", 2, max_new_tokens=9, temperature=0.7, call_prefix=True, choose_names=True)
+    assert [s.outcome for s in group.samples] == [0.0, 0.0]
+    assert [c.name for c in group.samples[0].messages[2].tool_calls] == ["cd", "rm"]
