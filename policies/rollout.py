@@ -245,9 +245,8 @@ def run_episodes(
     try:
         for eid in entry_ids:
             eps.extend(env.episode(eid) for _ in range(n))
-        res = _run(
-            engine, eps, len(eps), t0, max_new_tokens, temperature, top_p, None, 0, None, None, call_prefix, call_prefix, True
-        )
+        args = (engine, eps, len(eps), t0, max_new_tokens, temperature, top_p, None, 0, None, None, call_prefix)
+        res = _run(*args, choose_names=call_prefix, as_served=True)
     finally:
         for ep in eps:
             release = getattr(ep, "release", None)
