@@ -206,6 +206,13 @@ def parse_forced(forced: str, text: str) -> ChatMessage:
     return msg
 
 
+def served_answer(forced: str, text: str, tools: list[ToolSpec], cut: bool) -> ChatMessage:
+    """The answer Serve sends for a generation `text` after the `forced` opening (empty when nothing was forced): parsed
+    (`parse_forced`) and vetted (`trusted_calls`); `cut`: the token limit ended it. Held-out scoring reads its forced
+    answers the same way (`policies/rollout.py`)."""
+    return trusted_calls(parse_forced(forced, text), tools, forced + text, cut, forced=bool(forced))
+
+
 def parse_assistant(text: str, allow_python: bool = True) -> ChatMessage:
     """Turn generated text into an assistant message with tool_calls where the model made some.
 

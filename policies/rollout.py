@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 from actors.events import ChatMessage, Sample
 from envs.base import Environment
-from policies.chat import CALL_PREFIX, call_opening, parse_assistant, parse_forced, render
-from policies.vetting import trusted_calls
+from policies.chat import CALL_PREFIX, call_opening, parse_assistant, render, served_answer
 
 
 def forced_prefix(tools, engine=None, prompt: str = "", temperature: float = 0.0) -> str:
@@ -30,15 +29,6 @@ def forced_prefix(tools, engine=None, prompt: str = "", temperature: float = 0.0
         names = {t.function.name + '"': t for t in tools}
         return call_opening(names[engine.choose(prompt + CALL_PREFIX, list(names), temperature)])
     return CALL_PREFIX
-
-
-def served(prefix: str, gen, tools) -> ChatMessage:
-    """The answer Serve sends for a forced call (`serve/interactions.py`): its name kept when the token limit cut it
-    off, and only calls a client can run (`trusted_calls`: later calls to undeclared functions, or with arguments
-    that are no JSON object, are left out). The explorer trains on the text as written (`parse_assistant`), so
-    what follows a call still counts against a sample there; held-out scoring measures what a client receives."""
-    cut = gen.finish_reason == "length"
-    return trusted_calls(parse_forced(prefix, gen.text), tools, prefix + gen.text, cut, forced=True)
 
 
 @dataclass
@@ -143,9 +133,10 @@ def _run(
             first = False
             for i, g in zip(idx, gens):
                 tokens += g.completion_tokens
-                action = (
-                    served(prefixes[i], g, eps[i].tools) if as_served and prefixes[i] else parse_assistant(prefixes[i] + g.text)
-                )
+                if as_served and prefixes[i]:  # as Serve sends it; the explorer trains on the text as written
+                    action = served_answer(prefixes[i], g.text, eps[i].tools, g.finish_reason == "length")
+                else:
+                    action = parse_assistant(prefixes[i] + g.text)
                 steps[i].append(len(msgs[i]))
                 msgs[i].append(action)
                 r = eps[i].step(action)
@@ -239,7 +230,7 @@ def run_episodes(
     call (`call_prefix`) names one of the declared functions, chosen by the engine at `temperature` as Serve
     chooses it for tool_choice="required" (`forced_prefix`): left to write the name freely, SmolLM2-135M named
     an undeclared function in every sample of BFCL `multiple`, a score no client of the endpoint ever sees. The
-    forced answer is then the one Serve would send (`served`)."""
+    forced answer is then read as Serve sends it (`served_answer`)."""
     t0 = time.monotonic()
     eps = []
     try:

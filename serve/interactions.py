@@ -16,7 +16,7 @@ from pathlib import Path
 
 from actors.events import ChatMessage, Interaction, RetrieveReply, ToolSpec, derived_id
 from config.private import secret_file
-from policies.chat import json_object, parse_forced, trusted_calls
+from policies.chat import json_object, served_answer
 from policies.grammar import response_grammar
 from policies.vetting import call_cut
 from serve.schemas import ChatRequest, NamedToolChoice
@@ -66,7 +66,7 @@ class Turn:
         if not self.tools:
             return ChatMessage(role="assistant", content=text.strip())
         cut = gen.finish_reason == "length" and not self.stopped
-        msg = trusted_calls(parse_forced(self.forced, text), self.tools, self.forced + text, cut, forced=bool(self.forced))
+        msg = served_answer(self.forced, text, self.tools, cut)
         if isinstance(self.req.tool_choice, NamedToolChoice):  # a named function: calls of it alone, as the reference's
             msg.tool_calls = [c for c in msg.tool_calls if c.name == self.req.tool_choice.function.name]
         if self.req.parallel_tool_calls is False and len(msg.tool_calls) > 1:

@@ -19,7 +19,7 @@ from policies.device_lock import file_lock
 from policies.stats import paired_test
 from policies.weights.model_store import atomic_write_bytes
 
-# a forced call names one of the declared functions, as Serve picks it, and is scored as Serve sends it (`rollout.served`)
+# a forced call names one of the declared functions, as Serve picks it, and is scored as Serve sends it (`chat.served_answer`)
 NAMES = "declared, as served"
 
 
