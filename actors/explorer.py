@@ -8,7 +8,7 @@ the environment's reference trajectory, replayed and verified in a fresh episode
 off-policy sample (mixed-policy GRPO: the learner trains it with LUFFY's shaped objective), so a
 policy at the floor of a task still gets a direction to move in.
 A task on the clients' own tools (env `client_tools`, the questioner's, `policies/tasks/client_tasks.py`) carries
-its tool set and reference call; it is rolled out in `envs/client_tools.py`, in process, whatever `env.names` says.
+its tool set and reference calls; it is rolled out in `envs/client_tools.py`, in process, whatever `env.names` says.
 An `evo.live_step` (the attributor's, `policies/judge/live_steps.py`) is one live step, taken ahead of tasks (its own
 consumer, `first_kinds`): the explorer re-samples `conversations.alternatives` answers from its context as Serve would
 answer that request, and the served answer and its alternatives, scored by `envs/live.py` against the tools the
@@ -98,8 +98,8 @@ class Explorer(EventActor):
             raise Poison(f"task {task.task_id} names unknown environment {task.env!r}")
         spec = None
         if task.env == CLIENT_TOOLS:
-            if task.origin != "synthetic" or not task.tools or len(task.reference) != 1:
-                raise Poison(f"task {task.task_id} on the clients' tools lacks its tools or its one reference call")
+            if task.origin != "synthetic" or not task.tools or not task.reference:
+                raise Poison(f"task {task.task_id} on the clients' tools lacks its tools or its reference calls")
             ok, why = verify_client_task(task.reference, task.tools)
             if not ok:
                 raise Poison(f"task {task.task_id} has an unusable reference: {why}")

@@ -150,15 +150,14 @@ class QuestionerSettings(_Section):
     )
     client_tool_sets: int = Field(64, description="Declared tool sets of live requests kept to write tasks about")
     client_tool_sets_per_user: int = Field(4, description="Of those, at most this many from one user")
+    client_parallel_share: float = Field(0.0, ge=0, le=1, description="Share of client_tools tasks asking for two calls at once")
     explore_steps: int = Field(3, description="Calls per curiosity-guided exploration")
     max_reference_calls: int = Field(2, description="Longest reference solution kept from an exploration")
     dedup_threshold: float = Field(0.92, description="Cosine similarity at which a new task duplicates an old one")
     band_low: float = Field(0.3, description="Lowest self-consistency of a task kept active (Agent0)")
     band_high: float = Field(0.8, description="Highest self-consistency of a task kept active (Agent0)")
     max_issues: int = Field(3, description="Times an in-band synthetic task is issued before it retires")
-    live_examples: int = Field(
-        5, description="Recent live requests shown to the task writer, and used to pick which environment entries to explore"
-    )
+    live_examples: int = Field(5, description="Recent live requests shown to the task writer and used to pick entries to explore")
     generator_base_url: str | None = Field(
         None, description="OpenAI-compatible generator endpoint for exploration and task writing; the served policy when unset"
     )

@@ -7,6 +7,8 @@ doc (`object` -> dict, `number` -> float) and the reference into BFCL's possible
 gives, its value; each optional argument it leaves out, omitted or the schema's `default`. So a call is right when
 it names the function, gives every required argument the reference's value (strings compared as BFCL compares
 them: case, spaces and `,./-_*^` ignored; an integer accepted for a number) and nothing the reference does not allow.
+A task that asks for several calls in one answer (the same function with other values, as users ask "for A and for
+B") is checked by BFCL's parallel checker: every reference call matched, in any order, and nothing more.
 
 BFCL's checker reads the types of its doc, one level of nesting deep. A function whose schema it cannot read (a
 property without one `type`, `anyOf` / `oneOf` / `allOf` / `$ref`, an array without an item type) is not practised:
@@ -111,10 +113,16 @@ def possible_answer(reference: ToolCall, doc: dict) -> dict:
     return {reference.name: answer}
 
 
-def check(calls: list[ToolCall], tools: list[ToolSpec], reference: ToolCall) -> tuple[bool, str]:
-    """(right, why not) for a rollout's calls on a task written from `reference`, a call of one of `tools`."""
-    spec = next((t for t in tools if t.function.name == reference.name), None)
-    if spec is None:
-        raise Unjudgeable(f"the reference calls {reference.name!r}, which is not among the tools")
-    doc = bfcl_doc(spec)
-    return run_checker([doc], calls, [possible_answer(reference, doc)], "simple")
+def check(calls: list[ToolCall], tools: list[ToolSpec], reference: ToolCall | list[ToolCall]) -> tuple[bool, str]:
+    """(right, why not) for a rollout's calls on a task written from `reference`: one call of one of `tools`, or
+    several in one answer (BFCL's parallel checker: each reference call matched by one call, in any order, and no
+    call left over)."""
+    refs = [reference] if isinstance(reference, ToolCall) else list(reference)
+    docs = {}
+    for ref in refs:
+        spec = next((t for t in tools if t.function.name == ref.name), None)
+        if spec is None:
+            raise Unjudgeable(f"the reference calls {ref.name!r}, which is not among the tools")
+        docs.setdefault(ref.name, bfcl_doc(spec))
+    answers = [possible_answer(ref, docs[ref.name]) for ref in refs]
+    return run_checker(list(docs.values()), calls, answers, "simple" if len(refs) == 1 else "parallel")

@@ -3,9 +3,10 @@
 It has no dataset and is not one of `env.names`: like a live step, the explorer always has it, and the gate, the
 guard and `main.py eval` never score it (it has no held-out entries). Each task is synthetic, the questioner's
 (`policies/tasks/client_tasks.py`): a request the policy wrote about one of a client's functions, the call it was
-written from (the reference, one Python call string), and the tool set the live request declared. The episode is one
-action, as a client with `tool_choice: "required"` asks for it: the calls are checked against the reference by
-BFCL's AST checker on the client's own schema (`envs/client_check.py`). Nothing a client declared is ever run here.
+written from (the reference: one Python call string, or several calls of one function made in one answer), and the
+tool set the live request declared. The episode is one action, as a client with `tool_choice: "required"` asks for
+it: the calls are checked against the reference by BFCL's AST checker on the client's own schema
+(`envs/client_check.py`; several calls: its parallel checker, in any order). Nothing a client declared is ever run here.
 Outcome 1.0 when the checker accepts, else 0.0; the step's signal is +1 accepted, -0.5 rejected (with the checker's
 reason), -1 no call, as in `bfcl_single`.
 
@@ -45,11 +46,11 @@ class ClientToolsEpisode(OneCallEpisode):
         tools = [t if isinstance(t, ToolSpec) else ToolSpec.model_validate(t) for t in spec["tools"]]
         super().__init__(entry_id, spec["query"], tools)
         self.reference = reference_calls(spec["reference"])
-        if len(self.reference) != 1:
-            raise ValueError(f"a client-tools task has one reference call, not {len(self.reference)}")
+        if not self.reference:
+            raise ValueError("a client-tools task has at least one reference call")
 
     def judge(self, calls: list[ToolCall]) -> tuple[bool, str]:
-        return check(calls, self.tools, self.reference[0])
+        return check(calls, self.tools, self.reference)
 
 
 class ClientToolsEnvironment:

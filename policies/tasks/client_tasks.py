@@ -13,7 +13,10 @@ Live traffic carries no right answers, but a request that declares tools says wh
    declared the function, so the values look like users' values: that call is the reference. The generator then
    writes the request that needs it, shown how users write (`synthesis.write_query`): one that mentions every
    literal value and is not an instruction, else one written as users write (`user_request`: what the function does
-   and each value after its parameter's name, the function not named).
+   and each value after its parameter's name, the function not named). A share of the tasks
+   (`questioner.client_parallel_share`) asks for the function twice in one answer, with two sets of values filled
+   the same way (users ask "for A, and for B"; BFCL's parallel checker judges them in any order); where both sets
+   come out the same, the task asks for one call.
 3. Verified when the reference fits the declared schema (`envs/tool_fit.misfit`) and BFCL's checker accepts it
    against itself; a near duplicate of an earlier request (Milvus, `questioner.dedup_threshold`) is rejected.
 The explorer rolls the task out in `envs/client_tools.py`. A task carries the tools and the request the generator
@@ -112,18 +115,24 @@ def python_call(name: str, args: dict) -> str:
     return f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})"
 
 
+MAX_CALLS = 3  # the most calls of one function a task asks for in one answer
+
+
 def verify(reference: list[str], tools: list[ToolSpec]) -> tuple[bool, str]:
-    """The reference is one call that fits the declared schema and that BFCL's checker accepts against itself."""
+    """The reference is one call, or up to `MAX_CALLS` different calls of one function, that fit the declared
+    schema and that BFCL's checker accepts against themselves."""
     try:
         calls = reference_calls(reference)
     except CallError as exc:
         return False, f"reference is not a plain call: {exc}"
-    if len(calls) != 1:
-        return False, f"a reference of {len(calls)} calls; one is written here"
+    if not 1 <= len(calls) <= MAX_CALLS:
+        return False, f"a reference of {len(calls)} calls; 1 to {MAX_CALLS} are written here"
+    if len({c.name for c in calls}) > 1 or len({c.arguments for c in calls}) < len(calls):
+        return False, "a reference of several calls asks for one function with different values"
     if (why := misfit(calls, tools)) is not None:
         return False, f"the reference does not fit the declared schema: {why}"
     try:
-        ok, why = check(calls, tools, calls[0])
+        ok, why = check(calls, tools, calls)
     except Unjudgeable as exc:
         return False, f"the checker cannot judge the reference: {exc}"
     if not ok:
@@ -132,6 +141,7 @@ def verify(reference: list[str], tools: list[ToolSpec]) -> tuple[bool, str]:
 
 
 _FORMS = ("{ask}, with {args}.", "{ask}. Use {args}.", "{ask} for {args}.")
+_SEVERAL = (", once with ", ", and once with "), (" for each of these: ", "; ")  # several calls: before and between their values
 
 
 def _spoken(v) -> str:
@@ -157,20 +167,39 @@ def _bare(x) -> bool:
     return isinstance(x, (bool, int, float)) or (isinstance(x, str) and _spoken(x) == x)
 
 
+def _values(kwargs: dict) -> str:
+    parts = [f"{k.replace('_', ' ')} {_spoken(v)}" for k, v in kwargs.items()]
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
+
+
 def user_request(reference: list[str], tools: list[ToolSpec], rng: random.Random) -> str:
-    """The request for a one-call reference when the generator's is not grounded, as users write one: what the
-    function does (its description's first sentence, else its name in words) and each value after its parameter's
-    name in words (`_spoken`), in one of a few forms at random; the function is not named. Where that would not be
-    grounded (a description with no word `grounded` can match, or one that writes a call), the plain description
-    (`synthesis.describe`), which names the function and writes the values as JSON."""
-    p = parse_python_call(reference[0])
-    doc = next((t.function.description or "" for t in tools if t.function.name == p.name), "")
-    ask = re.split(r"(?<=[.!?])\s+", doc.strip())[0].rstrip(".?!").strip()[:200] or p.name.replace("_", " ")
-    parts = [f"{k.replace('_', ' ')} {_spoken(v)}" for k, v in p.kwargs.items()]
-    args = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)
-    form = rng.choice(_FORMS) if args else "{ask}."
-    text = form.format(ask=ask[0].upper() + ask[1:], args=args)
+    """The request for a reference of one function's calls when the generator's is not grounded, as users write
+    one: what the function does (its description's first sentence, else its name in words) and each value after its
+    parameter's name in words (`_spoken`), in one of a few forms at random (several calls: each call's values in
+    turn); the function is not named. Where that would not be grounded (a description with no word
+    `grounded` can match, or one that writes a call), the plain description (`synthesis.describe`), which names the
+    function and writes the values as JSON."""
+    calls = [parse_python_call(c) for c in reference]
+    name = calls[0].name
+    doc = next((t.function.description or "" for t in tools if t.function.name == name), "")
+    ask = re.split(r"(?<=[.!?])\s+", doc.strip())[0].rstrip(".?!").strip()[:200] or name.replace("_", " ")
+    args = [_values(c.kwargs) for c in calls]
+    ask = ask[0].upper() + ask[1:]
+    if len(args) > 1:
+        head, between = rng.choice(_SEVERAL)
+        text = ask + head + between.join(args) + "."
+    else:
+        text = (rng.choice(_FORMS) if args[0] else "{ask}.").format(ask=ask, args=args[0])
     return text if grounded(text, reference, tools) else describe(reference, tools)
+
+
+def _arguments(text: str | None) -> dict | None:
+    """The generator's arguments as an object, or None."""
+    try:
+        args = json.loads(text) if text is not None else None
+    except json.JSONDecodeError:
+        return None
+    return args if isinstance(args, dict) else None
 
 
 class ClientTaskWriter:
@@ -203,16 +232,17 @@ class ClientTaskWriter:
         tools = tools_of(sets[key])
         request = sets[key].get("request") or f"Use {name}."
         msgs = [ChatMessage(role="system", content=SYSTEM), ChatMessage(role="user", content=request)]
-        arguments = self.gen.call_arguments(msgs, tool)
-        try:
-            args = json.loads(arguments) if arguments is not None else None
-        except json.JSONDecodeError:
-            args = None
-        if not isinstance(args, dict):
+        args = _arguments(self.gen.call_arguments(msgs, tool))
+        if args is None:
             return {"outcome": "empty", "base": key}
-        call = python_call(name, args)
-        exp = syn.Exploration(key, [syn.ProbeStep(call, True, NOT_RUN)])
-        trace = [f"{call} -> {NOT_RUN}"]
+        reference = [python_call(name, args)]
+        share = self.q.client_parallel_share
+        if share > 0 and self.rng.random() < share:  # the module docstring, 2 (no draw at 0: the same tasks as before)
+            more = _arguments(self.gen.call_arguments(msgs, tool))
+            if more is not None and python_call(name, more) not in reference:
+                reference.append(python_call(name, more))
+        exp = syn.Exploration(key, [syn.ProbeStep(call, True, NOT_RUN) for call in reference])
+        trace = [f"{call} -> {NOT_RUN}" for call in reference]
         spoken = partial(user_request, rng=self.rng)
         rec = draft(self.gen, exp, tools, live, CLIENT_TOOLS, trace, spoken, tools=[t.model_dump() for t in tools])
         if rec.sig in sigs:

@@ -118,3 +118,21 @@ def test_on_bfcl_entries_it_judges_their_reference_calls_as_bfcl_does():
             assert bfcl_check(eid, wrong)[0] is False
         judged += 1
     assert judged >= 30
+
+
+def test_several_reference_calls_are_checked_as_bfcl_checks_parallel_calls():
+    """One function asked for twice in one answer: each reference call matched once, in any order, nothing more."""
+    refs = [_call("triangle_area", base=10, height=5), _call("triangle_area", base=3, height=4)]
+    a, b = _call("triangle_area", base=10.0, height=5), _call("triangle_area", base=3, height=4, unit="cm")
+    assert check([a, b], [AREA], refs) == (True, "")
+    assert check([b, a], [AREA], refs)[0]  # in any order
+    for calls, why in (
+        ([a], "Wrong number of functions"),  # one of the two left out
+        ([a, a], "Invalid value for parameter 'base': 10.0"),  # the same call twice
+        ([a, b, b], "Wrong number of functions"),  # one more than asked
+        ([a, _call("triangle_area", base=3, height=5)], "Invalid value for parameter 'height': 5"),  # one wrong value
+    ):
+        ok, reason = check(calls, [AREA], refs)
+        assert not ok and why in reason, (calls, reason)
+    with pytest.raises(Unjudgeable, match="not among the tools"):
+        check([a], [AREA], [refs[0], _call("get_weather", city="Paris")])

@@ -33,7 +33,8 @@ class Scripted:
 
     def call_arguments(self, messages, tool):
         self.asked.append((tool.function.name, messages[-1].content))
-        return self.args.get(tool.function.name)
+        got = self.args.get(tool.function.name)
+        return got.pop(0) if isinstance(got, list) else got  # a list: one value per call, in turn
 
     def chat(self, messages, tools=None, prefix=""):
         return self.query
@@ -50,9 +51,9 @@ class Index:
         self.added.append((task_id, query))
 
 
-def _writer(sets, gen, index=None):
+def _writer(sets, gen, index=None, parallel_share=0.0):
     embedder = SimpleNamespace(embed=lambda texts: [[1.0, 0.0] for _ in texts])
-    q = SimpleNamespace(dedup_threshold=0.92)
+    q = SimpleNamespace(dedup_threshold=0.92, client_parallel_share=parallel_share)
     w = ClientTaskWriter(embedder, index or Index(), gen, Counter(), random.Random(0), q)
     return SimpleNamespace(write=lambda live, sigs: w.write(live, sigs, sets.snapshot()), pick=w.pick)  # as the questioner
 
@@ -153,10 +154,18 @@ def test_a_grounded_request_from_the_generator_is_kept_and_others_are_rejected_o
     assert bad["outcome"] == "rejected" and "does not fit the declared schema" in bad["reason"]
     assert _writer(sets, Scripted({})).write([], set())["outcome"] == "empty"
     assert _writer(ToolSets(), Scripted({})).write([], set()) == {"outcome": "empty", "base": None}
-    assert verify(["get_weather(city='Paris')", "get_weather(city='Rome')"], [WEATHER])[0] is False
+    # several calls in one answer: one function, different values, at most three
+    assert verify(["get_weather(city='Paris')", "get_weather(city='Rome')"], [WEATHER])[0] is True
+    for ref in (
+        ["get_weather(city='Paris')", "get_weather(city='Paris')"],
+        ["get_weather(city='Paris')", "triangle_area(base=1, height=2)"],
+        [f"get_weather(city='c{i}')" for i in range(4)],
+        [],
+    ):
+        assert verify(ref, [WEATHER, AREA])[0] is False, ref
 
 
-def test_the_explorer_takes_a_task_on_the_clients_tools_only_with_its_tools_and_one_reference(tmp_path):
+def test_the_explorer_takes_a_task_on_the_clients_tools_only_with_its_tools_and_a_reference(tmp_path):
     s = load_settings(None)
     s.state_dir = str(tmp_path)
     ex = Explorer(s, bus=object())
@@ -167,7 +176,7 @@ def test_the_explorer_takes_a_task_on_the_clients_tools_only_with_its_tools_and_
         Task(**base, reference=[], tools=[WEATHER]),
         Task(**{**base, "origin": "env"}, reference=["get_weather(city='Paris')"], tools=[WEATHER]),
     ):
-        with pytest.raises(Poison, match="lacks its tools or its one reference call"):
+        with pytest.raises(Poison, match="lacks its tools or its reference calls"):
             asyncio.run(ex.handle_task(bad, None))
     for ref, why in (("__import__('os')", "not one of the declared functions"), ("get_weather(city=3)", "does not fit")):
         with pytest.raises(Poison, match=f"unusable reference: .*{why}"):
@@ -226,3 +235,34 @@ def test_a_request_as_users_write_one_says_what_the_function_does_and_every_valu
     assert prime.startswith("Is it prime") and "?" not in prime and "Returns" not in prime
     short = tool("ip", {"host": {"type": "string"}}, ["host"], "Get IP.")
     assert user_request(["ip(host='a.b')"], [short], random.Random(0)) == 'Please get IP using ip with host "a.b".'
+
+
+def test_a_share_of_tasks_asks_for_the_function_twice_in_one_answer_and_both_calls_are_checked():
+    sets = ToolSets()
+    sets.add([AREA], "u1", "How big is a triangle of base 3 and height 4?")
+    gen = Scripted({"triangle_area": ['{"base": 10, "height": 5}', '{"base": 7, "height": 2}']})
+    rec = _writer(sets, gen, parallel_share=1.0).write([], set())
+    assert rec["outcome"] == "verified", rec
+    task = rec["task"]
+    assert task.reference == ["triangle_area(base=10, height=5)", "triangle_area(base=7, height=2)"]
+    assert [a[1] for a in gen.asked] == ["How big is a triangle of base 3 and height 4?"] * 2  # each set as the first
+    assert task.query in (
+        "Area of a triangle, once with base 10 and height 5, and once with base 7 and height 2.",
+        "Area of a triangle for each of these: base 10 and height 5; base 7 and height 2.",
+    )
+    env, spec = ClientToolsEnvironment(), {"query": task.query, "reference": task.reference, "tools": task.tools}
+    first, second = (
+        ToolCall(id=i, name="triangle_area", arguments=a)
+        for i, a in (("a", '{"base": 10, "height": 5}'), ("b", '{"base": 7.0, "height": 2}'))
+    )
+    outcomes = []
+    for calls in ([second, first], [first], [first, first]):  # both in any order; one left out; one twice
+        ep = env.episode(task.entry, spec)
+        ep.next_user_message()
+        outcomes.append(ep.step(ChatMessage(role="assistant", tool_calls=calls)).signal)
+    assert outcomes == [1.0, -0.5, -0.5]
+    # the same values twice: a task of one call; share 0 (the default) draws nothing, so tasks are as before
+    same = Scripted({"triangle_area": ['{"base": 10, "height": 5}', '{"base": 10, "height": 5}']})
+    assert _writer(sets, same, parallel_share=1.0).write([], set())["task"].reference == ["triangle_area(base=10, height=5)"]
+    once = Scripted({"triangle_area": ['{"base": 10, "height": 5}', '{"base": 7, "height": 2}']})
+    assert len(_writer(sets, once).write([], set())["task"].reference) == 1 and len(once.asked) == 1
