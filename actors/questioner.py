@@ -14,7 +14,8 @@ consumer's pending + unacked count) so the stream never floods:
   at a time, in the background: dataset tasks keep flowing while it explores.
 - synthetic tasks on the clients' own tools (`policies/tasks/client_tasks.py`, when `questioner.synth_envs` names
   `client_tools`): the tool sets live requests declared are kept, and a task is a request written about one of
-  their functions with the call it was written from; the synthetic environments take turns.
+  their functions with the call (or, for `client_parallel_share` of them, two calls) it was written from; the
+  synthetic environments take turns.
 
 A synthetic task's lifecycle is data: `evo.task_status` proposed -> verified (or rejected, with
 the reason) -> active (issued to the explorer) -> retired. After each judged group of a
@@ -145,7 +146,7 @@ class Questioner(EventActor):
         if j.origin != "synthetic" or rec is None or rec.status != T.ACTIVE:
             return
         # synthetic tasks climb too: rung n = references of n + 1 calls (one explicit call first)
-        rung = CLIENT_TOOLS if rec.env == CLIENT_TOOLS else SYNTHETIC  # one call each: not the explored tasks' ladder
+        rung = CLIENT_TOOLS if rec.env == CLIENT_TOOLS else SYNTHETIC  # not the explored tasks' ladder
         self.ladder.record(rung, len(rec.reference) - 1, [s.outcome for s in j.samples if not s.off_policy])
         p, reason = band_decision(
             [s.outcome for s in j.samples if not s.off_policy],

@@ -10,15 +10,19 @@ Live traffic carries no right answers, but a request that declares tools says wh
 2. `ClientTaskWriter.write()` picks the least-practised function of the kept sets that BFCL's checker can read
    (`envs/client_check.bfcl_doc`), with at least one required argument and plain identifiers for names. The
    generator fills the required arguments by schema-guided decoding (`call_arguments`), shown a live request that
-   declared the function, so the values look like users' values: that call is the reference. The generator then
-   writes the request that needs it, shown how users write (`synthesis.write_query`): one that mentions every
-   literal value and is not an instruction, else one written as users write (`user_request`: what the function does
-   and each value after its parameter's name, the function not named). A share of the tasks
+   declared the function, so the values look like users' values: that call is the reference (see below for two).
+   The generator then writes the request that needs it, shown how users write (`synthesis.write_query`): one that
+   mentions every literal value and is not an instruction, else one written as users write (`user_request`: what the
+   function does and each value after its parameter's name, the function not named). A share of the tasks
    (`questioner.client_parallel_share`) asks for the function twice in one answer, with two sets of values filled
-   the same way (users ask "for A, and for B"; BFCL's parallel checker judges them in any order); where both sets
-   come out the same, the task asks for one call.
+   the same way (users ask "for A, and for B"; BFCL's parallel checker judges them in any order), and a request
+   always written as users write one (a generator's sentence that mentions every value may still ask for one call,
+   or pair the values two ways); where the checker takes the two for the same call, or the second draw is not an
+   object, the task asks for one call. Such answers take about twice the tokens: a `rollout.max_new_tokens` of 128
+   holds them where 64 often does not.
 3. Verified when the reference fits the declared schema (`envs/tool_fit.misfit`) and BFCL's checker accepts it
-   against itself; a near duplicate of an earlier request (Milvus, `questioner.dedup_threshold`) is rejected.
+   against itself (two calls: in either order, and neither taken for the other); a near duplicate of an earlier
+   request (Milvus, `questioner.dedup_threshold`) is rejected.
 The explorer rolls the task out in `envs/client_tools.py`. A task carries the tools and the request the generator
 wrote (shown scrubbed live requests), not a live request as it was sent.
 """
@@ -32,7 +36,7 @@ import re
 from collections import Counter, OrderedDict
 from functools import partial
 
-from actors.events import ChatMessage, ToolSpec
+from actors.events import ChatMessage, ToolCall, ToolSpec
 from envs.bfcl_single import SYSTEM
 from envs.client_check import Unjudgeable, bfcl_doc, check
 from envs.client_tools import CLIENT_TOOLS, reference_calls, tool_set_key
@@ -118,21 +122,31 @@ def python_call(name: str, args: dict) -> str:
 MAX_CALLS = 3  # the most calls of one function a task asks for in one answer
 
 
+def _same(a: ToolCall, b: ToolCall, tools: list[ToolSpec]) -> bool:
+    """Whether BFCL's checker would take one call for the other (a string in another case, an optional argument
+    at its default): as a task's two calls, one of them would be asked for twice."""
+    return check([a], tools, b)[0] or check([b], tools, a)[0]
+
+
 def verify(reference: list[str], tools: list[ToolSpec]) -> tuple[bool, str]:
-    """The reference is one call, or up to `MAX_CALLS` different calls of one function, that fit the declared
-    schema and that BFCL's checker accepts against themselves."""
+    """The reference is one call, or up to `MAX_CALLS` calls of one function no two of which the checker takes for
+    each other, that fit the declared schema and that BFCL's checker accepts against themselves, in either order."""
     try:
         calls = reference_calls(reference)
     except CallError as exc:
         return False, f"reference is not a plain call: {exc}"
     if not 1 <= len(calls) <= MAX_CALLS:
         return False, f"a reference of {len(calls)} calls; 1 to {MAX_CALLS} are written here"
-    if len({c.name for c in calls}) > 1 or len({c.arguments for c in calls}) < len(calls):
+    if len({c.name for c in calls}) > 1:
         return False, "a reference of several calls asks for one function with different values"
     if (why := misfit(calls, tools)) is not None:
         return False, f"the reference does not fit the declared schema: {why}"
     try:
+        if any(_same(a, b, tools) for i, a in enumerate(calls) for b in calls[i + 1 :]):
+            return False, "two of the reference's calls are the same call to BFCL's checker"
         ok, why = check(calls, tools, calls)
+        if ok and len(calls) > 1:  # the checker pairs calls greedily: the reverse order must pass as well
+            ok, why = check(calls[::-1], tools, calls)
     except Unjudgeable as exc:
         return False, f"the checker cannot judge the reference: {exc}"
     if not ok:
@@ -153,7 +167,8 @@ def _spoken(v) -> str:
     if isinstance(v, (int, float)):
         return json.dumps(v)
     if isinstance(v, str):
-        return v if v.strip() and "," not in v and " and " not in v else json.dumps(v, ensure_ascii=False)
+        plain = v.strip() and not any(sep in v for sep in (",", ";", " and "))
+        return v if plain else json.dumps(v, ensure_ascii=False)
     if isinstance(v, list) and v and all(_bare(x) for x in v):
         items = [_spoken(x) for x in v]
         return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
@@ -239,12 +254,13 @@ class ClientTaskWriter:
         share = self.q.client_parallel_share
         if share > 0 and self.rng.random() < share:  # the module docstring, 2 (no draw at 0: the same tasks as before)
             more = _arguments(self.gen.call_arguments(msgs, tool))
-            if more is not None and python_call(name, more) not in reference:
-                reference.append(python_call(name, more))
+            if more is not None and not self._same(reference[0], python_call(name, more), tools):
+                reference = sorted(reference + [python_call(name, more)])  # one order: one signature
         exp = syn.Exploration(key, [syn.ProbeStep(call, True, NOT_RUN) for call in reference])
         trace = [f"{call} -> {NOT_RUN}" for call in reference]
         spoken = partial(user_request, rng=self.rng)
-        rec = draft(self.gen, exp, tools, live, CLIENT_TOOLS, trace, spoken, tools=[t.model_dump() for t in tools])
+        gen = self.gen if len(reference) == 1 else None  # several calls: the request as users write it (module docstring)
+        rec = draft(gen, exp, tools, live, CLIENT_TOOLS, trace, spoken, tools=[t.model_dump() for t in tools])
         if rec.sig in sigs:
             return {"outcome": "empty", "base": key}
         ok, why = verify(rec.reference, tools)
@@ -255,3 +271,10 @@ class ClientTaskWriter:
             return {"task": rec, "outcome": "rejected", "reason": dup}
         self.index.add(rec.task_id, vec, rec.query)
         return {"task": rec, "outcome": "verified", "reason": why}
+
+    @staticmethod
+    def _same(a: str, b: str, tools: list[ToolSpec]) -> bool:
+        try:
+            return _same(*reference_calls([a, b]), tools)
+        except (CallError, Unjudgeable, ValueError):
+            return False  # verify() says what is wrong with it

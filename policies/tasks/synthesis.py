@@ -153,8 +153,10 @@ def describe(reference: list[str], tools) -> str:
 
 def write_query(generator, exploration: Exploration, tools, live_examples: list[str], fallback=describe) -> tuple[str, str]:
     """(query, synthesizer) for an exploration's working calls; `fallback(reference, tools)` when the generator's is
-    not grounded."""
+    not grounded, or when there is no generator (None)."""
     ref = exploration.reference
+    if generator is None:  # the caller wants the fallback's request
+        return fallback(ref, tools), "template"
     shown = "\n".join(f"{i}. {s.call} -> {s.result[:150]}" for i, s in enumerate([s for s in exploration.steps if s.ok], 1))
     style = (
         "\nUsers write requests like these:\n" + "\n".join(f"- {scrub(e)[:160]}" for e in live_examples[-5:])

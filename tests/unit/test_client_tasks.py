@@ -225,6 +225,7 @@ def test_a_request_as_users_write_one_says_what_the_function_does_and_every_valu
     q = user_request(ref, [odd], random.Random(0))  # no description: the function's name in words, not the name
     assert q.startswith("Find stops") and "route ids A 1 and B" in q and "opts max_walk 2.5" in q and "late true" in q
     assert "find_stops" not in q and grounded(q, ref, [odd])
+    assert 'route ids ["a; b"]' in user_request(["find_stops(route_ids=['a; b'])"], [odd], random.Random(0))
     # JSON where bare words could be read two ways: a separator inside a string, nested or empty containers
     ref = ["find_stops(route_ids=['New York, NY', 'Boston'], opts={'walk': [1, 2]}, late=False)"]
     q = user_request(ref, [odd], random.Random(0))
@@ -261,8 +262,29 @@ def test_a_share_of_tasks_asks_for_the_function_twice_in_one_answer_and_both_cal
         ep.next_user_message()
         outcomes.append(ep.step(ChatMessage(role="assistant", tool_calls=calls)).signal)
     assert outcomes == [1.0, -0.5, -0.5]
-    # the same values twice: a task of one call; share 0 (the default) draws nothing, so tasks are as before
+    # the same values twice, or values BFCL's checker takes for the same call: a task of one call
     same = Scripted({"triangle_area": ['{"base": 10, "height": 5}', '{"base": 10, "height": 5}']})
     assert _writer(sets, same, parallel_share=1.0).write([], set())["task"].reference == ["triangle_area(base=10, height=5)"]
+    weather = ToolSets()
+    weather.add([WEATHER], "u1", "weather?")
+    cased = Scripted({"get_weather": ['{"city": "Paris"}', '{"city": "paris"}']})
+    assert _writer(weather, cased, parallel_share=1.0).write([], set())["task"].reference == ["get_weather(city='Paris')"]
+    assert verify(["get_weather(city='Paris')", "get_weather(city='paris')"], [WEATHER]) == (
+        False,
+        "two of the reference's calls are the same call to BFCL's checker",
+    )
+    # two calls: the request is always written as users write one, never the generator's sentence, which may mention
+    # every value and still ask for one call ("1" is inside "10")
+    prime = tool("is_prime", {"n": {"type": "integer"}}, ["n"], "Is a number prime.")
+    ps = ToolSets()
+    ps.add([prime], "u1", "is 7 prime?")
+    two = Scripted({"is_prime": ['{"n": 10}', '{"n": 1}']}, "Is 10 a prime number?")
+    rec = _writer(ps, two, parallel_share=1.0).write([], set())["task"]
+    assert rec.reference == ["is_prime(n=1)", "is_prime(n=10)"] and rec.synthesizer == "template"  # one order
+    assert rec.query in (
+        "Is a number prime, once with n 1, and once with n 10.",
+        "Is a number prime for each of these: n 1; n 10.",
+    )
+    # share 0 (the default) draws nothing, so tasks are as before
     once = Scripted({"triangle_area": ['{"base": 10, "height": 5}', '{"base": 7, "height": 2}']})
     assert len(_writer(sets, once).write([], set())["task"].reference) == 1 and len(once.asked) == 1
