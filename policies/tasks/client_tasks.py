@@ -14,12 +14,12 @@ Live traffic carries no right answers, but a request that declares tools says wh
    The generator then writes the request that needs it, shown how users write (`synthesis.write_query`): one that
    mentions every literal value and is not an instruction, else one written as users write (`user_request`: what the
    function does and each value after its parameter's name, the function not named). A share of the tasks
-   (`questioner.client_parallel_share`) asks for the function twice in one answer, with two sets of values filled
-   the same way (users ask "for A, and for B"; BFCL's parallel checker judges them in any order), and a request
-   always written as users write one (a generator's sentence that mentions every value may still ask for one call,
-   or pair the values two ways); where the checker takes the two for the same call, or the second draw is not an
-   object, the task asks for one call. Such answers take about twice the tokens: a `rollout.max_new_tokens` of 128
-   holds them where 64 often does not.
+   (`questioner.client_parallel_share`) asks for the function twice in one answer, the second call's values filled
+   the same way as the answer's next call after the first (users ask "for A, and for B"; BFCL's parallel checker
+   judges them in any order), and a request always written as users write one (a generator's sentence that mentions
+   every value may still ask for one call, or pair the values two ways); where the checker takes the two for the same
+   call, or the second draw is not an object, the task asks for one call. Such answers take about twice the tokens: a
+   `rollout.max_new_tokens` of 128 holds them where 64 often does not.
 3. Verified when the reference fits the declared schema (`envs/tool_fit.misfit`) and BFCL's checker accepts it
    against itself (two calls: in either order, and neither taken for the other); a near duplicate of an earlier
    request (Milvus, `questioner.dedup_threshold`) is rejected.
@@ -253,7 +253,7 @@ class ClientTaskWriter:
         reference = [python_call(name, args)]
         share = self.q.client_parallel_share
         if share > 0 and self.rng.random() < share:  # the module docstring, 2 (no draw at 0: the same tasks as before)
-            more = _arguments(self.gen.call_arguments(msgs, tool))
+            more = _arguments(self.gen.call_arguments(msgs, tool, after=(json.dumps(args),)))  # the answer's next call
             if more is not None and not self._same(reference[0], python_call(name, more), tools):
                 reference = sorted(reference + [python_call(name, more)])  # one order: one signature
         exp = syn.Exploration(key, [syn.ProbeStep(call, True, NOT_RUN) for call in reference])

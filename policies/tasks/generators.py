@@ -18,7 +18,8 @@ class PolicyGenerator:
 
     `call_arguments` fills a call's required parameters one at a time, guided by the schema
     (the key and the value's opening are forced, the policy writes the value, or picks one of an `enum`'s values),
-    which is what JSON-schema-guided decoding does: a small policy then explores with well-formed calls."""
+    which is what JSON-schema-guided decoding does: a small policy then explores with well-formed calls. With `after`
+    (earlier calls' arguments), the call is the next one of the same answer, written after those."""
 
     name = "policy"
 
@@ -31,11 +32,11 @@ class PolicyGenerator:
     def chat(self, messages: list[ChatMessage], tools=None, prefix: str = "") -> str:
         return prefix + self._continue(render(messages, tools) + prefix, self.max_new_tokens)
 
-    def call_arguments(self, messages: list[ChatMessage], tool) -> str | None:
+    def call_arguments(self, messages: list[ChatMessage], tool, after: tuple[str, ...] = ()) -> str | None:
         f = tool.function
         params = f.parameters or {}
         props = params.get("properties") or {}
-        text = render(messages, [tool]) + f'<tool_call>[{{"name": "{f.name}", "arguments": {{'
+        text = render(messages, [tool]) + "<tool_call>[" + _opening(f.name, after)
         args: dict = {}
         for key in params.get("required") or []:
             prop = props.get(key) or {}
@@ -61,6 +62,11 @@ class PolicyGenerator:
             args[key] = value
             text += head + json.dumps(value)
         return json.dumps(args)
+
+
+def _opening(name: str, after) -> str:
+    """An answer's calls of `name` up to the next one's arguments: each earlier call's arguments in `after`."""
+    return "".join(f'{{"name": "{name}", "arguments": {a}}}, ' for a in after) + f'{{"name": "{name}", "arguments": {{'
 
 
 def _first_json(raw: str):
@@ -102,11 +108,20 @@ class EndpointGenerator:
         text = r.choices[0].message.content or ""
         return text if (not prefix or text.startswith(prefix) or "<tool_call>" in text) else prefix + text
 
-    def call_arguments(self, messages: list[ChatMessage], tool) -> str | None:
+    def call_arguments(self, messages: list[ChatMessage], tool, after: tuple[str, ...] = ()) -> str | None:
+        """The arguments of a call of `tool`: with `after`, the first call of it in the reply whose arguments are
+        none of those (whether the endpoint repeats the earlier calls or not)."""
         name = tool.function.name
-        action = parse_assistant(self.chat(messages, [tool], f'<tool_call>[{{"name": "{name}", "arguments": {{'))
-        calls = [c for c in action.tool_calls if c.name == name]
-        return calls[0].arguments if calls else None
+        action = parse_assistant(self.chat(messages, [tool], "<tool_call>[" + _opening(name, after)))
+        seen = {json.dumps(json.loads(a), sort_keys=True) for a in after}
+        for c in action.tool_calls:
+            try:
+                key = json.dumps(json.loads(c.arguments), sort_keys=True)
+            except json.JSONDecodeError:
+                key = c.arguments
+            if c.name == name and key not in seen:
+                return c.arguments
+        return None
 
 
 def make_generator(settings, engine=None):

@@ -31,8 +31,8 @@ class Scripted:
     def __init__(self, args: dict, query: str = ""):
         self.args, self.query, self.asked = args, query, []
 
-    def call_arguments(self, messages, tool):
-        self.asked.append((tool.function.name, messages[-1].content))
+    def call_arguments(self, messages, tool, after=()):
+        self.asked.append((tool.function.name, messages[-1].content, *after))
         got = self.args.get(tool.function.name)
         return got.pop(0) if isinstance(got, list) else got  # a list: one value per call, in turn
 
@@ -183,31 +183,6 @@ def test_the_explorer_takes_a_task_on_the_clients_tools_only_with_its_tools_and_
             asyncio.run(ex.handle_task(Task(**base, reference=[ref], tools=[WEATHER]), None))
 
 
-def test_the_policy_fills_a_required_enum_with_one_of_its_values():
-    """Schema-guided arguments: a declared enum is chosen from by constrained decoding; other values are written."""
-    from policies.tasks.generators import PolicyGenerator
-
-    class Engine:
-        def __init__(self):
-            self.options = []
-
-        def choose(self, prompt, options, temperature=0.0):
-            self.options.append(options)
-            assert prompt.endswith('"unit": ')
-            return options[1]
-
-        def generate(self, prompts, max_new_tokens, temperature, top_p):
-            return [SimpleNamespace(text='Paris", "x')]
-
-    eng = Engine()
-    spec = tool("weather", {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}}, ["city", "unit"])
-    assert json.loads(PolicyGenerator(eng).call_arguments([ChatMessage(role="user", content="hi")], spec)) == {
-        "city": "Paris",
-        "unit": "F",
-    }
-    assert eng.options == [['"C"', '"F"']]
-
-
 def test_a_request_as_users_write_one_says_what_the_function_does_and_every_value_and_does_not_name_it():
     from policies.tasks.synthesis import grounded
 
@@ -246,7 +221,8 @@ def test_a_share_of_tasks_asks_for_the_function_twice_in_one_answer_and_both_cal
     assert rec["outcome"] == "verified", rec
     task = rec["task"]
     assert task.reference == ["triangle_area(base=10, height=5)", "triangle_area(base=7, height=2)"]
-    assert [a[1] for a in gen.asked] == ["How big is a triangle of base 3 and height 4?"] * 2  # each set as the first
+    request = "How big is a triangle of base 3 and height 4?"  # each set shown the live request; the second, the first
+    assert gen.asked == [("triangle_area", request), ("triangle_area", request, '{"base": 10, "height": 5}')]
     assert task.query in (
         "Area of a triangle, once with base 10 and height 5, and once with base 7 and height 2.",
         "Area of a triangle for each of these: base 10 and height 5; base 7 and height 2.",
