@@ -31,13 +31,7 @@ import time
 from opentelemetry import trace
 
 from actors.actor import HOLD, EventActor, heartbeat
-from actors.events import (
-    MIXED_WEIGHTS,
-    Judgement,
-    WeightsPromoted,
-    WeightsRejected,
-    WeightsRolledBack,
-)
+from actors.events import MIXED_WEIGHTS, Judgement, WeightsPromoted, WeightsRejected, WeightsRolledBack
 from config import telemetry
 from policies.engines.live_policy import LivePolicy
 from policies.learning.checkpoint import CheckpointStore, applied_ids
@@ -131,7 +125,8 @@ class Learner(EventActor):
                 group = live_group(pooled, f"live-{j.event_id[:8]}", self.settings.learner.pooled_advantage == "outcome")
                 if informative(group, alpha, hints=hints):
                     self.ready.append(group)
-                else:
+                else:  # e.g. two -1 ratings z-normed together: acked untrained
+                    self.log.info("live.pool_no_signal", group_id=group.group_id, outcomes=[x.outcomes[0] for x in pooled])
                     await self._ack([x.event_id for x in pooled])
             return HOLD
         j = at_floor(j, alpha)  # a rollout group, or a live step re-sampled into one (policies/judge/live_steps.py)

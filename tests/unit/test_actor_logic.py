@@ -82,6 +82,8 @@ def test_rated_live_steps_are_pooled_by_kind_so_one_sided_ratings_of_a_kind_teac
     import asyncio
     from types import SimpleNamespace
 
+    from structlog.testing import capture_logs
+
     from actors.actor import HOLD
     from actors.events import ChatMessage, Judgement, Sample, ToolCall
     from actors.learner import Learner
@@ -119,8 +121,11 @@ def test_rated_live_steps_are_pooled_by_kind_so_one_sided_ratings_of_a_kind_teac
         )
 
     handle = lambda j: asyncio.run(ln.handle_judgement(j, Msg(j.event_id)))  # noqa: E731
-    for j in [rated(1, True, 1.0), rated(2, False, -1.0), rated(3, True, -1.0), rated(4, False, -1.0)]:
-        assert handle(j) is HOLD
+    with capture_logs() as logs:
+        for j in [rated(1, True, 1.0), rated(2, False, -1.0), rated(3, True, -1.0), rated(4, False, -1.0)]:
+            assert handle(j) is HOLD
+    # the pool acked untrained says so, with its outcomes (a rated hour's logs show where ratings went)
+    assert [x["outcomes"] for x in logs if x["event"] == "live.pool_no_signal"] == [[-1.0, -1.0]]
     # calls (+1, -1) formed an informative group; the two wrong answers formed one with no advantage: acked untrained
     assert [[s.sample_id for s in g.samples] for g in ln.ready] == [["s1", "s3"]]
     assert sorted(acked) == ["e2", "e4"] and ln.live == {"call": [], "text": []}
