@@ -4,10 +4,11 @@
 one answer (`policies/tasks/client_tasks.py`). This writes tasks with the base policy about the tool sets of BFCL
 `parallel` train entries (as the users of bench_live_traffic declare them), once with every task allowed two calls
 (share 1) and once with none (share 0), and rolls each verified task out `--k` times at each new-token budget in
-`--budgets` (the explorer's rollout: the forced call opening, BFCL's checker on the client's schema). It prints and
-writes, per share: the writer's outcomes, tasks by number of calls, right rate by number of calls and budget, and how
-many tasks sit in the questioner's band (0.3-0.8). A task type whose right rate is 0 can teach only through the
-off-policy reference (`rollout.reference_on_failure`). Minutes on a 2-core host (24 sets, k = 4: about 9).
+`--budgets` (unguided, in one batch as the held-out scoring rolls out: `run_episodes`, a forced call of a declared
+function, read as Serve sends it; BFCL's checker on the client's schema). It prints and writes, per share: the
+writer's outcomes, tasks by number of calls, right rate by number of calls and budget, and how many tasks sit in the
+questioner's band (0.3-0.8). A task type whose right rate is 0 can teach only through the off-policy reference
+(`rollout.reference_on_failure`). Minutes on a 2-core host (24 sets, k = 4: 327 s).
 
     .venv/bin/python tests/benchmarks/bench_parallel_practice.py [--sets 24] [--k 4] [--budgets 64,128] --out F.json
 """
