@@ -15,12 +15,13 @@ verified checkpoint, redoes what follows it, acks redelivered judgements it alre
 no batch is lost or applied twice. With `learner.replay_groups`, the newest groups earlier steps trained go into the
 next step again (importance-corrected against the version that sampled them; in memory only, dropped when stale or
 when the learner resets). Groups without any advantage are acked untrained; one-step live judgements are pooled into
-groups of `learner.min_live_group`, tool calls and text answers apart; a live step re-sampled into a group trains as
-one. It always trains from a version users get or will get: after a rejection of a version it descends from, from that
-version's nearest ancestor that is the canary or live; after a rollback, from the version rolled back to; when a
-version it does not descend from goes live, from that one. With `learner.kl_target` its step size follows the measured
-drift from the reference (the base; with `learner.ref_reset_after` the weights trained once the step size sat at its
-floor: `policies/learning/reference.py`) and halves when a version it trained is rejected (`step_size.py`).
+groups of `learner.min_live_group`, tool calls and text answers apart (a held one gone too stale is acked when the
+next arrives); a live step re-sampled into a group trains as one. It always trains from a version users get or will
+get: after a rejection of a version it descends from, from that version's nearest ancestor that is the canary or live;
+after a rollback, from the version rolled back to; when a version it does not descend from goes live, from that one.
+With `learner.kl_target` its step size follows the measured drift from the reference (the base; with
+`learner.ref_reset_after` the weights trained once the step size sat at its floor: `policies/learning/reference.py`)
+and halves when a version it trained is rejected (`step_size.py`).
 """
 
 from __future__ import annotations
@@ -118,8 +119,11 @@ class Learner(EventActor):
             return None
         if j.source == "live" and len(j.samples) == 1:  # one live step alone: pooled with others of its kind
             self.held[j.event_id] = msg
-            pool = self.live.setdefault(live_kind(j), [])
-            pool.append(j)
+            waiting = self.live.get(live_kind(j), [])  # one gone too stale to train leaves: j waits for a fresh partner
+            if stale := [x for x in waiting if not all(map(self._fresh, behaviour_of(x)))]:
+                self.log.info("live.pool_stale", dropped=[x.group_id for x in stale], training=self.trainer.version)
+                await self._ack([x.event_id for x in stale])
+            pool = self.live[live_kind(j)] = [x for x in waiting if x not in stale] + [j]
             if len(pool) >= self.settings.learner.min_live_group:
                 pooled, self.live[live_kind(j)] = pool, []
                 group = live_group(pooled, f"live-{j.event_id[:8]}", self.settings.learner.pooled_advantage == "outcome")

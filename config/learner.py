@@ -56,7 +56,12 @@ class LearnerSettings(_Section):
     clip_ratio_high: float = Field(0.28, description="PPO upper clip (decoupled, as AgentEvolver)")
     loss_agg_mode: str = Field("token-mean", description="verl loss aggregation mode")
     max_seq_tokens: int = Field(2048, description="Samples longer than this are left-truncated")
-    min_live_group: int = Field(2, description="Feedback-judged interactions grouped per live GRPO group")
+    min_live_group: int = Field(
+        2,
+        ge=1,
+        description="Feedback-judged interactions grouped per live GRPO group (1 only makes sense with pooled_advantage "
+        "outcome: each step trained alone by its own rating; z-normed, one step alone has no spread)",
+    )
     pooled_advantage: Literal["zscore", "outcome"] = Field(
         "zscore",
         description="A pooled live group's advantages (its steps answer unrelated prompts). 'zscore': ADCA over the pool, "

@@ -88,11 +88,13 @@ def test_rated_live_steps_are_pooled_by_kind_so_one_sided_ratings_of_a_kind_teac
     from actors.events import ChatMessage, Judgement, Sample, ToolCall
     from actors.learner import Learner
     from config.settings import load_settings
+    from policies.learning.groups import step_credit
 
     s = load_settings(None)
     s.state_dir = str(tmp_path)
     ln = Learner(s, bus=object())
-    ln.trainer, ln.held, ln.live, ln.ready, ln.applied = SimpleNamespace(applied=set()), {}, {}, [], set()
+    ln.trainer, ln.held, ln.live, ln.ready, ln.applied = SimpleNamespace(applied=set(), version="w-9"), {}, {}, [], set()
+    ln._fresh = lambda v: v != "w-old"  # the store's lineage is not what this test is about
     acked = []
 
     class Msg:
@@ -102,7 +104,7 @@ def test_rated_live_steps_are_pooled_by_kind_so_one_sided_ratings_of_a_kind_teac
         async def ack_sync(self):
             acked.append(self.i)
 
-    def rated(i, call, score):
+    def rated(i, call, score, version="w-1"):
         step = (
             ChatMessage(role="assistant", tool_calls=[ToolCall(id="c", name="python", arguments="{}")])
             if call
@@ -117,6 +119,7 @@ def test_rated_live_steps_are_pooled_by_kind_so_one_sided_ratings_of_a_kind_teac
             samples=[smp],
             outcomes=[score],
             step_labels=[["GOOD" if score > 0 else "BAD"]],
+            behaviour_versions=[version],
             origin="live",
         )
 
@@ -132,6 +135,16 @@ def test_rated_live_steps_are_pooled_by_kind_so_one_sided_ratings_of_a_kind_teac
     handle(rated(5, False, 1.0))
     handle(rated(6, False, -1.0))
     assert [[s.sample_id for s in g.samples] for g in ln.ready][-1] == ["s5", "s6"]
+    # a held step gone too stale to train is acked when the next arrives, which waits for a fresh partner instead
+    handle(rated(7, False, 1.0, version="w-old"))
+    with capture_logs() as logs:
+        handle(rated(8, False, -1.0))
+    assert [x["dropped"] for x in logs if x["event"] == "live.pool_stale"] == [["live:7"]] and "e7" in acked
+    assert [x.event_id for x in ln.live["text"]] == ["e8"]
+    # each rated step trained alone by its own rating: ready at once, a -1 included (hand-computed: advantage -1)
+    ln.settings.learner.pooled_advantage, ln.settings.learner.min_live_group = "outcome", 1
+    handle(rated(9, True, -1.0))
+    assert [s.sample_id for s in ln.ready[-1].samples] == ["s9"] and step_credit(ln.ready[-1], 0.1) == [[-1.0]]
 
 
 def test_the_learner_always_trains_from_a_version_users_get_or_will_get(tmp_path):
