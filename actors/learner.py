@@ -70,7 +70,7 @@ class Learner(EventActor):
             if live.path:
                 await asyncio.to_thread(self.trainer.reset_to, live.path, live.version)
         self.weights_version = self.policy.live_version
-        self.wait = WaitForUsers(s.learner.max_wait_s)
+        self.wait = WaitForUsers.from_settings(s.learner)
         self.step_size = StepSize.from_settings(s.learner)  # moves the trainer's lr (a resumed optimizer's)
         self.ready: list[Judgement] = []  # informative groups waiting for a step
         self.live: dict[str, list[Judgement]] = {}  # rated interactions by kind of step, pooled until a group forms

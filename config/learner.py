@@ -96,6 +96,13 @@ class LearnerSettings(_Section):
         description="While users are active, the learner steps no further than max_staleness past the version they "
         "are answered with (live or canary) and waits for the gate, at most this long for one version",
     )
+    wait_for: Literal["canary", "live"] = Field(
+        "canary",
+        description="The served version max_wait_s's bound counts from: 'canary' (the nearest served, the canary "
+        "while there is one; as the committed hours ran) or 'live' (the version most users get). From the canary, "
+        "one rated hour's learner was 5 steps past live when it began to wait, and 9 of its 23 rated steps were "
+        "dropped as stale (tests/benchmarks/LOG.md 2026-12-07)",
+    )
     is_threshold: float = Field(
         2.0,
         description="Upper bound of the truncated importance ratio pi_train / "

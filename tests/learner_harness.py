@@ -40,7 +40,7 @@ def make_learner(tmp_path, tiny_dir, **learner):
     ln.base, ln.store = tiny_dir, ln.policy.store
     ln.ckpts = CheckpointStore(s.state / "learner")
     ln.trainer, ln.parent = Trainer(s, tiny_dir, ln.store), BASE_VERSION
-    ln.weights_version, ln.wait = BASE_VERSION, WaitForUsers(s.learner.max_wait_s)
+    ln.weights_version, ln.wait = BASE_VERSION, WaitForUsers.from_settings(s.learner)
     ln.step_size = StepSize.from_settings(s.learner)
     ln.ready, ln.live, ln.replay, ln.held = [], {}, [], {}
     ln._last_beat, ln.steps_done, ln.dropped_stale = 0.0, 0, 0

@@ -39,17 +39,24 @@ def lead_over_users(store: WeightsStore, training: str, served: list[str], max_s
 
 @dataclass
 class WaitForUsers:
-    """The learner's wait at `lead_over_users` over the `pointer`'s live and canary versions, at most `max_wait_s`
-    for one (training, served) pair: a gate that never decides (a guard's hold, a stalled broadcaster, held messages
-    filling the consumer's `max_ack_pending`) costs one step per `max_wait_s`, not the learner. Called before each
-    step; says 'waiting' (new: log it), 'still', 'expired' (log it and step) or None (step)."""
+    """The learner's wait at `lead_over_users` over the `pointer`'s live and canary versions (`live_only`: over the
+    live version alone, which answers all users but the canary's share: measured from the canary, the rated steps
+    of an hour's users went stale as they arrived, `learner.wait_for`), at most `max_wait_s` for one (training,
+    served) pair: a gate that never decides (a guard's hold, a stalled broadcaster, held messages filling the
+    consumer's `max_ack_pending`) costs one step per `max_wait_s`, not the learner. Called before each step; says
+    'waiting' (new: log it), 'still', 'expired' (log it and step) or None (step)."""
 
     max_wait_s: float
+    live_only: bool = False
     key: tuple | None = None  # (training, *served) of the wait in progress
     since: float = 0.0
 
+    @classmethod
+    def from_settings(cls, learner) -> WaitForUsers:
+        return cls(learner.max_wait_s, live_only=learner.wait_for == "live")
+
     def __call__(self, store, training: str, pointer, max_staleness: int, active: bool, now: float):
-        served = [pointer.version, *([pointer.canary.version] if pointer.canary else [])]
+        served = [pointer.version, *([pointer.canary.version] if pointer.canary and not self.live_only else [])]
         if not active or lead_over_users(store, training, served, max_staleness) is None:
             self.key = None
             return None

@@ -6,6 +6,7 @@ chance are trained first."""
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 from learner_harness import Msg, make_learner  # tests/ is on sys.path
 from sample_groups import lineage_store, two_sample_group
@@ -33,6 +34,10 @@ def test_the_lead_counts_only_from_the_bound_and_only_along_the_lineage(tmp_path
     assert wait(store, "w-000005", base, 4, True, 70.0) == "waiting" and wait.key == ("w-000005", "w-000000")
     canary = CanaryRef(version="w-000004", path=None, sha256=None, share=0.25)
     assert wait(store, "w-000006", base.model_copy(update={"canary": canary}), 4, True, 71.0) is None  # 2 past the canary
+    live = WaitForUsers.from_settings(SimpleNamespace(max_wait_s=60, wait_for="live"))  # most users get live's answers
+    assert live(store, "w-000006", base.model_copy(update={"canary": canary}), 4, True, 72.0) == "waiting"  # 6 past it
+    assert live.key == ("w-000006", "w-000000")
+    assert live(store, "w-000003", base.model_copy(update={"canary": canary}), 4, True, 73.0) is None  # 3 past it
 
 
 def _live(i: int, version: str):
