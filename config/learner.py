@@ -100,7 +100,7 @@ class LearnerSettings(_Section):
         "canary",
         description="The served version max_wait_s's bound counts from: 'canary' (the nearest served, the canary "
         "while there is one; as the committed hours ran) or 'live' (the version most users get). From the canary, "
-        "one rated hour's learner was 5 steps past live when it began to wait, and 9 of its 23 rated steps were "
+        "one rated hour's learner was 5 steps past live when it began to wait, and 20 of its 34 rated steps were "
         "dropped as stale (tests/benchmarks/LOG.md 2026-12-07)",
     )
     is_threshold: float = Field(
