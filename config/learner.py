@@ -67,7 +67,8 @@ class LearnerSettings(_Section):
         description="A pooled live group's advantages (its steps answer unrelated prompts). 'zscore': ADCA over the pool, "
         "as measured in the rated hours (a step rated -0.5 beside one rated -1.0 gets +1). 'outcome': each step its own "
         "outcome (value x confidence, or the rating), no mean, no std: one rated code hour gained +15.6 points, under "
-        "the +20.6 its keep rule asked for (tests/benchmarks/LOG.md 2026-12-06)",
+        "the +20.6 its keep rule asked for; one rated three-category BFCL hour with min_live_group 1, -2.3 points, p = 0.34 "
+        "(tests/benchmarks/LOG.md 2026-12-06, 2026-12-07)",
     )
     grad_clip: float = Field(1.0, description="Gradient norm clip")
     adpo: bool = Field(
