@@ -99,8 +99,9 @@ class LearnerSettings(_Section):
     )
     wait_for: Literal["canary", "live"] = Field(
         "canary",
-        description="The served version max_wait_s's bound counts from: 'canary' (the nearest served, the canary "
-        "while there is one; as the committed hours ran) or 'live' (the version most users get). From the canary, "
+        description="Where the lead that makes the learner wait (max_staleness, max_wait_s) is counted from: 'canary' "
+        "(the nearest served, the canary while there is one; as the committed hours ran) or 'live' (the version most "
+        "users get). From the canary, "
         "one rated hour's learner was 5 steps past live when it began to wait, and 20 of its 34 rated steps were "
         "dropped as stale (tests/benchmarks/LOG.md 2026-12-07)",
     )
