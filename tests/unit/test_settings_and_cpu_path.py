@@ -8,6 +8,10 @@ from config.settings import PRESETS, Settings, load_settings
 def test_presets_validate_and_every_field_is_described():
     for name in ("cpu.yaml", "gpu.yaml"):
         load_settings(PRESETS / name)
+    bench = sorted((Path(__file__).parents[1] / "benchmarks" / "configs").glob("*.yaml"))
+    assert bench  # an hour runs on each: a misspelt setting would cost the hour, not a test
+    for path in bench:
+        load_settings(path)
 
     def walk(model):
         for fname, f in model.model_fields.items():
