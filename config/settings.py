@@ -16,6 +16,7 @@ from config.checks import GateSettings, GuardSettings, _Section
 from config.deployment import NatsSettings, RaySettings, ServeSettings, WeightsSettings
 from config.hardware import fast_bf16, resolve_dtype
 from config.learner import LearnerSettings
+from config.overrides import apply_overrides
 
 PRESETS = Path(__file__).parent
 
@@ -290,10 +291,4 @@ class Settings(_Section):
 def load_settings(path: str | Path | None = None, **overrides) -> Settings:
     """Read a preset (default `cpu.yaml`) and apply dotted overrides like `serve.port=8100`."""
     data = yaml.safe_load(Path(path or PRESETS / "cpu.yaml").read_text()) or {}
-    for dotted, value in overrides.items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return Settings.model_validate(data)
+    return Settings.model_validate(apply_overrides(data, overrides))

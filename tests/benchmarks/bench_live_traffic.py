@@ -19,6 +19,7 @@ the lineage, per-stage times, what each learner step learned from, the judgement
 rule, and the guard's checks (its suite is set to the same held-out split here). Writes JSON and a PNG.
 
     .venv/bin/python tests/benchmarks/bench_live_traffic.py --minutes 60 [--rate-share 0.1] [--bfcl-categories C,C]
+        [--set learner.wait_for=live]
 """
 
 import json
@@ -32,6 +33,8 @@ import yaml
 
 from _common import ROOT  # noqa: E402  (also puts the repository on sys.path)
 from bench_learning_curve import parser, run  # noqa: E402
+from config.overrides import apply_overrides  # noqa: E402
+from config.settings import Settings  # noqa: E402
 from envs.bfcl_single import CATEGORIES  # noqa: E402
 
 NOT_WHAT_I_ASKED = "That is not what I asked."
@@ -177,9 +180,18 @@ def main():
         default=",".join(CATEGORIES),
         help="the single-turn categories of the traffic, the held-out split and the guard's checks (comma-separated)",
     )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a dotted setting over --config (e.g. learner.wait_for=live): one change, no copy of the config",
+    )
     a = ap.parse_args()
     cats = a.bfcl_categories.split(",")
     cfg = yaml.safe_load(Path(a.config).read_text()) or {}
+    apply_overrides(cfg, {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.set)})
+    Settings.model_validate(cfg)  # a misspelt key fails here, not an hour in
     cfg.setdefault("env", {})["bfcl_single_categories"] = cats
     per = int(a.per_category.split("=")[1])
     cfg.setdefault("guard", {}).update(suite={"bfcl_single": []}, per_category=per)  # the guard checks this split
