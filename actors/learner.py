@@ -77,7 +77,7 @@ class Learner(EventActor):
         self.replay: list[Judgement] = []  # groups recent steps trained, trained again beside new ones (in memory)
         self.held: dict[str, object] = {}  # event_id -> unacked message
         self._last_beat = time.monotonic()
-        self.steps_done = self.dropped_stale = 0
+        self.steps_done = self.dropped_stale = self.dropped_stale_live = 0
         # rollout groups seen; with outcome variance among the policy's own samples; with no signal at all
         self.groups_seen = self.groups_own_signal = self.groups_no_signal = 0
         await self._finish_commit()
@@ -174,9 +174,9 @@ class Learner(EventActor):
             if (part := fresh_part(g, self._fresh, alpha, hints and g.source == "live")) is not None:
                 fresh.append(part)
                 continue
-            self.dropped_stale += 1
+            self.dropped_stale, self.dropped_stale_live = self.dropped_stale + 1, self.dropped_stale_live + (g.source == "live")
             b = sorted(set(g.behaviour_versions))
-            self.log.info("group.dropped_stale", group_id=g.group_id, behaviour=b, training=self.trainer.version)
+            self.log.info("group.dropped_stale", group_id=g.group_id, source=g.source, behaviour=b, training=self.trainer.version)
             await self._ack(g.source_event_ids)
         self.ready = fresh
 
@@ -224,7 +224,8 @@ class Learner(EventActor):
                     await asyncio.to_thread(self._restore_committed)  # the retry must not apply the batch twice
                     raise
                 await asyncio.to_thread(self._export, version)
-                extra = {"dropped_stale_groups": float(self.dropped_stale), **self._signal_shares()}
+                extra = {"dropped_stale_groups": float(self.dropped_stale), "dropped_stale_live": float(self.dropped_stale_live)}
+                extra.update(self._signal_shares())
                 event = learner_step(self.trainer.step, stats, groups, again, ids, extra)
                 await self.bus.publish(event, weights_version=version)
                 await self._publish_weights(version, self.trainer.step)

@@ -43,6 +43,6 @@ def make_learner(tmp_path, tiny_dir, **learner):
     ln.weights_version, ln.wait = BASE_VERSION, WaitForUsers.from_settings(s.learner)
     ln.step_size = StepSize.from_settings(s.learner)
     ln.ready, ln.live, ln.replay, ln.held = [], {}, [], {}
-    ln._last_beat, ln.steps_done, ln.dropped_stale = 0.0, 0, 0
+    ln._last_beat, ln.steps_done, ln.dropped_stale, ln.dropped_stale_live = 0.0, 0, 0, 0
     ln.groups_seen = ln.groups_own_signal = ln.groups_no_signal = 0
     return ln

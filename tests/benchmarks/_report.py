@@ -63,6 +63,8 @@ def report(a, s, state: Path, events, learner, stats, wall_s, out_path: str, hos
         "informative_own_share": shares.get("informative_own_share"),
         "informative_share": shares.get("informative_share"),
         "rollout_groups": shares.get("rollout_groups"),
+        # groups dropped as stale up to the last step, all and the users' (rated or next-turn) live steps among them
+        "dropped_stale": {"groups": shares.get("dropped_stale_groups"), "live": shares.get("dropped_stale_live")},
         "lineage": rows,
         "base": base_scores,
         "scores": {v: cache.get(v) for v in held},

@@ -102,3 +102,20 @@ def test_live_groups_at_their_last_chance_go_first_then_the_newest():
     assert [g.group_id for g in pick] == ["g1", "g4"]  # the live group about to go stale, then the newest
     assert [g.group_id for g in step_choice(ready, 2, 8, age.get, 3)] == ["g3", "g4"]  # none at the edge: newest first
     assert [g.group_id for g in step_choice(ready, 1, 8, age.get, 2)] == ["g1"]
+
+
+def test_groups_dropped_as_stale_are_counted_by_source_and_reported_with_the_next_step(tmp_path, tiny_dir):
+    ln = make_learner(tmp_path, tiny_dir, max_staleness=1)
+    for i in (1, 2):
+        asyncio.run(ln.handle_judgement(two_sample_group(i, ln.trainer.version), Msg()))
+        asyncio.run(ln.tick())
+    assert ln.trainer.version == "w-000002"
+    ln.ready.append(_live(3, "w-000000"))  # a user's step two versions behind: stale
+    ln.held["j-3"] = Msg()
+    ln.ready.append(two_sample_group(4, "w-000000"))  # practice as stale
+    asyncio.run(ln.handle_judgement(two_sample_group(5, "w-000002"), Msg()))
+    asyncio.run(ln.tick())
+    assert (ln.dropped_stale, ln.dropped_stale_live) == (2, 1) and "j-3" not in ln.held  # acked: nothing redelivered
+    step = _steps(ln)[-1]
+    assert step.source_event_ids == ["j-5"]
+    assert (step.metrics["dropped_stale_groups"], step.metrics["dropped_stale_live"]) == (2.0, 1.0)
