@@ -31,6 +31,9 @@ is compared instead of its score: the base's avg@16 on the same 48 entries and s
 hour on AMD avx512f hosts, 16.1% on Intel avx512f ones and 18.1% on AMD AVX2 ones (the sampling's floating point),
 a shift that a plain pair across those hosts carries into its delta.
 
+`--versions FILE A B` sets two versions of one hour side by side (B against A, paired on the entries the hour
+scored; `base` names the base): whether a long hour still climbed after a given version.
+
     .venv/bin/python tests/benchmarks/compare_hours.py tests/benchmarks/results/learning_curve_cpu_avx2_60*.json
 """
 
@@ -164,6 +167,19 @@ def head_to_head(a: dict, b: dict, gains: bool = False) -> dict[str, dict]:
     return {env: _compared(x, y) for env, (x, y) in _shared(a, b, gains).items()}
 
 
+def within(d: dict, va: str, vb: str) -> dict[str, dict]:
+    """env -> version vb of one hour against its version va on the entries the hour scored both (e.g. its newest
+    against the one served at minute 60; "base" names the base): the figures as `head_to_head`'s, "a" and "b" the
+    two versions' avg@k."""
+    scores = {**(d.get("scores") or {}), "base": d.get("base") or {}}
+    sa, sb = scores.get(va, {}), scores.get(vb, {})
+    return {
+        env: _compared(sa[env]["per_entry"], sb[env]["per_entry"])
+        for env in sorted(set(sa) & set(sb) & set(d.get("suite") or {}))
+        if sa[env]["per_entry"] and len(sa[env]["per_entry"]) == len(sb[env]["per_entry"])
+    }
+
+
 def pooled(pairs: list[tuple[dict, dict]], gains: bool = False) -> dict[str, dict]:
     """Several (a, b) hour pairs (e.g. two settings on the same seeds) as one paired test: every shared entry of
     every pair is one unit (so the same entry on two seeds counts twice); the figures as `head_to_head`'s."""
@@ -219,9 +235,24 @@ def main():
         action="store_true",
         help="with --pair: each newest version's gain over its own hour's base, not its score (hosts whose bases differ)",
     )
+    ap.add_argument(
+        "--versions",
+        nargs=3,
+        action="append",
+        metavar=("FILE", "A", "B"),
+        help="within one hour: its version B against its version A on the entries it scored, paired",
+    )
     ap.add_argument("--against", default="gain", help="the figure the others are ranked with (gain, guard_after15)")
     a = ap.parse_args()
     doc: dict = {}
+    for f, va, vb in a.versions or []:
+        got = within(json.loads(Path(f).read_text()), va, vb)
+        doc.setdefault("versions", []).append({"hour": Path(f).stem, "a": va, "b": vb, **got})
+        for env, r in got.items():
+            print(
+                f"{env}: {Path(f).stem} {vb} {r['b']:.1f}% vs {va} {r['a']:.1f}%: {r['delta']:+.1f} points, "
+                f"p = {r['p_value']:.3g}, +{r['wins']}/-{r['losses']} on {r['n']} entries"
+            )
     if a.pair:
         hours = [tuple(json.loads(Path(f).read_text()) for f in pair) for pair in a.pair]
         unit = " points over its base" if a.gains else "%"
@@ -242,10 +273,10 @@ def main():
                     f"{env}: the {len(hours)} pairs pooled, B {r['b']:.1f}{unit} vs A {r['a']:.1f}{unit}: "
                     f"{r['delta']:+.1f} points, p = {r['p_value']:.3g}, +{r['wins']}/-{r['losses']} on {r['n']} entry pairs"
                 )
-        if not a.files:
-            if a.json:
-                Path(a.json).write_text(json.dumps(doc, indent=1))
-            return
+    if not a.files:
+        if a.json:
+            Path(a.json).write_text(json.dumps(doc, indent=1))
+        return
     rows = [figures(Path(f)) for f in a.files]
     keys = [k for k in rows[0] if k != "hour"] + sorted({k for r in rows for k in r} - set(rows[0]))
     print(f"{'hour':<28}" + "".join(f"{k[:14]:>15}" for k in keys))

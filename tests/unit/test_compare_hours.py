@@ -167,3 +167,30 @@ def test_gains_pair_each_version_over_its_own_hours_base_so_a_host_shift_in_the_
     assert g["p_value"] == pytest.approx(1.0)
     assert m.pooled([(a, b)], gains=True) == m.head_to_head(a, b, gains=True)
     assert m.head_to_head(a, {**b, "base": {}}, gains=True) == {}  # an hour without its base scores pairs nothing
+
+
+def test_two_versions_of_one_hour_are_paired_on_its_entries_and_the_base_is_one_of_them(tmp_path, monkeypatch):
+    m = _mod()
+    d = {
+        "suite": {"bfcl_single": ["e1", "e2", "e3"]},
+        "base": {"bfcl_single": {"per_entry": [0.0, 0.25, 0.5]}},
+        "scores": {
+            "w-000010": {"bfcl_single": {"per_entry": [0.25, 0.25, 0.5]}},
+            "w-000020": {"bfcl_single": {"per_entry": [0.5, 0.75, 0.25]}},
+        },
+    }
+    r = m.within(d, "w-000010", "w-000020")["bfcl_single"]
+    # differences +0.25, +0.5, -0.25: sum +0.5 over 3 entries; of the 8 sign flips, |sum| >= 0.5 in 6
+    # (all but +0.25 -0.5 +0.25 and its mirror, whose sums are 0)
+    assert (r["n"], r["wins"], r["losses"]) == (3, 2, 1)
+    assert r["a"] == pytest.approx(100 / 3) and r["b"] == pytest.approx(50.0) and r["delta"] == pytest.approx(50 / 3)
+    assert r["p_value"] == pytest.approx(6 / 8)
+    assert m.within(d, "base", "w-000010")["bfcl_single"]["delta"] == pytest.approx(25 / 3)
+    assert m.within(d, "w-000010", "w-000099") == {}  # a version the hour did not score pairs nothing
+    f = tmp_path / "hour.json"
+    f.write_text(json.dumps(d))
+    out = tmp_path / "versions.json"
+    monkeypatch.setattr("sys.argv", ["compare_hours", "--versions", str(f), "w-000010", "w-000020", "--json", str(out)])
+    m.main()
+    doc = json.loads(out.read_text())["versions"][0]
+    assert (doc["hour"], doc["a"], doc["b"]) == ("hour", "w-000010", "w-000020") and doc["bfcl_single"]["n"] == 3
