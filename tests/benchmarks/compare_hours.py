@@ -6,11 +6,9 @@ else the first suite scored, e.g. bfcl_single), learner steps, rollout groups th
 counts, versions served / rejected / rolled back, the gate's reference NLL at the first and the last decision (its
 drift), and the gate's p50 (`gate_p50_s`: a fixed amount of work per candidate, so it also tells a slow or busy
 host). Files written since `host_forward_s` give the host's own speed (seconds a forward pass, measured alone before
-scoring); `host_forward_s` has missed a host that was slow under the hour's sustained load (1.05 s on a host whose
-guard took twice the seconds per entry of a 1.55 s one), so `guard_s_per_entry` (the guard's checks' seconds over the
-entries they scored: the same work all hour, beside everything else the loop runs) gives the loop's own speed, and
-`score_ms_per_sample` (the final scoring's seconds over the samples it drew: versions x entries x k, run alone after
-`up` stops) the host's speed at that work.
+scoring), which has missed a host slow under the hour's load (1.05 s on a host whose guard took twice the seconds per
+entry of a 1.55 s one); so `guard_s_per_entry` (the guard's seconds over the entries it scored, all hour, beside the
+loop) gives the loop's own speed, and `score_ms_per_sample` (the final scoring's seconds per sample drawn) the host's.
 Files written since `learner_detail` also give, per hour: the share of learner steps with no environment
 group (live ratings only), the live ratings' positive share, the mean KL to the base over the last ten steps and the
 mean grad norm; and, from the first ten learner steps, the summed step size (`lr_sum10`, units of 1e-5) and the
@@ -32,7 +30,8 @@ hour on AMD avx512f hosts, 16.1% on Intel avx512f ones and 18.1% on AMD AVX2 one
 a shift that a plain pair across those hosts carries into its delta.
 
 `--versions FILE A B` sets two versions of one hour side by side (B against A, paired on the entries the hour
-scored; `base` names the base): whether a long hour still climbed after a given version.
+scored; `base` names the base): whether a long hour still climbed after a given version. In `--pair`, `FILE@VERSION`
+is that hour with VERSION standing for its newest.
 
     .venv/bin/python tests/benchmarks/compare_hours.py tests/benchmarks/results/learning_curve_cpu_avx2_60*.json
 """
@@ -114,6 +113,15 @@ def guard_level(checks: list[dict], minutes: float = 60) -> dict:
     out = {f"guard_q{i + 1}": mean([c for c in checks if i * q <= c["minute"] < (i + 1) * q]) for i in range(4)}
     out["guard_after15"] = mean([c for c in checks if c["minute"] >= 15])
     return out
+
+
+def hour(spec: str) -> dict:
+    """A result file, or `FILE@VERSION`: that hour with VERSION (one it scored) standing for its newest served."""
+    f, _, v = spec.partition("@")
+    d = json.loads(Path(f).read_text())
+    if v and v not in (d.get("scores") or {}):
+        raise SystemExit(f"{f} did not score {v}: it scored {', '.join(d.get('scores') or {}) or 'nothing'}")
+    return {**d, "newest_served": v} if v else d
 
 
 def newest_per_entry(d: dict) -> dict[str, dict[str, float]]:
@@ -221,11 +229,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="*")
     ap.add_argument(
-        "--pair",
-        nargs=2,
-        action="append",
-        metavar=("A", "B"),
-        help="B's newest served version against A's, paired; given more than once, also all the pairs pooled",
+        "--pair", nargs=2, action="append", metavar=("A", "B"), help="B's newest served against A's (or FILE@VERSION's)"
     )
     ap.add_argument(
         "--json", default="", help="also write what it printed here as JSON (the pairs and their pool, the rows and correlations)"
@@ -235,13 +239,7 @@ def main():
         action="store_true",
         help="with --pair: each newest version's gain over its own hour's base, not its score (hosts whose bases differ)",
     )
-    ap.add_argument(
-        "--versions",
-        nargs=3,
-        action="append",
-        metavar=("FILE", "A", "B"),
-        help="within one hour: its version B against its version A on the entries it scored, paired",
-    )
+    ap.add_argument("--versions", nargs=3, action="append", metavar=("FILE", "A", "B"), help="one hour's version B against its A")
     ap.add_argument("--against", default="gain", help="the figure the others are ranked with (gain, guard_after15)")
     a = ap.parse_args()
     doc: dict = {}
@@ -254,15 +252,17 @@ def main():
                 f"p = {r['p_value']:.3g}, +{r['wins']}/-{r['losses']} on {r['n']} entries"
             )
     if a.pair:
-        hours = [tuple(json.loads(Path(f).read_text()) for f in pair) for pair in a.pair]
+        hours = [tuple(hour(f) for f in pair) for pair in a.pair]
         unit = " points over its base" if a.gains else "%"
         doc["pairs"] = []
         for (fa, fb), (ha, hb) in zip(a.pair, hours):
             got = head_to_head(ha, hb, a.gains)
-            doc["pairs"].append({"a": Path(fa).stem, "b": Path(fb).stem, "gains": a.gains, **got})
+            fa, fb = (Path(f.partition("@")[0]).stem for f in (fa, fb))
+            versions = {"a_version": ha.get("newest_served"), "b_version": hb.get("newest_served")}
+            doc["pairs"].append({"a": fa, "b": fb, **versions, "gains": a.gains, **got})
             for env, r in got.items():
                 print(
-                    f"{env}: {Path(fb).stem} {hb.get('newest_served')} {r['b']:.1f}{unit} vs {Path(fa).stem} "
+                    f"{env}: {fb} {hb.get('newest_served')} {r['b']:.1f}{unit} vs {fa} "
                     f"{ha.get('newest_served')} {r['a']:.1f}{unit}: {r['delta']:+.1f} points, p = {r['p_value']:.3g}, "
                     f"+{r['wins']}/-{r['losses']} on {r['n']} entries"
                 )

@@ -194,3 +194,23 @@ def test_two_versions_of_one_hour_are_paired_on_its_entries_and_the_base_is_one_
     m.main()
     doc = json.loads(out.read_text())["versions"][0]
     assert (doc["hour"], doc["a"], doc["b"]) == ("hour", "w-000010", "w-000020") and doc["bfcl_single"]["n"] == 3
+
+
+def test_a_pair_can_name_a_version_of_an_hour_in_place_of_its_newest(tmp_path, monkeypatch):
+    m = _mod()
+    scores = {"w-000010": {"bfcl_single": {"per_entry": [0.25, 0.25]}}, "w-000020": {"bfcl_single": {"per_entry": [0.5, 1.0]}}}
+    long_hour = tmp_path / "long.json"
+    long_hour.write_text(json.dumps({"suite": {"bfcl_single": ["e1", "e2"]}, "newest_served": "w-000020", "scores": scores}))
+    other = tmp_path / "other.json"
+    other_scores = {"w-000005": {"bfcl_single": {"per_entry": [0.5, 0.5]}}}
+    other.write_text(json.dumps({"suite": {"bfcl_single": ["e2", "e1"]}, "newest_served": "w-000005", "scores": other_scores}))
+    out = tmp_path / "pair.json"
+    monkeypatch.setattr("sys.argv", ["compare_hours", "--pair", f"{long_hour}@w-000010", str(other), "--json", str(out)])
+    m.main()
+    p = json.loads(out.read_text())["pairs"][0]
+    assert (p["a"], p["a_version"], p["b"], p["b_version"]) == ("long", "w-000010", "other", "w-000005")
+    # w-000010's 0.25, 0.25 against other's 0.5, 0.5 on the same entries: +0.25 each, +25 points, both wins
+    assert p["bfcl_single"]["delta"] == pytest.approx(25.0) and (p["bfcl_single"]["wins"], p["bfcl_single"]["losses"]) == (2, 0)
+    assert m.hour(str(long_hour))["newest_served"] == "w-000020"  # a bare file keeps its newest
+    with pytest.raises(SystemExit, match="did not score w-000099: it scored w-000010, w-000020"):
+        m.hour(f"{long_hour}@w-000099")
