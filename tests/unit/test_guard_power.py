@@ -23,8 +23,8 @@ def _guard(early_fraction=0.5):
 
 def test_a_version_that_never_succeeds_where_the_base_always_does_is_always_caught():
     m = _mod()
-    # base 8/8 on every entry, the version 0/4: no success against 64 of 64 on the first chunk cannot stop early,
-    # and the whole suite's exact p (0 of 64 against 128 of 128) is far below 0.05
+    # base 8/8 on every entry, the version 0/4: its 0 of 32 against 64 of 64 on the first chunk cannot stop early (no
+    # success), and on the whole suite 0 of 64 against 128 of 128 gives an exact p far below 0.05
     assert m.detection_rate([0.0] * 16, [1.0] * 16, 4, _guard(), runs=20) == 1.0
     assert m.detection_rate([1.0] * 16, [1.0] * 16, 4, _guard(), runs=20) == 0.0  # the base against itself: never
     assert m.detection_rate([0.0] * 16, [0.0] * 16, 4, _guard(), runs=20) == 0.0  # no success anywhere: no loss
